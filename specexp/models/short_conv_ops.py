@@ -1,0 +1,202 @@
+"""Depthwise causal short convolution over a flattened varlen batch, with per-request conv-state slots.
+
+Reference implementation in plain torch: no data-dependent shapes and no device-to-host reads, so the
+same code runs on CPU and inside a CUDA graph. Notation (one request row r, kernel length W = L_cache):
+
+    window  = W - 1 state columns read this step, starting at column `o` of the row's state slot
+    ext     = window ++ x[0:q]            (q = query tokens of the row this step)
+    out[i]  = bias + sum_j weight[:, j] * ext[i + j]        for i in [0, q), j in [0, W)
+
+Non-speculative rows (prefill, plain decode) read the window at o = 0 (zeros if the row has no initial
+state) and store the last W-1 entries of `ext` back at columns [0, W-1).
+
+Speculative rows (verifying k drafts, q <= k + 1) read the window at o = num_accepted - 1 and store
+`ext[1 : W-1+q]` at columns [0, W-2+q): one old column dropped, all q inputs appended. The next step's
+num_accepted (accepted drafts + 1) then selects the window that ends exactly at the last accepted input,
+so rejected tokens are rolled back without copying. The state therefore needs (W-1) + k columns.
+
+Rows whose slot is NULL_BLOCK_ID (padding) read slot 0 and never change it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specexp.models.metadata import NULL_BLOCK_ID, ShortConvMetadata
+
+
+def _token_rows(query_start_loc: torch.Tensor, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Row index, in-row index and validity of each of `num_tokens` flat tokens.
+
+    query_start_loc: int32[R + 1]. Returns (row int64[N], index_in_row int64[N], valid bool[N]); tokens past
+    query_start_loc[-1] (graph padding) are invalid and point at the last row.
+    """
+    num_rows = query_start_loc.numel() - 1
+    qsl = query_start_loc.to(torch.int64)
+    tokens = torch.arange(num_tokens, device=qsl.device)
+    row = torch.searchsorted(qsl[1:], tokens, right=True).clamp_(max=max(num_rows - 1, 0))
+    valid = tokens < qsl[-1]
+    return row, tokens - qsl[row], valid
+
+
+def _conv_over_ext(
+    x: torch.Tensor,
+    windows: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+) -> torch.Tensor:
+    """out[t] = bias + sum_j weight[:, j] * ext_r[i + j] for each flat token t (row r, in-row index i).
+
+    x: [N, D]; windows: [R, D, W-1] (the state columns each row reads); weight: [D, W]. Returns [N, D];
+    rows of invalid (padding) tokens are zero.
+    """
+    num_tokens, dim = x.shape
+    width = weight.shape[1]
+    row, index_in_row, valid = _token_rows(query_start_loc, num_tokens)
+    qsl = query_start_loc.to(torch.int64)
+    out = torch.zeros_like(x) if bias is None else bias.to(x.dtype).expand(num_tokens, dim).clone()
+    for j in range(width):
+        ext_index = index_in_row + j  # position in ext = window ++ x
+        from_x = ext_index >= width - 1
+        x_index = (qsl[row] + ext_index - (width - 1)).clamp(0, max(num_tokens - 1, 0))
+        window_col = ext_index.clamp(max=width - 2)
+        from_window = windows[row, :, window_col] if width > 1 else torch.zeros_like(x)
+        value = torch.where(from_x.unsqueeze(1), x[x_index], from_window)
+        out = out + weight[:, j].to(x.dtype) * value
+    return out * valid.unsqueeze(1).to(x.dtype)
+
+
+def _read_windows(
+    conv_state: torch.Tensor, state_indices: torch.Tensor, offsets: torch.Tensor, width: int
+) -> torch.Tensor:
+    """[R, D, W-1] state columns `offsets[r] .. offsets[r] + W-2` of each row's slot."""
+    states = conv_state[state_indices.to(torch.int64)]  # [R, D, S]
+    cols = offsets.to(torch.int64).unsqueeze(1) + torch.arange(width - 1, device=states.device)  # [R, W-1]
+    cols = cols.clamp(0, conv_state.shape[2] - 1)
+    return torch.gather(states, 2, cols.unsqueeze(1).expand(-1, states.shape[1], -1))
+
+
+def _write_states(
+    conv_state: torch.Tensor,
+    state_indices: torch.Tensor,
+    x: torch.Tensor,
+    windows: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    first_ext_index: torch.Tensor,
+    num_cols: torch.Tensor,
+) -> None:
+    """State column c of row r becomes ext_r[first_ext_index[r] + c] for c < num_cols[r]; other columns
+    and NULL-slot rows keep their values. All tensors are indexed per row r: [R]."""
+    num_rows = state_indices.numel()
+    if num_rows == 0:
+        return
+    width = windows.shape[2] + 1
+    state_len = conv_state.shape[2]
+    slots = state_indices.to(torch.int64)
+    old = conv_state[slots]  # [R, D, S]
+    cols = torch.arange(state_len, device=old.device)
+    ext_index = first_ext_index.to(torch.int64).unsqueeze(1) + cols  # [R, S]
+    qsl = query_start_loc.to(torch.int64)
+    x_index = (qsl[:-1].unsqueeze(1) + ext_index - (width - 1)).clamp(0, max(x.shape[0] - 1, 0))
+    from_x = x[x_index].permute(0, 2, 1) if x.shape[0] > 0 else torch.zeros_like(old)  # [R, D, S]
+    window_col = ext_index.clamp(max=max(width - 2, 0))
+    from_window = torch.gather(windows, 2, window_col.unsqueeze(1).expand(-1, old.shape[1], -1)) if width > 1 else old
+    value = torch.where((ext_index >= width - 1).unsqueeze(1), from_x, from_window)
+    write = (cols.unsqueeze(0) < num_cols.to(torch.int64).unsqueeze(1)) & (slots != NULL_BLOCK_ID).unsqueeze(1)
+    conv_state.index_copy_(0, slots, torch.where(write.unsqueeze(1), value.to(old.dtype), old))
+
+
+def causal_conv1d_varlen(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    conv_state: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    state_indices: torch.Tensor,
+    has_initial_state: torch.Tensor,
+) -> torch.Tensor:
+    """Non-speculative short conv (prefill chunks and single-token decodes) over a varlen batch.
+
+    x: [N, D] inputs (B * x gate product), rows laid out by query_start_loc int32[R + 1];
+    weight: [D, W]; bias: [D] or None; conv_state: [num_slots, D, S >= W-1], updated in place;
+    state_indices: int32[R]; has_initial_state: bool[R] (False = start from zeros).
+    Returns [N, D]. Each row's state ends as the last W-1 inputs of (old window ++ x), at columns [0, W-1).
+    """
+    width = weight.shape[1]
+    windows = _read_windows(conv_state, state_indices, torch.zeros_like(state_indices), width)
+    windows = windows * has_initial_state.view(-1, 1, 1).to(windows.dtype)
+    out = _conv_over_ext(x, windows, query_start_loc, weight, bias)
+    query_lens = query_start_loc[1:] - query_start_loc[:-1]
+    # Rows with no tokens (padding) keep their state: write zero columns.
+    num_cols = torch.where(query_lens > 0, torch.full_like(query_lens, width - 1), torch.zeros_like(query_lens))
+    _write_states(conv_state, state_indices, x, windows, query_start_loc, query_lens, num_cols)
+    return out
+
+
+def causal_conv1d_spec_update(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    conv_state: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    state_indices: torch.Tensor,
+    num_accepted_tokens: torch.Tensor,
+) -> torch.Tensor:
+    """Speculative short conv: each row verifies q <= k + 1 tokens starting from its accepted window.
+
+    x: [N, D]; query_start_loc: int32[R + 1] (padded rows: zero-length, flat tail); state_indices: int32[R];
+    num_accepted_tokens: int32[R] (>= 1) — the window read starts at column num_accepted - 1;
+    conv_state: [num_slots, D, S] with S >= W-2+q for every row (S = W-1+k), updated in place: columns
+    [0, W-2+q) become ext[1 : W-1+q]. Returns [N, D].
+    """
+    width = weight.shape[1]
+    offsets = num_accepted_tokens.to(torch.int64) - 1
+    windows = _read_windows(conv_state, state_indices, offsets, width)
+    out = _conv_over_ext(x, windows, query_start_loc, weight, bias)
+    query_lens = query_start_loc[1:] - query_start_loc[:-1]
+    _write_states(
+        conv_state, state_indices, x, windows, query_start_loc, torch.ones_like(query_lens), query_lens + (width - 2)
+    )
+    return out
+
+
+def short_conv(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    conv_state: torch.Tensor,
+    meta: ShortConvMetadata,
+) -> torch.Tensor:
+    """Apply the short conv of one layer to a whole step's batch, routing spec and non-spec rows.
+
+    x: [T, D] (T may include graph padding past meta.num_actual_tokens); weight [D, W]; conv_state
+    [num_slots, D, S]. Returns [T, D]; padded tokens get zeros.
+    """
+    num_spec_tokens = meta.num_spec_decode_tokens
+    has_spec = meta.num_spec_decodes > 0
+    has_non_spec = meta.num_decodes + meta.num_prefills > 0
+    if has_spec and not has_non_spec and meta.spec_token_indx is None:
+        return causal_conv1d_spec_update(
+            x, weight, bias, conv_state, meta.spec_query_start_loc, meta.spec_state_indices_tensor,
+            meta.num_accepted_tokens,
+        )
+    if not has_spec and meta.non_spec_token_indx is None:
+        return causal_conv1d_varlen(
+            x, weight, bias, conv_state, meta.non_spec_query_start_loc, meta.state_indices_tensor,
+            meta.has_initial_states_non_spec(),
+        )
+    out = torch.zeros_like(x)
+    if has_spec:
+        spec_idx = meta.spec_token_indx[:num_spec_tokens]
+        out[spec_idx] = causal_conv1d_spec_update(
+            x[spec_idx], weight, bias, conv_state, meta.spec_query_start_loc, meta.spec_state_indices_tensor,
+            meta.num_accepted_tokens,
+        )
+    if has_non_spec:
+        ns_idx = meta.non_spec_token_indx
+        out[ns_idx] = causal_conv1d_varlen(
+            x[ns_idx], weight, bias, conv_state, meta.non_spec_query_start_loc, meta.state_indices_tensor,
+            meta.has_initial_states_non_spec(),
+        )
+    return out
