@@ -34,6 +34,7 @@ class AttentionMetadata:
                                     outputs are ignored).
     max_seq_len:     int (CPU)     upper bound of seq_lens; the attention op reads that many key positions
                                     per row. A captured graph fixes it (max_model_len at capture).
+    max_query_len:   int (CPU)     upper bound of any row's query length (k + 1 for a uniform verify batch).
     num_actual_tokens: int (CPU)   real (unpadded) tokens in the batch.
 
     A query token at position p of row r sees the keys of row r at positions `<= p` and `< seq_lens[r]`.
@@ -45,6 +46,7 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor
     token_req_indices: torch.Tensor
     max_seq_len: int
+    max_query_len: int
     num_actual_tokens: int
 
 
