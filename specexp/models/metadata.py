@@ -77,6 +77,11 @@ class ShortConvMetadata:
       spec_token_indx:           int64[n_s_tokens] flat token index of each spec token, or None when every
                                                    row is a spec row (then the spec tokens are the batch).
     query_start_loc: int32[R + 1] of the whole batch, in batch order.
+    non_spec_state_lookahead: int (CPU) trailing inputs of each non-spec row kept *after* the stored window
+                              (0 for a target). A draft prefill region ends with one token it has not
+                              committed yet (the target's newly sampled token): with lookahead 1 the window
+                              at column 0 ends at the last committed input and column W-1 holds that token,
+                              so the next step reads offset 0 and the draft's decode steps offset 1.
     """
 
     num_prefills: int
@@ -104,6 +109,7 @@ class ShortConvMetadata:
     state_indices_tensor_p: torch.Tensor | None = None
     state_indices_tensor_d: torch.Tensor | None = None
     num_computed_tokens_p: torch.Tensor | None = None
+    non_spec_state_lookahead: int = 0
 
     @property
     def num_non_spec_rows(self) -> int:

@@ -8,7 +8,9 @@ same code runs on CPU and inside a CUDA graph. Notation (one request row r, kern
     out[i]  = bias + sum_j weight[:, j] * ext[i + j]        for i in [0, q), j in [0, W)
 
 Non-speculative rows (prefill, plain decode) read the window at o = 0 (zeros if the row has no initial
-state) and store the last W-1 entries of `ext` back at columns [0, W-1).
+state) and store the last W-1 entries of `ext` back at columns [0, W-1). With a lookahead of L trailing
+inputs (a draft's prefill region ends with a token not yet committed), they store `ext[q-L : q+W-1]`
+instead: the window ending at the last committed input at column 0, then the L lookahead inputs.
 
 Speculative rows (verifying k drafts, q <= k + 1) read the window at o = num_accepted - 1 and store
 `ext[1 : W-1+q]` at columns [0, W-2+q): one old column dropped, all q inputs appended. The next step's
@@ -115,13 +117,16 @@ def causal_conv1d_varlen(
     query_start_loc: torch.Tensor,
     state_indices: torch.Tensor,
     has_initial_state: torch.Tensor,
+    state_lookahead: int = 0,
 ) -> torch.Tensor:
     """Non-speculative short conv (prefill chunks and single-token decodes) over a varlen batch.
 
     x: [N, D] inputs (B * x gate product), rows laid out by query_start_loc int32[R + 1];
     weight: [D, W]; bias: [D] or None; conv_state: [num_slots, D, S >= W-1], updated in place;
     state_indices: int32[R]; has_initial_state: bool[R] (False = start from zeros).
-    Returns [N, D]. Each row's state ends as the last W-1 inputs of (old window ++ x), at columns [0, W-1).
+    state_lookahead: L >= 0 trailing inputs per row not committed yet (needs S >= W-1+L).
+    Returns [N, D]. Each row's state ends as ext[q-L : q+W-1] (the window ending at its last committed input,
+    then the L lookahead inputs), at columns [0, W-1+L).
     """
     width = weight.shape[1]
     windows = _read_windows(conv_state, state_indices, torch.zeros_like(state_indices), width)
@@ -129,8 +134,10 @@ def causal_conv1d_varlen(
     out = _conv_over_ext(x, windows, query_start_loc, weight, bias)
     query_lens = query_start_loc[1:] - query_start_loc[:-1]
     # Rows with no tokens (padding) keep their state: write zero columns.
-    num_cols = torch.where(query_lens > 0, torch.full_like(query_lens, width - 1), torch.zeros_like(query_lens))
-    _write_states(conv_state, state_indices, x, windows, query_start_loc, query_lens, num_cols)
+    num_cols = torch.where(
+        query_lens > 0, torch.full_like(query_lens, width - 1 + state_lookahead), torch.zeros_like(query_lens)
+    )
+    _write_states(conv_state, state_indices, x, windows, query_start_loc, query_lens - state_lookahead, num_cols)
     return out
 
 
@@ -184,7 +191,7 @@ def short_conv(
     if not has_spec and meta.non_spec_token_indx is None:
         return causal_conv1d_varlen(
             x, weight, bias, conv_state, meta.non_spec_query_start_loc, meta.state_indices_tensor,
-            meta.has_initial_states_non_spec(),
+            meta.has_initial_states_non_spec(), meta.non_spec_state_lookahead,
         )
     out = torch.zeros_like(x)
     if has_spec:
@@ -197,6 +204,6 @@ def short_conv(
         ns_idx = meta.non_spec_token_indx
         out[ns_idx] = causal_conv1d_varlen(
             x[ns_idx], weight, bias, conv_state, meta.non_spec_query_start_loc, meta.state_indices_tensor,
-            meta.has_initial_states_non_spec(),
+            meta.has_initial_states_non_spec(), meta.non_spec_state_lookahead,
         )
     return out
