@@ -1,0 +1,109 @@
+"""Plain configuration dataclasses of the native engine (built from the Hydra config by the app layer)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class EngineConfigError(ValueError):
+    """A setting the engine cannot run with; the message names the value and what would be valid."""
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Sizes and switches of one engine instance.
+
+    max_num_seqs: requests decoded together (rows of a step).
+    max_model_len: prompt + output tokens of one request, at most.
+    max_num_batched_tokens: tokens of one step (prefill chunks are cut to fit); None = max_model_len * 2.
+    block_size: tokens per KV-cache block. num_kv_blocks: None = enough for max_num_seqs full requests.
+    cudagraph_mode: "none" | "full" (graphs need CUDA; on CPU the engine always runs eager).
+    """
+
+    device: str = "cpu"
+    dtype: str = "float32"
+    max_num_seqs: int = 8
+    max_model_len: int = 512
+    max_num_batched_tokens: int | None = None
+    block_size: int = 16
+    num_kv_blocks: int | None = None
+    cudagraph_mode: str = "none"
+    cudagraph_capture_sizes: tuple[int, ...] | None = None
+    seed: int = 0
+
+    def validate(self) -> None:
+        if self.max_num_seqs < 1:
+            raise EngineConfigError(f"engine.max_num_seqs={self.max_num_seqs}: must be >= 1")
+        if self.max_model_len < 2:
+            raise EngineConfigError(f"engine.max_model_len={self.max_model_len}: must be >= 2")
+        if self.block_size < 1:
+            raise EngineConfigError(f"engine.block_size={self.block_size}: must be >= 1")
+        if self.cudagraph_mode not in ("none", "full"):
+            raise EngineConfigError(f"engine.cudagraph_mode={self.cudagraph_mode!r}: valid are 'none', 'full'")
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise EngineConfigError(f"engine.dtype={self.dtype!r}: valid are 'float32', 'bfloat16', 'float16'")
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
+            raise EngineConfigError(
+                f"engine.max_num_batched_tokens={self.max_num_batched_tokens}: must be >= 1 (or null)"
+            )
+
+    @property
+    def token_budget(self) -> int:
+        return self.max_num_batched_tokens or 2 * self.max_model_len
+
+
+@dataclass(frozen=True)
+class SpeculatorConfig:
+    """num_speculative_tokens: k drafts per verify (0 = no speculation).
+    rejection: "standard" (greedy / Leviathan-Chen sampling) | "synthetic" (accept each draft with
+    probability synthetic_acceptance_rate, whatever the tokens: measures system cost apart from draft quality).
+    cudagraph_mode: "none" | "full" for the draft prefill and decode graphs.
+    """
+
+    num_speculative_tokens: int = 0
+    rejection: str = "standard"
+    synthetic_acceptance_rate: float = 0.7
+    cudagraph_mode: str = "none"
+
+    def validate(self, max_model_len: int) -> None:
+        k = self.num_speculative_tokens
+        if k < 0:
+            raise EngineConfigError(f"speculator.num_speculative_tokens={k}: must be >= 0 (0 = no speculation)")
+        if k + 2 > max_model_len:
+            raise EngineConfigError(
+                f"speculator.num_speculative_tokens={k}: engine.max_model_len={max_model_len} leaves room for at "
+                f"most {max(max_model_len - 2, 0)} drafts (one prompt token + k drafts + 1 sampled token)"
+            )
+        if self.rejection not in ("standard", "synthetic"):
+            raise EngineConfigError(f"speculator.rejection={self.rejection!r}: valid are 'standard', 'synthetic'")
+        if not 0.0 <= self.synthetic_acceptance_rate <= 1.0:
+            raise EngineConfigError(
+                f"speculator.synthetic_acceptance_rate={self.synthetic_acceptance_rate}: must be in [0, 1]"
+            )
+        if self.cudagraph_mode not in ("none", "full"):
+            raise EngineConfigError(f"speculator.cudagraph_mode={self.cudagraph_mode!r}: valid are 'none', 'full'")
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """temperature 0 = greedy. top_k 0 / top_p 1.0 = off. max_new_tokens per request."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    max_new_tokens: int = 64
+    ignore_eos: bool = False
+
+    def validate(self) -> None:
+        if self.temperature < 0:
+            raise EngineConfigError(f"sampling.temperature={self.temperature}: must be >= 0 (0 = greedy)")
+        if self.top_k < 0:
+            raise EngineConfigError(f"sampling.top_k={self.top_k}: must be >= 0 (0 = off)")
+        if not 0.0 < self.top_p <= 1.0:
+            raise EngineConfigError(f"sampling.top_p={self.top_p}: must be in (0, 1]")
+        if self.max_new_tokens < 1:
+            raise EngineConfigError(f"sampling.max_new_tokens={self.max_new_tokens}: must be >= 1")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0

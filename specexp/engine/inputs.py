@@ -1,0 +1,148 @@
+"""Flattened step inputs: CPU construction from scheduled rows, and the persistent device buffers that
+attention metadata (and, later, CUDA graphs) read.
+
+Layout of one step with rows r0 (verify, q=3), r1 (decode, q=1), r2 (prefill chunk, q=4):
+
+    token:     0  1  2 | 3 | 4  5  6  7          padded tokens (graphs): slot -1, row 0
+    row:       r0 r0 r0| r1| r2 r2 r2 r2
+    query_start_loc = [0, 3, 4, 8]  (+ flat tail for padded rows);  seq_lens[r] = start_position + q
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specexp.models.metadata import AttentionMetadata
+
+
+@dataclass
+class StepInputsCPU:
+    """CPU tensors of one flattened batch of R rows and T tokens.
+
+    input_ids, positions: int64[T]; query_start_loc: int32[R+1]; seq_lens: int32[R];
+    block_table: int32[R, B]; slot_mapping: int64[T]; token_req_indices: int64[T].
+    """
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    query_start_loc: torch.Tensor
+    seq_lens: torch.Tensor
+    block_table: torch.Tensor
+    slot_mapping: torch.Tensor
+    token_req_indices: torch.Tensor
+
+    @property
+    def num_reqs(self) -> int:
+        return self.seq_lens.numel()
+
+    @property
+    def num_tokens(self) -> int:
+        return self.input_ids.numel()
+
+    @property
+    def max_query_len(self) -> int:
+        lens = self.query_start_loc[1:] - self.query_start_loc[:-1]
+        return int(lens.max()) if lens.numel() else 0
+
+
+def block_table_cpu(block_ids: list[list[int]], width: int) -> torch.Tensor:
+    """int32[R, width], each row's block ids then zeros (the NULL block)."""
+    table = torch.zeros(len(block_ids), width, dtype=torch.int32)
+    for r, ids in enumerate(block_ids):
+        table[r, : len(ids)] = torch.tensor(ids[:width], dtype=torch.int32)
+    return table
+
+
+def slot_mapping_cpu(block_table: torch.Tensor, token_req: torch.Tensor, positions: torch.Tensor,
+                     block_size: int) -> torch.Tensor:
+    """int64[T]: KV slot of each token, `block_table[row, pos // bs] * bs + pos % bs`."""
+    blocks = block_table[token_req, positions // block_size].to(torch.int64)
+    return blocks * block_size + positions % block_size
+
+
+def build_step_inputs(
+    token_ids: list[list[int]], start_positions: list[int], block_ids: list[list[int]], block_size: int,
+    max_blocks_per_req: int,
+) -> StepInputsCPU:
+    """Flatten rows: row r runs tokens `token_ids[r]` at positions `start_positions[r] + i`."""
+    query_lens = torch.tensor([len(t) for t in token_ids], dtype=torch.int64)
+    query_start_loc = torch.zeros(len(token_ids) + 1, dtype=torch.int32)
+    query_start_loc[1:] = torch.cumsum(query_lens, 0)
+    token_req = torch.repeat_interleave(torch.arange(len(token_ids)), query_lens)
+    starts = torch.tensor(start_positions, dtype=torch.int64)
+    positions = starts[token_req] + (torch.arange(int(query_lens.sum())) - query_start_loc[:-1].long()[token_req])
+    table = block_table_cpu(block_ids, max_blocks_per_req)
+    flat_ids = [t for row in token_ids for t in row]
+    return StepInputsCPU(
+        input_ids=torch.tensor(flat_ids, dtype=torch.int64),
+        positions=positions,
+        query_start_loc=query_start_loc,
+        seq_lens=(starts + query_lens).to(torch.int32),
+        block_table=table,
+        slot_mapping=slot_mapping_cpu(table, token_req, positions, block_size),
+        token_req_indices=token_req,
+    )
+
+
+class InputBuffers:
+    """Device tensors of a step, allocated once at their maximum sizes and refreshed in place.
+
+    A step (or a graph replay) reads the first `num_tokens_padded` / `num_reqs_padded` entries; entries
+    past the real ones are padding: slot -1 (writes nothing), row 0, seq_len 0, flat query_start_loc tail.
+    """
+
+    def __init__(self, max_num_reqs: int, max_num_tokens: int, max_blocks_per_req: int, device: torch.device):
+        self.max_num_reqs = max_num_reqs
+        self.max_num_tokens = max_num_tokens
+        self.input_ids = torch.zeros(max_num_tokens, dtype=torch.int64, device=device)
+        self.positions = torch.zeros(max_num_tokens, dtype=torch.int64, device=device)
+        self.query_start_loc = torch.zeros(max_num_reqs + 1, dtype=torch.int32, device=device)
+        self.seq_lens = torch.zeros(max_num_reqs, dtype=torch.int32, device=device)
+        self.block_table = torch.zeros(max_num_reqs, max_blocks_per_req, dtype=torch.int32, device=device)
+        self.slot_mapping = torch.full((max_num_tokens,), -1, dtype=torch.int64, device=device)
+        self.token_req_indices = torch.zeros(max_num_tokens, dtype=torch.int64, device=device)
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in vars(self).values() if isinstance(t, torch.Tensor))
+
+    def load(self, cpu: StepInputsCPU, num_reqs_padded: int | None = None,
+             num_tokens_padded: int | None = None) -> None:
+        """Copy a step's CPU inputs in, padding rows/tokens up to the given counts."""
+        num_reqs, num_tokens = cpu.num_reqs, cpu.num_tokens
+        num_reqs_padded = num_reqs_padded or num_reqs
+        num_tokens_padded = num_tokens_padded or num_tokens
+        if num_reqs_padded > self.max_num_reqs or num_tokens_padded > self.max_num_tokens:
+            raise ValueError(
+                f"step of {num_reqs_padded} rows / {num_tokens_padded} tokens exceeds the buffers "
+                f"({self.max_num_reqs} rows / {self.max_num_tokens} tokens)"
+            )
+        self.input_ids[:num_tokens].copy_(cpu.input_ids, non_blocking=True)
+        self.positions[:num_tokens].copy_(cpu.positions, non_blocking=True)
+        self.slot_mapping[:num_tokens].copy_(cpu.slot_mapping, non_blocking=True)
+        self.token_req_indices[:num_tokens].copy_(cpu.token_req_indices, non_blocking=True)
+        self.input_ids[num_tokens:num_tokens_padded].zero_()
+        self.positions[num_tokens:num_tokens_padded].zero_()
+        self.slot_mapping[num_tokens:num_tokens_padded].fill_(-1)
+        self.token_req_indices[num_tokens:num_tokens_padded].zero_()
+        self.query_start_loc[: num_reqs + 1].copy_(cpu.query_start_loc, non_blocking=True)
+        self.query_start_loc[num_reqs + 1 : num_reqs_padded + 1].fill_(int(cpu.query_start_loc[-1]))
+        self.seq_lens[:num_reqs].copy_(cpu.seq_lens, non_blocking=True)
+        self.seq_lens[num_reqs:num_reqs_padded].zero_()
+        self.block_table[:num_reqs].copy_(cpu.block_table, non_blocking=True)
+        self.block_table[num_reqs:num_reqs_padded].zero_()
+
+    def attention_metadata(self, num_reqs: int, num_tokens: int, max_seq_len: int, max_query_len: int,
+                           num_actual_tokens: int) -> AttentionMetadata:
+        """Views of the first num_reqs rows / num_tokens tokens (padded counts for graph replay)."""
+        return AttentionMetadata(
+            query_start_loc=self.query_start_loc[: num_reqs + 1],
+            seq_lens=self.seq_lens[:num_reqs],
+            block_table=self.block_table[:num_reqs],
+            slot_mapping=self.slot_mapping[:num_tokens],
+            token_req_indices=self.token_req_indices[:num_tokens],
+            max_seq_len=max_seq_len,
+            max_query_len=max_query_len,
+            num_actual_tokens=num_actual_tokens,
+        )

@@ -1,0 +1,115 @@
+"""Verification of draft tokens against the target (Leviathan et al. 2023; Chen et al. 2023).
+
+For each row, the target scored q = 1 + num_drafts tokens: its logits at column i predict the token after
+query token i. Drafts are accepted left to right; the first rejection ends the row with a *correction*
+token, and a row whose drafts are all accepted gets a *bonus* token from the target's last column.
+
+- greedy:     accept while draft == target argmax; emit the argmax at the first mismatch.
+- standard:   accept draft d with probability min(1, p(d) / q(d)); on rejection sample from
+              norm(max(0, p - q)). The emitted tokens are distributed exactly as target-only sampling.
+- synthetic:  accept each draft with probability `rate` whatever the tokens (a system-cost model, not
+              lossless); the token after the accepted prefix comes from the target as usual.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specexp.engine.sampling import logits_to_probs, sample_from_probs
+
+
+@dataclass
+class VerifyOutput:
+    """sampled: int64[R, K+1], the row's emitted tokens left-aligned, -1 after them.
+    num_sampled: int64[R], accepted drafts + 1 (0 for rows that do not sample this step)."""
+
+    sampled: torch.Tensor
+    num_sampled: torch.Tensor
+
+
+def _accepted_prefix_len(accept: torch.Tensor) -> torch.Tensor:
+    """accept: bool[R, K] -> int64[R], length of the leading run of True."""
+    if accept.shape[1] == 0:
+        return torch.zeros(accept.shape[0], dtype=torch.int64, device=accept.device)
+    return accept.to(torch.int64).cumprod(dim=1).sum(dim=1)
+
+
+def _emit(draft_tokens: torch.Tensor, num_accepted: torch.Tensor, last_token: torch.Tensor,
+          samples: torch.Tensor) -> VerifyOutput:
+    """sampled[r] = drafts[:a] ++ [last_token] ++ -1..., a = num_accepted[r]."""
+    num_rows, k = draft_tokens.shape
+    cols = torch.arange(k + 1, device=draft_tokens.device)
+    padded_drafts = torch.cat([draft_tokens, torch.zeros_like(draft_tokens[:, :1])], dim=1)
+    a = num_accepted.unsqueeze(1)
+    sampled = torch.where(cols < a, padded_drafts, torch.where(cols == a, last_token.unsqueeze(1), -1))
+    sampled = torch.where(samples.unsqueeze(1), sampled, -1)
+    num_sampled = torch.where(samples, num_accepted + 1, 0)
+    return VerifyOutput(sampled, num_sampled)
+
+
+class RejectionSampler:
+    """Turns target logits + drafts into emitted tokens, on the device, with no host sync.
+
+    temperature/top_k/top_p: the run's sampling settings. mode: "standard" | "synthetic".
+    """
+
+    def __init__(self, *, temperature: float, top_k: int, top_p: float, mode: str = "standard",
+                 synthetic_acceptance_rate: float = 1.0, generator: torch.Generator | None = None) -> None:
+        self.temperature = temperature
+        self.top_k = top_k
+        self.top_p = top_p
+        self.mode = mode
+        self.rate = synthetic_acceptance_rate
+        self.generator = generator
+
+    def __call__(
+        self,
+        target_logits: torch.Tensor,
+        draft_tokens: torch.Tensor,
+        num_draft_tokens: torch.Tensor,
+        draft_probs: torch.Tensor | None,
+        samples: torch.Tensor,
+    ) -> VerifyOutput:
+        """target_logits: fp32[R, K+1, V]; draft_tokens: int64[R, K]; num_draft_tokens: int64[R] (<= K);
+        draft_probs: fp32[R, K, V] (the distribution each draft was sampled from; None when greedy);
+        samples: bool[R] (rows that emit tokens this step)."""
+        num_rows, k = draft_tokens.shape
+        cols = torch.arange(k, device=draft_tokens.device)
+        is_draft = cols.unsqueeze(0) < num_draft_tokens.unsqueeze(1)  # [R, K]
+        greedy = self.temperature == 0.0
+        if greedy:
+            target_tokens = target_logits.argmax(dim=-1)  # [R, K+1]
+        else:
+            probs = logits_to_probs(target_logits, self.temperature, self.top_k, self.top_p)
+        if self.mode == "synthetic":
+            u = torch.rand(num_rows, k, device=draft_tokens.device, generator=self.generator)
+            accepted = _accepted_prefix_len((u < self.rate) & is_draft)
+            if greedy:
+                last = target_tokens.gather(1, accepted.unsqueeze(1)).squeeze(1)
+            else:
+                last_probs = probs.gather(1, accepted.view(-1, 1, 1).expand(-1, 1, probs.shape[-1])).squeeze(1)
+                last = sample_from_probs(last_probs, self.generator)
+            return _emit(draft_tokens, accepted, last, samples)
+        if greedy:
+            accepted = _accepted_prefix_len((draft_tokens == target_tokens[:, :k]) & is_draft)
+            last = target_tokens.gather(1, accepted.unsqueeze(1)).squeeze(1)
+            return _emit(draft_tokens, accepted, last, samples)
+        assert draft_probs is not None, "sampling verification needs the draft's probabilities"
+        p_draft_tok = probs[:, :k].gather(2, draft_tokens.unsqueeze(2)).squeeze(2)  # [R, K]
+        q_draft_tok = draft_probs.gather(2, draft_tokens.unsqueeze(2)).squeeze(2)
+        u = torch.rand(num_rows, k, device=draft_tokens.device, generator=self.generator)
+        accept = (u * q_draft_tok < p_draft_tok) & is_draft
+        accepted = _accepted_prefix_len(accept)
+        vocab = probs.shape[-1]
+        p_at = probs.gather(1, accepted.view(-1, 1, 1).expand(-1, 1, vocab)).squeeze(1)  # [R, V]
+        padded_q = torch.cat([draft_probs, torch.zeros_like(draft_probs[:, :1])], dim=1)
+        q_at = padded_q.gather(1, accepted.view(-1, 1, 1).expand(-1, 1, vocab)).squeeze(1)
+        residual = (p_at - q_at).clamp_min(0.0)
+        residual_mass = residual.sum(dim=-1, keepdim=True)
+        # All drafts accepted (or none proposed): the bonus comes from p. p == q exactly: residual is empty.
+        use_residual = (accepted < num_draft_tokens).unsqueeze(1) & (residual_mass > 0)
+        last_probs = torch.where(use_residual, residual / residual_mass.clamp_min(1e-30), p_at)
+        last = sample_from_probs(last_probs, self.generator)
+        return _emit(draft_tokens, accepted, last, samples)

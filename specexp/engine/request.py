@@ -1,0 +1,56 @@
+"""CPU-side state of one request: its tokens, cache allocations and speculation bookkeeping."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Request:
+    """One prompt being served.
+
+    token_ids: prompt + emitted tokens (the committed stream). num_computed_tokens: leading tokens of
+    token_ids whose KV / conv state the target has written. While decoding, exactly one committed token
+    (the last) is not computed yet: it opens the next verify query.
+    draft_token_ids: drafts proposed at the end of the last step, verified next step.
+    num_accepted_tokens: tokens the last verify accepted, bonus included (1 after a prefill) — selects the
+    conv window the next step reads.
+    """
+
+    request_id: int
+    prompt_token_ids: list[int]
+    max_new_tokens: int
+    token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    block_ids: list[int] = field(default_factory=list)
+    conv_slot: int = 0
+    draft_token_ids: list[int] = field(default_factory=list)
+    num_accepted_tokens: int = 1
+    finished: bool = False
+    finish_reason: str | None = None
+    # Timing (seconds since the run started).
+    arrival_s: float = 0.0
+    first_token_s: float | None = None
+    finish_s: float | None = None
+    # Per-verify acceptance of this request: (num_draft_tokens, num_accepted_tokens).
+    verifies: list[tuple[int, int]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.token_ids:
+            self.token_ids = list(self.prompt_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def is_prefilling(self) -> bool:
+        return self.num_computed_tokens < self.num_prompt_tokens
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens

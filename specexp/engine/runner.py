@@ -1,0 +1,329 @@
+"""The native engine: continuous batching with draft-model speculation, one `step()` at a time.
+
+A step:  schedule (CPU) -> target forward over all rows' queries (verify + prefill chunks) ->
+rejection sampling (device) -> draft proposal (device) -> ONE device-to-host read (sampled tokens,
+their counts and the next drafts) -> bookkeeping on the CPU. Nothing else is read back.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from specexp.engine.cache_pool import IdPool, blocks_needed
+from specexp.engine.config import EngineConfig, EngineConfigError, SamplingConfig, SpeculatorConfig
+from specexp.engine.inputs import InputBuffers, build_step_inputs
+from specexp.engine.rejection_sampler import RejectionSampler
+from specexp.engine.request import Request
+from specexp.engine.scheduler import ScheduledBatch, Scheduler
+from specexp.engine.short_conv import ShortConvMetadataBuilder
+from specexp.engine.speculator import AutoRegressiveSpeculator, VerifiedBatch
+from specexp.engine.timing import PhaseTimer
+from specexp.models.caches import allocate_conv_states, allocate_kv_caches
+from specexp.models.metadata import ForwardContext
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class StepRecord:
+    """One engine step (a row of steps.parquet). Times in milliseconds."""
+
+    step: int
+    num_reqs: int
+    num_tokens: int
+    num_prefill_tokens: int
+    num_drafts: int
+    num_draft_tokens: int
+    num_accepted_tokens: int
+    num_output_tokens: int
+    schedule_ms: float
+    verify_ms: float
+    sample_ms: float
+    draft_ms: float
+    step_ms: float
+
+
+@dataclass
+class EngineOutput:
+    requests: list[Request]
+    steps: list[StepRecord] = field(default_factory=list)
+    total_s: float = 0.0
+    persistent_buffer_bytes: int = 0
+
+
+def check_pair(target: torch.nn.Module, draft: torch.nn.Module | None) -> None:
+    """A draft must share the target's vocabulary."""
+    if draft is None:
+        return
+    tv, dv = target.config.vocab_size, draft.config.vocab_size
+    if tv != dv:
+        raise EngineConfigError(
+            f"draft vocab ({dv}) != target vocab ({tv}): a draft must share the target's tokenizer"
+        )
+
+
+class NativeEngine:
+    """Serves a list of prompts with the target model, optionally speculating with a draft model.
+
+    eos_token_ids: tokens that end a request (unless sampling.ignore_eos).
+    """
+
+    def __init__(
+        self,
+        target: torch.nn.Module,
+        draft: torch.nn.Module | None,
+        engine: EngineConfig,
+        speculator: SpeculatorConfig,
+        sampling: SamplingConfig,
+        eos_token_ids: list[int] | None = None,
+    ) -> None:
+        engine.validate()
+        speculator.validate(engine.max_model_len)
+        sampling.validate()
+        self.k = speculator.num_speculative_tokens if draft is not None else 0
+        if self.k > 0:
+            check_pair(target, draft)
+        self.cfg, self.spec_cfg, self.sampling = engine, speculator, sampling
+        self.device = torch.device(engine.device)
+        self.dtype = DTYPES[engine.dtype]
+        self.target = target
+        self.eos_token_ids = set(eos_token_ids or [])
+        self.generator = torch.Generator(device=self.device)
+        self.generator.manual_seed(engine.seed)
+        lookahead = 2 * self.k + 1 if self.k else 0
+        self.max_blocks_per_req = blocks_needed(engine.max_model_len + lookahead, engine.block_size)
+        num_blocks = engine.num_kv_blocks or engine.max_num_seqs * self.max_blocks_per_req
+        self.block_pool = IdPool(num_blocks)
+        self.slot_pool = IdPool(engine.max_num_seqs)
+        self.scheduler = Scheduler(
+            max_num_seqs=engine.max_num_seqs, max_model_len=engine.max_model_len,
+            token_budget=engine.token_budget, block_size=engine.block_size, num_spec_tokens=self.k,
+            block_pool=self.block_pool, slot_pool=self.slot_pool,
+        )
+        self.max_num_tokens = self.scheduler.token_budget
+        # +1: block id / conv slot 0 is the NULL entry.
+        self.kv_caches = allocate_kv_caches(target, num_blocks + 1, engine.block_size, self.device, self.dtype)
+        self.conv_states = allocate_conv_states(target, engine.max_num_seqs + 1, self.k, self.device, self.dtype)
+        self.conv_builder = ShortConvMetadataBuilder(
+            num_spec_tokens=self.k, use_full_cuda_graph=False, max_num_seqs=engine.max_num_seqs,
+            max_capture_size=None, device=self.device,
+        )
+        self.buffers = InputBuffers(engine.max_num_seqs, self.max_num_tokens, self.max_blocks_per_req, self.device)
+        self.rejection = RejectionSampler(
+            temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
+            mode=speculator.rejection, synthetic_acceptance_rate=speculator.synthetic_acceptance_rate,
+            generator=self.generator,
+        )
+        self.speculator: AutoRegressiveSpeculator | None = None
+        self.req_draft_probs: torch.Tensor | None = None
+        if self.k > 0:
+            self.speculator = AutoRegressiveSpeculator(
+                draft, num_speculative_tokens=self.k, max_num_reqs=engine.max_num_seqs,
+                max_num_tokens=self.max_num_tokens, num_blocks=num_blocks + 1, block_size=engine.block_size,
+                max_blocks_per_req=self.max_blocks_per_req, temperature=sampling.temperature,
+                device=self.device, dtype=self.dtype, generator=self.generator,
+            )
+            if not sampling.greedy:
+                # Draft probabilities of each request's pending drafts, by conv slot (a request's stable id).
+                self.req_draft_probs = torch.zeros(
+                    engine.max_num_seqs + 1, self.k, target.config.vocab_size, device=self.device
+                )
+        self.timer = PhaseTimer(self.device)
+        self.steps: list[StepRecord] = []
+        self._t0 = 0.0
+
+    def persistent_buffer_bytes(self) -> int:
+        total = self.buffers.nbytes()
+        if self.speculator is not None:
+            total += self.speculator.persistent_buffer_bytes()
+        if self.req_draft_probs is not None:
+            total += self.req_draft_probs.numel() * self.req_draft_probs.element_size()
+        return total
+
+    # ------------------------------------------------------------------ public
+    def generate(self, prompts: list[list[int]], max_new_tokens: int | None = None,
+                 on_step=None) -> EngineOutput:
+        """Serve all prompts (arriving together) to completion. prompts: token ids per request."""
+        max_new = max_new_tokens or self.sampling.max_new_tokens
+        requests = [Request(i, list(p), max_new) for i, p in enumerate(prompts)]
+        for request in requests:
+            self.scheduler.add(request)
+        self._t0 = time.perf_counter()
+        while self.scheduler.has_work:
+            record = self.step()
+            if on_step is not None:
+                on_step(record)
+        return EngineOutput(requests, list(self.steps), time.perf_counter() - self._t0,
+                            self.persistent_buffer_bytes())
+
+    # ------------------------------------------------------------------ step
+    def step(self) -> StepRecord:
+        timer = self.timer
+        t_start = time.perf_counter()
+        timer.start("schedule")
+        batch = self.scheduler.schedule()
+        if not batch.rows:
+            raise RuntimeError("scheduler produced an empty step while requests are waiting")
+        prep = self._prepare_target_inputs(batch)
+        timer.mark("verify")
+        logits = self._verify(batch, prep)
+        timer.mark("sample")
+        verified = self.rejection(
+            logits, prep["drafts"], prep["num_drafts"], prep["draft_probs"], prep["samples"]
+        )
+        timer.mark("draft")
+        drafts = None
+        if self.speculator is not None:
+            drafts, probs = self.speculator.propose(self._verified_batch(batch, prep, verified))
+            if probs is not None:
+                self.req_draft_probs[prep["slots_dev"]] = probs
+        # The step's single device-to-host read.
+        parts = [verified.sampled, verified.num_sampled.unsqueeze(1)]
+        if drafts is not None:
+            parts.append(drafts)
+        host = torch.cat(parts, dim=1).cpu()
+        timer.mark("end")
+        record = self._commit(batch, host, timer.elapsed_ms(), t_start)
+        self.steps.append(record)
+        return record
+
+    def _prepare_target_inputs(self, batch: ScheduledBatch) -> dict:
+        k, dev = self.k, self.device
+        rows = batch.rows
+        token_lists, starts, block_ids = [], [], []
+        for row in rows:
+            req = row.request
+            start = req.num_computed_tokens
+            if row.is_prefill:
+                token_lists.append(req.token_ids[start : start + row.num_query_tokens])
+            else:
+                token_lists.append([req.token_ids[-1]] + req.draft_token_ids[: row.num_draft_tokens])
+            starts.append(start)
+            block_ids.append(req.block_ids)
+        cpu = build_step_inputs(token_lists, starts, block_ids, self.cfg.block_size, self.max_blocks_per_req)
+        self.buffers.load(cpu)
+        num_reqs, num_tokens = cpu.num_reqs, cpu.num_tokens
+        attn = self.buffers.attention_metadata(
+            num_reqs, num_tokens, max_seq_len=int(cpu.seq_lens.max()), max_query_len=cpu.max_query_len,
+            num_actual_tokens=num_tokens,
+        )
+        query_lens = torch.tensor([r.num_query_tokens for r in rows], dtype=torch.int64)
+        is_spec = torch.tensor([not r.is_prefill for r in rows]) & (k > 0)
+        num_drafts = torch.tensor([r.num_draft_tokens for r in rows], dtype=torch.int64)
+        slots = torch.tensor([r.request.conv_slot for r in rows], dtype=torch.int32)
+        num_accepted = torch.tensor([r.request.num_accepted_tokens for r in rows], dtype=torch.int32)
+        conv = None
+        if self.conv_states:
+            conv = self.conv_builder.build(
+                query_start_loc_cpu=cpu.query_start_loc,
+                num_computed_tokens_cpu=torch.tensor(starts, dtype=torch.int32),
+                num_decode_draft_tokens_cpu=torch.where(is_spec, num_drafts, -1).to(torch.int32),
+                num_accepted_tokens_cpu=num_accepted,
+                state_indices_cpu=slots,
+            )
+        # Logits rows [R, k+1]: verify rows score every query token; others their last one.
+        cols = torch.arange(k + 1)
+        qsl = cpu.query_start_loc[:-1].to(torch.int64)
+        last = query_lens - 1
+        offset = torch.where(is_spec.unsqueeze(1), torch.minimum(cols.unsqueeze(0), last.unsqueeze(1)),
+                             last.unsqueeze(1))
+        logits_indices = qsl.unsqueeze(1) + offset
+        drafts = torch.zeros(num_reqs, k, dtype=torch.int64)
+        for r, row in enumerate(rows):
+            if row.num_draft_tokens:
+                drafts[r, : row.num_draft_tokens] = torch.tensor(row.request.draft_token_ids[: row.num_draft_tokens])
+        slots_dev = slots.to(dev, non_blocking=True).long()
+        draft_probs = self.req_draft_probs[slots_dev] if self.req_draft_probs is not None else None
+        return {
+            "cpu": cpu, "attn": attn, "conv": conv, "query_lens": query_lens, "is_spec": is_spec,
+            "slots": slots, "slots_dev": slots_dev, "num_accepted": num_accepted,
+            "logits_indices": logits_indices.to(dev, non_blocking=True),
+            "drafts": drafts.to(dev, non_blocking=True), "num_drafts": num_drafts.to(dev, non_blocking=True),
+            "draft_probs": draft_probs,
+            "samples": torch.tensor([r.samples for r in rows]).to(dev, non_blocking=True),
+            "samples_cpu": torch.tensor([r.samples for r in rows]),
+        }
+
+    def _verify(self, batch: ScheduledBatch, prep: dict) -> torch.Tensor:
+        """Target forward over the step; logits fp32[R, k+1, V] at the rows' scoring positions."""
+        num_tokens = prep["cpu"].num_tokens
+        ctx = ForwardContext(attn=prep["attn"], conv=prep["conv"], kv_caches=self.kv_caches,
+                             conv_states=self.conv_states)
+        hidden = self.target(self.buffers.input_ids[:num_tokens], self.buffers.positions[:num_tokens], ctx)
+        idx = prep["logits_indices"]
+        logits = self.target.compute_logits(hidden[idx.reshape(-1)])
+        return logits.view(idx.shape[0], idx.shape[1], -1)
+
+    def _verified_batch(self, batch: ScheduledBatch, prep: dict, verified) -> VerifiedBatch:
+        cpu = prep["cpu"]
+        return VerifiedBatch(
+            query_lens=prep["query_lens"],
+            start_positions=torch.tensor([r.start_position for r in batch.rows], dtype=torch.int64),
+            is_spec=prep["is_spec"],
+            samples=prep["samples_cpu"],
+            conv_slots=prep["slots"],
+            num_accepted_prev=prep["num_accepted"],
+            block_table=cpu.block_table,
+            target_input_ids=self.buffers.input_ids[: cpu.num_tokens],
+            sampled=verified.sampled,
+            num_sampled=verified.num_sampled,
+        )
+
+    # ------------------------------------------------------------------ bookkeeping
+    def _commit(self, batch: ScheduledBatch, host: torch.Tensor, phases_ms: dict, t_start: float) -> StepRecord:
+        k = self.k
+        now = time.perf_counter() - self._t0
+        num_drafts = num_draft_tokens = num_accepted_total = num_output = 0
+        for r, row in enumerate(batch.rows):
+            req = row.request
+            n_sampled = int(host[r, k + 1])
+            if row.is_prefill:
+                req.num_computed_tokens += row.num_query_tokens
+            else:
+                req.num_computed_tokens += n_sampled  # t_last + accepted drafts are now in the cache
+            if not row.samples:
+                continue
+            accepted = n_sampled - 1
+            if row.num_draft_tokens > 0:
+                req.verifies.append((row.num_draft_tokens, accepted))
+                num_drafts += 1
+                num_draft_tokens += row.num_draft_tokens
+                num_accepted_total += accepted
+            req.num_accepted_tokens = n_sampled
+            emitted = self._append_tokens(req, host[r, :n_sampled].tolist())
+            num_output += emitted
+            if emitted and req.first_token_s is None:
+                req.first_token_s = now
+            if req.finished:
+                req.finish_s = now
+                self.scheduler.finish(req)
+            elif k > 0:
+                req.draft_token_ids = host[r, k + 2 :].tolist()
+        phases = {name: phases_ms.get(name, 0.0) for name in ("schedule", "verify", "sample", "draft")}
+        return StepRecord(
+            step=len(self.steps), num_reqs=batch.num_reqs, num_tokens=batch.num_tokens,
+            num_prefill_tokens=sum(r.num_query_tokens for r in batch.rows if r.is_prefill),
+            num_drafts=num_drafts, num_draft_tokens=num_draft_tokens, num_accepted_tokens=num_accepted_total,
+            num_output_tokens=num_output,
+            schedule_ms=phases["schedule"], verify_ms=phases["verify"], sample_ms=phases["sample"],
+            draft_ms=phases["draft"], step_ms=(time.perf_counter() - t_start) * 1e3,
+        )
+
+    def _append_tokens(self, req: Request, tokens: list[int]) -> int:
+        """Commit sampled tokens, stopping at EOS, max_new_tokens or max_model_len. Returns how many."""
+        emitted = 0
+        for token in tokens:
+            req.token_ids.append(token)
+            emitted += 1
+            if token in self.eos_token_ids and not self.sampling.ignore_eos:
+                req.finished, req.finish_reason = True, "eos"
+            elif req.num_output_tokens >= req.max_new_tokens:
+                req.finished, req.finish_reason = True, "length"
+            elif len(req.token_ids) >= self.cfg.max_model_len:
+                req.finished, req.finish_reason = True, "max_model_len"
+            if req.finished:
+                break
+        return emitted

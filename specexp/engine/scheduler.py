@@ -1,0 +1,153 @@
+"""Continuous batching: which requests run this step, and how many tokens each.
+
+Rows are ordered decodes/verifies first, then prefill chunks (vLLM's "reorder batch"). A request reserves
+the KV blocks of its whole lifetime when it is admitted (prompt + max_new_tokens, plus the slots the draft
+may write past the last verified token), so a running request never runs out of blocks and nothing is
+ever preempted; a request waits while the pool is short, and one that could never fit is an error.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from specexp.engine.cache_pool import IdPool, blocks_needed
+from specexp.engine.config import EngineConfigError
+from specexp.engine.request import Request
+
+
+@dataclass
+class ScheduledRow:
+    """One request's share of a step.
+
+    num_query_tokens: tokens the target runs for it (q). num_draft_tokens: drafts among them (q - 1 for a
+    verify row, 0 for a prefill chunk or a plain decode). samples: the row emits tokens this step (every
+    decode/verify row, and the chunk that ends the prompt).
+    """
+
+    request: Request
+    num_query_tokens: int
+    num_draft_tokens: int
+    is_prefill: bool
+    samples: bool
+
+    @property
+    def start_position(self) -> int:
+        return self.request.num_computed_tokens
+
+
+@dataclass
+class ScheduledBatch:
+    rows: list[ScheduledRow]
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(r.num_query_tokens for r in self.rows)
+
+    @property
+    def num_reqs(self) -> int:
+        return len(self.rows)
+
+
+class Scheduler:
+    """Admits waiting requests and splits each step's token budget.
+
+    num_spec_tokens: k. max_blocks_per_req: block-table width. Lookahead slots: with a draft, a step may
+    write draft KV up to 2k positions past the last committed token (k+2-slot draft prefill, then k-1
+    decode steps), so each request reserves 2k+1 extra positions.
+    """
+
+    def __init__(
+        self,
+        *,
+        max_num_seqs: int,
+        max_model_len: int,
+        token_budget: int,
+        block_size: int,
+        num_spec_tokens: int,
+        block_pool: IdPool,
+        slot_pool: IdPool,
+    ) -> None:
+        self.max_num_seqs = max_num_seqs
+        self.max_model_len = max_model_len
+        self.block_size = block_size
+        self.k = num_spec_tokens
+        self.lookahead_tokens = 2 * num_spec_tokens + 1 if num_spec_tokens > 0 else 0
+        # Every running request can always verify its k drafts in one step.
+        self.token_budget = max(token_budget, max_num_seqs * (num_spec_tokens + 1))
+        self.block_pool = block_pool
+        self.slot_pool = slot_pool
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+
+    def max_blocks_per_req(self) -> int:
+        return blocks_needed(self.max_model_len + self.lookahead_tokens, self.block_size)
+
+    def _reserved_tokens(self, request: Request) -> int:
+        final_len = min(request.num_prompt_tokens + request.max_new_tokens, self.max_model_len)
+        return final_len + self.lookahead_tokens
+
+    def add(self, request: Request) -> None:
+        if request.num_prompt_tokens >= self.max_model_len:
+            raise EngineConfigError(
+                f"prompt {request.request_id} has {request.num_prompt_tokens} tokens: engine.max_model_len="
+                f"{self.max_model_len} must exceed it (room for at least one output token)"
+            )
+        if request.num_prompt_tokens == 0:
+            raise EngineConfigError(f"prompt {request.request_id} is empty: every prompt needs at least one token")
+        need = blocks_needed(self._reserved_tokens(request), self.block_size)
+        if need > self.block_pool.capacity:
+            raise EngineConfigError(
+                f"prompt {request.request_id} needs {need} KV blocks but the cache has {self.block_pool.capacity}: "
+                f"raise engine.num_kv_blocks or lower max_new_tokens / max_model_len"
+            )
+        self.waiting.append(request)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def _admit(self) -> None:
+        while self.waiting and len(self.running) < self.max_num_seqs:
+            request = self.waiting[0]
+            need = blocks_needed(self._reserved_tokens(request), self.block_size)
+            if need > self.block_pool.num_free or self.slot_pool.num_free == 0:
+                break  # wait for running requests to finish and free their blocks
+            self.waiting.popleft()
+            request.block_ids = self.block_pool.allocate(need)
+            request.conv_slot = self.slot_pool.allocate(1)[0]
+            self.running.append(request)
+
+    def schedule(self) -> ScheduledBatch:
+        """Rows for the next step: every decoding request (1 + its drafts), then prefill chunks in arrival
+        order while the token budget lasts."""
+        self._admit()
+        budget = self.token_budget
+        decode_rows: list[ScheduledRow] = []
+        prefill_rows: list[ScheduledRow] = []
+        for request in self.running:
+            if request.is_prefilling:
+                continue
+            num_drafts = min(
+                len(request.draft_token_ids),
+                self.k,
+                request.max_new_tokens - request.num_output_tokens - 1,
+                self.max_model_len - len(request.token_ids) - 1,
+            )
+            num_drafts = max(num_drafts, 0)
+            decode_rows.append(ScheduledRow(request, 1 + num_drafts, num_drafts, is_prefill=False, samples=True))
+            budget -= 1 + num_drafts
+        for request in self.running:
+            if not request.is_prefilling or budget <= 0:
+                continue
+            remaining = request.num_prompt_tokens - request.num_computed_tokens
+            chunk = min(remaining, budget)
+            prefill_rows.append(ScheduledRow(request, chunk, 0, is_prefill=True, samples=chunk == remaining))
+            budget -= chunk
+        return ScheduledBatch(decode_rows + prefill_rows)
+
+    def finish(self, request: Request) -> None:
+        self.running.remove(request)
+        self.block_pool.free(request.block_ids)
+        self.slot_pool.free([request.conv_slot])
+        request.block_ids = []

@@ -1,0 +1,289 @@
+"""Autoregressive draft-model speculator (seed 000's `AutoRegressiveSpeculator`, standalone-draft flavour).
+
+Each engine step, after the target verified its rows, the speculator proposes k drafts per row:
+
+1. **Draft prefill** over a region of `q + 1` slots per row, where q is the row's target query length
+   (k + 1 for a full verify row, a prompt chunk for a prefill row)::
+
+       verify row, a drafts accepted:   [t_last, d_1 .. d_a, new, x .. x]      (q + 1 = k + 2 slots)
+                                         \\_ accepted inputs _/  ^    ^ rejected slots (token 0), whose
+                                                                 |      KV is overwritten later
+                                        the target's newly sampled token (correction or bonus);
+                                        draft token 0 is sampled from its hidden state
+       prefill row:                     [p_s .. p_e, new]
+
+   Positions run on from the row's first query position, so the region's shape never depends on how
+   many drafts were accepted: the CPU builds it without reading anything back from the device; the
+   accepted count enters only through device tensors (token ids, `last_token_indices`).
+2. **k - 1 draft decode steps**, one token per row, each advancing positions, seq_lens and slot mappings
+   on the device (`advance_draft_positions`).
+
+Hybrid (short-conv) drafts: the region is verified like a target spec row (conv window at
+`num_accepted - 1`, all region inputs appended; prefill rows keep the new token as a one-column
+lookahead), so the window the next step needs survives rejections with no copy. The decode steps run on
+*scratch* conv slots seeded with the window ending at the new token, so they never disturb the real
+state — the rollback vLLM 0.33 lacks for conv drafts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+from specexp.engine.inputs import InputBuffers, StepInputsCPU, slot_mapping_cpu
+from specexp.engine.sampling import logits_to_probs, sample_from_probs
+from specexp.engine.short_conv import ShortConvMetadataBuilder
+from specexp.models.caches import allocate_conv_states, allocate_kv_caches
+from specexp.models.metadata import ForwardContext
+
+
+@dataclass
+class VerifiedBatch:
+    """What the target step hands the speculator (R rows of the step just verified).
+
+    query_lens, start_positions: int64[R] (CPU); is_spec: bool[R] (CPU; decode/verify rows);
+    samples: bool[R] (CPU; rows that emitted tokens); conv_slots, num_accepted_prev: int32[R] (CPU);
+    block_table: int32[R, B] (CPU). target_input_ids: int64[T] (device); sampled: int64[R, k+1] and
+    num_sampled: int64[R] (device, from the rejection sampler).
+    """
+
+    query_lens: torch.Tensor
+    start_positions: torch.Tensor
+    is_spec: torch.Tensor
+    samples: torch.Tensor
+    conv_slots: torch.Tensor
+    num_accepted_prev: torch.Tensor
+    block_table: torch.Tensor
+    target_input_ids: torch.Tensor
+    sampled: torch.Tensor
+    num_sampled: torch.Tensor
+
+
+def seed_scratch_windows(conv_state: torch.Tensor, slots: torch.Tensor, scratch_slots: torch.Tensor,
+                         offsets: torch.Tensor, width: int) -> None:
+    """conv_state[scratch, :, 0:W-1] = conv_state[slot, :, o : o+W-1] per row (device, no sync).
+
+    slots, scratch_slots: int64[R]; offsets: int64[R] (the window start in the real slot)."""
+    cols = offsets.unsqueeze(1) + torch.arange(width - 1, device=offsets.device)  # [R, W-1]
+    cols = cols.clamp(0, conv_state.shape[2] - 1)
+    src = conv_state[slots]
+    windows = torch.gather(src, 2, cols.unsqueeze(1).expand(-1, src.shape[1], -1))
+    conv_state[scratch_slots, :, : width - 1] = windows
+
+
+class AutoRegressiveSpeculator:
+    """Owns the draft model, its caches and persistent input buffers; proposes k drafts per row.
+
+    The draft shares the target's block ids (its own KV tensors, same block table). Conv slots: a request's
+    slot s holds its real draft conv state, slot s + max_num_reqs its scratch state for decode steps.
+    """
+
+    def __init__(
+        self,
+        draft_model: torch.nn.Module,
+        *,
+        num_speculative_tokens: int,
+        max_num_reqs: int,
+        max_num_tokens: int,
+        num_blocks: int,
+        block_size: int,
+        max_blocks_per_req: int,
+        temperature: float,
+        device: torch.device,
+        dtype: torch.dtype,
+        generator: torch.Generator | None,
+        use_full_cuda_graph: bool = False,
+    ) -> None:
+        self.model = draft_model
+        self.k = num_speculative_tokens
+        self.max_num_reqs = max_num_reqs
+        self.block_size = block_size
+        self.temperature = temperature
+        self.device = device
+        self.generator = generator
+        self.kv_caches = allocate_kv_caches(draft_model, num_blocks, block_size, device, dtype)
+        # Region of k+2 slots = a spec query of k+1 "drafts" for the conv builder.
+        self.conv_states = allocate_conv_states(draft_model, 2 * max_num_reqs + 1, self.k + 1, device, dtype)
+        self.conv_width = getattr(draft_model.config, "conv_L_cache", 0) or 0
+        self.conv_builder = ShortConvMetadataBuilder(
+            num_spec_tokens=self.k + 1, use_full_cuda_graph=use_full_cuda_graph, max_num_seqs=max_num_reqs,
+            max_capture_size=None, device=device,
+        )
+        self.prefill_buffers = InputBuffers(max_num_reqs, max_num_tokens + max_num_reqs, max_blocks_per_req, device)
+        self.decode_buffers = InputBuffers(max_num_reqs, max_num_reqs, max_blocks_per_req, device)
+        self.draft_tokens = torch.zeros(max_num_reqs, self.k, dtype=torch.int64, device=device)
+        vocab = draft_model.config.vocab_size
+        self.draft_probs = (
+            torch.zeros(max_num_reqs, self.k, vocab, dtype=torch.float32, device=device) if temperature > 0 else None
+        )
+        self.last_token_indices = torch.zeros(max_num_reqs, dtype=torch.int64, device=device)
+
+    @property
+    def advance_draft_positions(self) -> bool:
+        """Each draft step writes a new KV position (true for a standalone draft model)."""
+        return True
+
+    def persistent_buffer_bytes(self) -> int:
+        tensors = [self.draft_tokens, self.last_token_indices]
+        if self.draft_probs is not None:
+            tensors.append(self.draft_probs)
+        own = sum(t.numel() * t.element_size() for t in tensors)
+        return own + self.prefill_buffers.nbytes() + self.decode_buffers.nbytes()
+
+    # Hooks (the CUDA-graph layer brackets capture and replay with them).
+    def on_prefill_begin(self, num_reqs: int) -> None: ...
+    def on_prefill_end(self, num_reqs: int) -> None: ...
+    def on_multi_step_decode_begin(self, num_reqs: int) -> None: ...
+    def on_multi_step_decode_end(self, num_reqs: int) -> None: ...
+
+    def capture(self) -> None:
+        """Capture draft prefill/decode CUDA graphs. Eager engine: nothing to capture."""
+
+    # ------------------------------------------------------------------ propose
+    def propose(self, batch: VerifiedBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Draft k tokens per row. Returns (draft_tokens int64[R, k], draft_probs fp32[R, k, V] or None),
+        views of persistent buffers valid until the next call."""
+        num_reqs = batch.query_lens.numel()
+        num_valid = self._prepare_prefill_inputs(batch)
+        self.on_prefill_begin(num_reqs)
+        self._prefill(num_reqs, batch, num_valid)
+        self.on_prefill_end(num_reqs)
+        if self.k > 1:
+            self._prepare_decode_inputs(batch, num_valid)
+            self.on_multi_step_decode_begin(num_reqs)
+            for step in range(1, self.k):
+                self._decode(num_reqs, batch, step)
+            self.on_multi_step_decode_end(num_reqs)
+        probs = self.draft_probs[:num_reqs] if self.draft_probs is not None else None
+        return self.draft_tokens[:num_reqs], probs
+
+    def _prepare_prefill_inputs(self, batch: VerifiedBatch) -> torch.Tensor:
+        """Fill the prefill buffers with the q+1-slot regions; returns num_valid int64[R] (device): the
+        leading region slots that hold committed target inputs."""
+        num_reqs = batch.query_lens.numel()
+        region_lens = batch.query_lens + 1
+        region_qsl = torch.zeros(num_reqs + 1, dtype=torch.int32)
+        region_qsl[1:] = torch.cumsum(region_lens, 0)
+        region_row = torch.repeat_interleave(torch.arange(num_reqs), region_lens)
+        region_i = torch.arange(int(region_lens.sum())) - region_qsl[:-1].long()[region_row]
+        positions = batch.start_positions[region_row] + region_i
+        target_qsl = torch.zeros(num_reqs + 1, dtype=torch.int64)
+        target_qsl[1:] = torch.cumsum(batch.query_lens, 0)
+        src = target_qsl[:-1][region_row] + torch.minimum(region_i, batch.query_lens[region_row] - 1)
+        cpu = StepInputsCPU(
+            input_ids=torch.zeros(region_row.numel(), dtype=torch.int64),
+            positions=positions,
+            query_start_loc=region_qsl,
+            # Attention sees the whole region; causality hides the slots after each query.
+            seq_lens=(batch.start_positions + region_lens).to(torch.int32),
+            block_table=batch.block_table,
+            slot_mapping=slot_mapping_cpu(batch.block_table, region_row, positions, self.block_size),
+            token_req_indices=region_row,
+        )
+        buffers = self.prefill_buffers
+        buffers.load(cpu)
+        dev = self.device
+        region_row_d = region_row.to(dev, non_blocking=True)
+        region_i_d = region_i.to(dev, non_blocking=True)
+        query_lens_d = batch.query_lens.to(dev, non_blocking=True)
+        is_spec_d = batch.is_spec.to(dev, non_blocking=True)
+        # Verify rows keep their accepted inputs (t_last + accepted drafts = num_sampled); prefill rows all.
+        num_valid = torch.where(is_spec_d, batch.num_sampled, query_lens_d)
+        last_col = (batch.num_sampled - 1).clamp(min=0).unsqueeze(1)
+        new_token = batch.sampled.gather(1, last_col).squeeze(1).clamp(min=0)
+        target_ids = batch.target_input_ids[src.to(dev, non_blocking=True)]
+        valid_here = num_valid[region_row_d]
+        ids = torch.where(
+            region_i_d < valid_here, target_ids, torch.where(region_i_d == valid_here, new_token[region_row_d], 0)
+        )
+        buffers.input_ids[: ids.numel()].copy_(ids)
+        self.last_token_indices[:num_reqs].copy_(region_qsl[:-1].to(dev, non_blocking=True) + num_valid)
+        self._prefill_cpu = cpu
+        return num_valid
+
+    def _sample_draft(self, logits: torch.Tensor, num_reqs: int, step: int) -> None:
+        """Draft token `step` of each row from logits fp32[R, V]: argmax when greedy, else a sample from
+        softmax(logits / T), whose probabilities the rejection sampler needs."""
+        if self.draft_probs is None:
+            self.draft_tokens[:num_reqs, step] = logits.argmax(dim=-1)
+            return
+        probs = logits_to_probs(logits, self.temperature)
+        self.draft_probs[:num_reqs, step] = probs
+        self.draft_tokens[:num_reqs, step] = sample_from_probs(probs, self.generator)
+
+    def _prefill(self, num_reqs: int, batch: VerifiedBatch, num_valid: torch.Tensor) -> None:
+        """Run the draft over all regions and sample draft token 0 at each row's new token."""
+        cpu = self._prefill_cpu
+        num_tokens = cpu.num_tokens
+        attn = self.prefill_buffers.attention_metadata(
+            num_reqs, num_tokens, max_seq_len=int(cpu.seq_lens.max()), max_query_len=cpu.max_query_len,
+            num_actual_tokens=num_tokens,
+        )
+        conv = None
+        if self.conv_states:
+            conv = self.conv_builder.build(
+                query_start_loc_cpu=cpu.query_start_loc,
+                num_computed_tokens_cpu=batch.start_positions.to(torch.int32),
+                num_decode_draft_tokens_cpu=torch.where(batch.is_spec, batch.query_lens, -1).to(torch.int32),
+                num_accepted_tokens_cpu=batch.num_accepted_prev.to(torch.int32),
+                state_indices_cpu=batch.conv_slots.to(torch.int32),
+            )
+            conv = dataclasses.replace(conv, non_spec_state_lookahead=1)
+        ctx = ForwardContext(attn=attn, conv=conv, kv_caches=self.kv_caches, conv_states=self.conv_states)
+        buffers = self.prefill_buffers
+        hidden = self.model(buffers.input_ids[:num_tokens], buffers.positions[:num_tokens], ctx)
+        logits = self.model.compute_logits(hidden[self.last_token_indices[:num_reqs]])
+        self._sample_draft(logits, num_reqs, 0)
+
+    def _prepare_decode_inputs(self, batch: VerifiedBatch, num_valid: torch.Tensor) -> None:
+        """Decode state before step 1: position of the new token, its seq_len, the block table, and the
+        scratch conv windows ending at the new token."""
+        num_reqs = batch.query_lens.numel()
+        buffers = self.decode_buffers
+        dev = self.device
+        buffers.block_table[:num_reqs].copy_(batch.block_table, non_blocking=True)
+        buffers.query_start_loc[: num_reqs + 1].copy_(torch.arange(num_reqs + 1, dtype=torch.int32))
+        buffers.token_req_indices[:num_reqs].copy_(torch.arange(num_reqs))
+        start = batch.start_positions.to(dev, non_blocking=True)
+        buffers.positions[:num_reqs].copy_(start + num_valid)
+        buffers.seq_lens[:num_reqs].copy_((start + num_valid + 1).to(torch.int32))
+        self._decode_writes = batch.samples.to(dev, non_blocking=True)
+        # CPU upper bound of the decode seq_lens (num_valid <= q).
+        self._decode_max_seq_len = int((batch.start_positions + batch.query_lens).max()) + 1
+        self._decode_conv = None
+        if self.conv_states:
+            slots = batch.conv_slots.to(torch.int64)
+            scratch = slots + self.max_num_reqs
+            slots_d, scratch_d = slots.to(dev), scratch.to(dev)
+            for state in self.conv_states:
+                seed_scratch_windows(state, slots_d, scratch_d, batch.num_sampled, self.conv_width)
+            self._decode_conv = self.conv_builder.build(
+                query_start_loc_cpu=torch.arange(num_reqs + 1, dtype=torch.int32),
+                num_computed_tokens_cpu=torch.ones(num_reqs, dtype=torch.int32),
+                num_decode_draft_tokens_cpu=torch.full((num_reqs,), -1, dtype=torch.int32),
+                num_accepted_tokens_cpu=torch.ones(num_reqs, dtype=torch.int32),
+                state_indices_cpu=scratch.to(torch.int32),
+            )
+
+    def _decode(self, num_reqs: int, batch: VerifiedBatch, step: int) -> None:
+        """Draft step `step` (1..k-1): feed draft token step-1 one position further; sample draft `step`."""
+        buffers = self.decode_buffers
+        buffers.input_ids[:num_reqs].copy_(self.draft_tokens[:num_reqs, step - 1])
+        positions = buffers.positions[:num_reqs]
+        positions.add_(1)
+        buffers.seq_lens[:num_reqs].add_(1)
+        table = buffers.block_table[:num_reqs]
+        blocks = table.gather(1, (positions // self.block_size).unsqueeze(1)).squeeze(1).to(torch.int64)
+        slots = blocks * self.block_size + positions % self.block_size
+        # Rows that sampled nothing (mid-prompt chunks) must not write KV.
+        buffers.slot_mapping[:num_reqs].copy_(torch.where(self._decode_writes, slots, -1))
+        attn = buffers.attention_metadata(
+            num_reqs, num_reqs, max_seq_len=self._decode_max_seq_len + step, max_query_len=1,
+            num_actual_tokens=num_reqs,
+        )
+        ctx = ForwardContext(attn=attn, conv=self._decode_conv, kv_caches=self.kv_caches,
+                             conv_states=self.conv_states)
+        hidden = self.model(buffers.input_ids[:num_reqs], positions, ctx)
+        self._sample_draft(self.model.compute_logits(hidden), num_reqs, step)
