@@ -66,7 +66,8 @@ def _conv_over_ext(
         from_window = windows[row, :, window_col] if width > 1 else torch.zeros_like(x)
         value = torch.where(from_x.unsqueeze(1), x[x_index], from_window)
         out = out + weight[:, j].to(x.dtype) * value
-    return out * valid.unsqueeze(1).to(x.dtype)
+    # A select, not a product: padded inputs may hold anything (NaN included) and must still give zeros.
+    return torch.where(valid.unsqueeze(1), out, torch.zeros_like(out))
 
 
 def _read_windows(
@@ -102,7 +103,9 @@ def _write_states(
     qsl = query_start_loc.to(torch.int64)
     x_index = (qsl[:-1].unsqueeze(1) + ext_index - (width - 1)).clamp(0, max(x.shape[0] - 1, 0))
     from_x = x[x_index].permute(0, 2, 1) if x.shape[0] > 0 else torch.zeros_like(old)  # [R, D, S]
-    window_col = ext_index.clamp(max=max(width - 2, 0))
+    # Columns a row does not write may index before ext (a lookahead row of fewer than L tokens) or past
+    # it; clamp them into range, the write mask below drops them.
+    window_col = ext_index.clamp(min=0, max=max(width - 2, 0))
     from_window = torch.gather(windows, 2, window_col.unsqueeze(1).expand(-1, old.shape[1], -1)) if width > 1 else old
     value = torch.where((ext_index >= width - 1).unsqueeze(1), from_x, from_window)
     write = (cols.unsqueeze(0) < num_cols.to(torch.int64).unsqueeze(1)) & (slots != NULL_BLOCK_ID).unsqueeze(1)
@@ -130,7 +133,8 @@ def causal_conv1d_varlen(
     """
     width = weight.shape[1]
     windows = _read_windows(conv_state, state_indices, torch.zeros_like(state_indices), width)
-    windows = windows * has_initial_state.view(-1, 1, 1).to(windows.dtype)
+    # Select, not multiply: a slot handed to a new request holds stale (even non-finite) values.
+    windows = torch.where(has_initial_state.view(-1, 1, 1), windows, torch.zeros_like(windows))
     out = _conv_over_ext(x, windows, query_start_loc, weight, bias)
     query_lens = query_start_loc[1:] - query_start_loc[:-1]
     # Rows with no tokens (padding) keep their state: write zero columns.
@@ -162,9 +166,10 @@ def causal_conv1d_spec_update(
     windows = _read_windows(conv_state, state_indices, offsets, width)
     out = _conv_over_ext(x, windows, query_start_loc, weight, bias)
     query_lens = query_start_loc[1:] - query_start_loc[:-1]
-    _write_states(
-        conv_state, state_indices, x, windows, query_start_loc, torch.ones_like(query_lens), query_lens + (width - 2)
-    )
+    # Rows with no tokens (graph padding) keep their state: dropping a column without appending one would
+    # shift the window the next step reads.
+    num_cols = torch.where(query_lens > 0, query_lens + (width - 2), torch.zeros_like(query_lens))
+    _write_states(conv_state, state_indices, x, windows, query_start_loc, torch.ones_like(query_lens), num_cols)
     return out
 
 
@@ -183,6 +188,8 @@ def short_conv(
     num_spec_tokens = meta.num_spec_decode_tokens
     has_spec = meta.num_spec_decodes > 0
     has_non_spec = meta.num_decodes + meta.num_prefills > 0
+    if not has_spec and not has_non_spec:  # empty step (or graph padding only): nothing reads or writes state
+        return torch.zeros_like(x)
     if has_spec and not has_non_spec and meta.spec_token_indx is None:
         return causal_conv1d_spec_update(
             x, weight, bias, conv_state, meta.spec_query_start_loc, meta.spec_state_indices_tensor,
