@@ -41,7 +41,7 @@ def _emit(draft_tokens: torch.Tensor, num_accepted: torch.Tensor, last_token: to
     """sampled[r] = drafts[:a] ++ [last_token] ++ -1..., a = num_accepted[r]."""
     num_rows, k = draft_tokens.shape
     cols = torch.arange(k + 1, device=draft_tokens.device)
-    padded_drafts = torch.cat([draft_tokens, torch.zeros_like(draft_tokens[:, :1])], dim=1)
+    padded_drafts = torch.cat([draft_tokens, draft_tokens.new_zeros(num_rows, 1)], dim=1)
     a = num_accepted.unsqueeze(1)
     sampled = torch.where(cols < a, padded_drafts, torch.where(cols == a, last_token.unsqueeze(1), -1))
     sampled = torch.where(samples.unsqueeze(1), sampled, -1)
@@ -104,7 +104,7 @@ class RejectionSampler:
         accepted = _accepted_prefix_len(accept)
         vocab = probs.shape[-1]
         p_at = probs.gather(1, accepted.view(-1, 1, 1).expand(-1, 1, vocab)).squeeze(1)  # [R, V]
-        padded_q = torch.cat([draft_probs, torch.zeros_like(draft_probs[:, :1])], dim=1)
+        padded_q = torch.cat([draft_probs, draft_probs.new_zeros(num_rows, 1, vocab)], dim=1)
         q_at = padded_q.gather(1, accepted.view(-1, 1, 1).expand(-1, 1, vocab)).squeeze(1)
         residual = (p_at - q_at).clamp_min(0.0)
         residual_mass = residual.sum(dim=-1, keepdim=True)
