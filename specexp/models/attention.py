@@ -1,0 +1,128 @@
+"""Paged attention over a flattened varlen batch: SDPA over gathered pages (reference op, CPU and CUDA).
+
+How it works (one layer, R rows, T flat tokens, block size P):
+
+1. `write_kv_cache`: token t's key/value go to flat slot `slot_mapping[t]` of the cache viewed as
+   `[2, num_blocks * P, Hkv, D]`, with one `index_copy_`. Slot -1 (padding) is redirected to slot 0 — inside
+   the NULL block (NULL_BLOCK_ID = 0), which no request reads — and writes back the value already there,
+   so padding changes nothing and no device-to-host read is needed to drop it.
+2. `paged_attention`: each row gathers its first `ceil(max_seq_len / P)` blocks into dense keys/values
+   `[R, S, Hkv, D]`; each row's queries are gathered into a padded `[R, max_query_len, Hq, D]` (slot i of
+   row r holds token `query_start_loc[r] + i`); one batched SDPA call; every token then reads its output
+   back from `(row, t - query_start_loc[row])`.
+
+GQA without copying K/V: the G = Hq / Hkv query heads sharing a KV head are folded into the query-length
+axis (`[R, Hkv, G * max_query_len, D]`), so SDPA sees plain multi-head attention with Hkv heads. This needs
+no `enable_gqa` support from whichever SDPA backend runs and no repeat of the gathered K/V.
+
+Masking: key j of row r is visible to a query at position p iff `j <= p and j < seq_lens[r]` (a boolean
+mask). Key 0 is always made visible: real queries see it anyway, and padded rows (seq_len 0) or padded
+query slots then attend to one finite key instead of to nothing — a fully masked softmax row is NaN on
+some SDPA backends and -inf arithmetic is dtype-fragile, whereas one forced key keeps every output finite
+for any dtype and never touches real rows (their own outputs come only from their own query slots).
+
+Why this op: every shape depends only on (R, T, max_query_len, max_seq_len) — CPU ints fixed at capture —
+with no `.item()` and no data-dependent indexing, so a CUDA graph can capture it, and it is plain torch
+that runs the same on CPU. Its cost is the dense gather (`R * S` keys per layer) and attention over the
+padded `max_seq_len`; a FlashAttention/FlexAttention paged kernel is the faster drop-in later.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from specexp.models.metadata import AttentionMetadata
+
+
+def write_kv_cache(kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """Store each token's key/value at its slot.
+
+    kv_cache: [2, num_blocks, block_size, Hkv, D] (updated in place); key/value: [T, Hkv, D];
+    slot_mapping: int64[T], -1 = write nothing.
+    """
+    num_tokens = key.shape[0]
+    if num_tokens == 0:
+        return
+    flat = kv_cache.view(2, -1, *kv_cache.shape[3:])  # [2, num_blocks * block_size, Hkv, D]
+    slots = slot_mapping[:num_tokens].to(torch.int64)
+    keep = slots < 0
+    index = torch.where(keep, torch.zeros_like(slots), slots)
+    new = torch.stack((key, value)).to(kv_cache.dtype)  # [2, T, Hkv, D]
+    new = torch.where(keep.view(1, -1, 1, 1), flat.index_select(1, index), new)
+    flat.index_copy_(1, index, new)
+
+
+def _token_rows(meta: AttentionMetadata, num_tokens: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row and in-row query index of each flat token: (int64[T], int64[T]), clamped into the padded layout."""
+    row = meta.token_req_indices[:num_tokens].to(torch.int64)
+    start = meta.query_start_loc.to(torch.int64)[row]
+    index_in_row = (torch.arange(num_tokens, device=device) - start).clamp(0, max(meta.max_query_len - 1, 0))
+    return row, index_in_row
+
+
+def paged_attention(
+    query: torch.Tensor,
+    positions: torch.Tensor,
+    kv_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    """Causal attention of each token over its row's cached keys (this step's keys already written).
+
+    query: [T, Hq, D]; positions: int64[T] (position of each query token in its request);
+    kv_cache: [2, num_blocks, block_size, Hkv, D]. Returns [T, Hq * D] in query's dtype.
+    Padded tokens/rows get finite garbage; real rows never depend on them.
+    """
+    num_tokens, num_heads, head_dim = query.shape
+    num_kv_heads, block_size = kv_cache.shape[3], kv_cache.shape[2]
+    group = num_heads // num_kv_heads
+    num_rows = meta.block_table.shape[0]
+    max_query_len = max(meta.max_query_len, 1)
+    num_blocks = max(-(-meta.max_seq_len // block_size), 1)
+    max_keys = num_blocks * block_size
+    device = query.device
+
+    # Dense keys/values of each row: [R, S, Hkv, D].
+    blocks = meta.block_table[:, :num_blocks].to(torch.int64)
+    keys = kv_cache[0][blocks].reshape(num_rows, max_keys, num_kv_heads, head_dim)
+    values = kv_cache[1][blocks].reshape(num_rows, max_keys, num_kv_heads, head_dim)
+
+    # Padded queries: slot i of row r <- flat token query_start_loc[r] + i (clamped; extra slots are junk).
+    starts = meta.query_start_loc[:num_rows].to(torch.int64)
+    token_of_slot = (starts.unsqueeze(1) + torch.arange(max_query_len, device=device)).clamp(0, max(num_tokens - 1, 0))
+    q = query[token_of_slot]  # [R, Q, Hq, D]
+    q_pos = positions[token_of_slot]  # [R, Q]
+
+    key_pos = torch.arange(max_keys, device=device)
+    visible = (key_pos <= q_pos.unsqueeze(-1)) & (key_pos < meta.seq_lens.to(torch.int64).view(-1, 1, 1))
+    visible = visible | (key_pos == 0)  # one key always visible: no empty softmax row (see module doc)
+
+    # Fold the G query heads of each KV head into the query axis: [R, Hkv, G * Q, D].
+    q = q.view(num_rows, max_query_len, num_kv_heads, group, head_dim).permute(0, 2, 3, 1, 4)
+    q = q.reshape(num_rows, num_kv_heads, group * max_query_len, head_dim)
+    mask = visible.unsqueeze(1).expand(num_rows, group, max_query_len, max_keys)
+    mask = mask.reshape(num_rows, 1, group * max_query_len, max_keys)
+    out = F.scaled_dot_product_attention(
+        q, keys.transpose(1, 2).to(q.dtype), values.transpose(1, 2).to(q.dtype), attn_mask=mask, scale=scale
+    )
+    out = out.view(num_rows, num_kv_heads, group, max_query_len, head_dim).permute(0, 3, 1, 2, 4)
+    out = out.reshape(num_rows, max_query_len, num_heads * head_dim)
+
+    row, index_in_row = _token_rows(meta, num_tokens, device)
+    return out[row, index_in_row]
+
+
+def attend(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    positions: torch.Tensor,
+    kv_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    """Write this step's key/value into the paged cache, then attend. query [T, Hq, D], key/value
+    [T, Hkv, D] -> [T, Hq * D]."""
+    write_kv_cache(kv_cache, key, value, meta.slot_mapping)
+    return paged_attention(query, positions, kv_cache, meta, scale)

@@ -1,0 +1,147 @@
+"""Native LFM2 (LiquidAI): a hybrid of gated short-conv layers and GQA attention layers with q/k norm.
+
+Each layer: h += op(operator_norm(h)); h += feed_forward(ffn_norm(h)), where op is attention or the short
+conv; the final norm is called `embedding_norm` in the checkpoints (it is applied last, not to the
+embeddings). Short conv (transformers' Lfm2ShortConv):
+
+    B, C, x = chunk(in_proj(h), 3)          # each [T, hidden]
+    y = C * causal_depthwise_conv(B * x)     # kernel conv_L_cache over each request's token stream
+    out = out_proj(y)
+
+The conv runs through `short_conv_ops.short_conv` with the step's ShortConvMetadata and the layer's
+conv-state cache, so a request's stream continues across steps (chunked prefill, decode, verification).
+Module names match transformers' Lfm2ForCausalLM checkpoints key for key.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specexp.models.attention import attend
+from specexp.models.causal_lm import CausalLM
+from specexp.models.config import ModelConfig
+from specexp.models.layers import RMSNorm, RotaryEmbedding, apply_rope
+from specexp.models.metadata import AttentionMetadata, ShortConvMetadata
+from specexp.models.short_conv_ops import short_conv
+
+
+class Lfm2Attention(nn.Module):
+    """q/k/v projections, per-head q/k RMSNorm, rope, paged attention, out_proj (no biases)."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_kv_heads
+        self.head_dim = config.head_dim
+        self.scale = config.head_dim**-0.5
+        hidden, q_dim, kv_dim = config.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.q_proj = nn.Linear(hidden, q_dim, bias=False)
+        self.k_proj = nn.Linear(hidden, kv_dim, bias=False)
+        self.v_proj = nn.Linear(hidden, kv_dim, bias=False)
+        self.out_proj = nn.Linear(q_dim, hidden, bias=False)
+        self.q_layernorm = RMSNorm(self.head_dim, config.rms_norm_eps)
+        self.k_layernorm = RMSNorm(self.head_dim, config.rms_norm_eps)
+
+    def forward(self, x, positions, rope, kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """x: [T, hidden] -> [T, hidden]; writes this step's K/V into kv_cache."""
+        num_tokens = x.shape[0]
+        q = self.q_layernorm(self.q_proj(x).view(num_tokens, self.num_heads, self.head_dim))
+        k = self.k_layernorm(self.k_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim))
+        v = self.v_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
+        cos, sin = rope
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        return self.out_proj(attend(q, k, v, positions, kv_cache, meta, self.scale))
+
+
+class DepthwiseConvWeights(nn.Module):
+    """Holds the depthwise kernel under transformers' `conv.weight` [hidden, 1, L_cache] (and `conv.bias`)."""
+
+    def __init__(self, dim: int, kernel_size: int, bias: bool):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(dim, 1, kernel_size))
+        self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
+
+
+class Lfm2ShortConv(nn.Module):
+    """in_proj -> (B, C, x); C * conv(B * x) over each request's stream and conv state; out_proj."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        hidden = config.hidden_size
+        self.in_proj = nn.Linear(hidden, 3 * hidden, bias=config.conv_bias)
+        self.conv = DepthwiseConvWeights(hidden, config.conv_L_cache, config.conv_bias)
+        self.out_proj = nn.Linear(hidden, hidden, bias=config.conv_bias)
+
+    def forward(self, h: torch.Tensor, conv_state: torch.Tensor, meta: ShortConvMetadata) -> torch.Tensor:
+        """h: [T, hidden] -> [T, hidden]; conv_state [num_slots, hidden, state_len] updated in place."""
+        b, c, x = self.in_proj(h).chunk(3, dim=-1)
+        weight = self.conv.weight.view(self.conv.weight.shape[0], -1)  # [hidden, L_cache]
+        conv_out = short_conv(b * x, weight, self.conv.bias, conv_state, meta)
+        return self.out_proj(c * conv_out)
+
+
+class Lfm2FeedForward(nn.Module):
+    """w2(silu(w1(x)) * w3(x)) (transformers' Lfm2MLP names; width already auto-adjusted in the config)."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.w1 = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.w3 = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.w2 = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class Lfm2DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, layer_type: str):
+        super().__init__()
+        self.is_attention = layer_type == "attention"
+        if self.is_attention:
+            self.self_attn = Lfm2Attention(config)
+        else:
+            self.conv = Lfm2ShortConv(config)
+        self.feed_forward = Lfm2FeedForward(config)
+        self.operator_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.ffn_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, h, positions, rope, cache: torch.Tensor, ctx) -> torch.Tensor:
+        """cache: this layer's KV cache (attention) or conv-state cache (conv)."""
+        if self.is_attention:
+            h = h + self.self_attn(self.operator_norm(h), positions, rope, cache, ctx.attn)
+        else:
+            h = h + self.conv(self.operator_norm(h), cache, ctx.conv)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class Lfm2Model(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(Lfm2DecoderLayer(config, t) for t in config.layer_types)
+        self.embedding_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.rotary_emb = RotaryEmbedding(config.rope, config.head_dim)
+        self.num_attention_layers = config.num_attention_layers
+        self.num_conv_layers = config.num_conv_layers
+
+    def forward(self, input_ids, positions, ctx):
+        if len(ctx.kv_caches) != self.num_attention_layers or len(ctx.conv_states) != self.num_conv_layers:
+            raise ValueError(
+                f"LFM2 needs {self.num_attention_layers} KV caches and {self.num_conv_layers} conv states, "
+                f"got {len(ctx.kv_caches)} and {len(ctx.conv_states)}"
+            )
+        h = self.embed_tokens(input_ids)
+        rope = self.rotary_emb(positions, h.dtype) if ctx.kv_caches else None
+        kv_caches, conv_states = iter(ctx.kv_caches), iter(ctx.conv_states)
+        for layer in self.layers:
+            h = layer(h, positions, rope, next(kv_caches if layer.is_attention else conv_states), ctx)
+        return self.embedding_norm(h)
+
+
+class Lfm2ForCausalLM(CausalLM):
+    def __init__(self, config: ModelConfig):
+        super().__init__(config)
+        self.model = Lfm2Model(config)
+        self._finish_init()

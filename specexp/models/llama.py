@@ -1,0 +1,92 @@
+"""Native Llama family (Llama 2/3, Qwen2 with q/k/v biases, Qwen3 with per-head q/k RMSNorm).
+
+Pre-norm decoder: h += attn(input_layernorm(h)); h += mlp(post_attention_layernorm(h)); final `norm`.
+Module names match transformers' LlamaForCausalLM / Qwen2 / Qwen3 checkpoints key for key.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from specexp.models.attention import attend
+from specexp.models.causal_lm import CausalLM
+from specexp.models.config import ModelConfig
+from specexp.models.layers import GatedMLP, RMSNorm, RotaryEmbedding, apply_rope
+from specexp.models.metadata import AttentionMetadata
+
+
+class LlamaAttention(nn.Module):
+    """q/k/v projections (+ optional per-head q/k norm), rope, paged attention, o_proj."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_kv_heads
+        self.head_dim = config.head_dim
+        self.scale = config.head_dim**-0.5
+        hidden, q_dim, kv_dim = config.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.q_proj = nn.Linear(hidden, q_dim, bias=config.qkv_bias)
+        self.k_proj = nn.Linear(hidden, kv_dim, bias=config.qkv_bias)
+        self.v_proj = nn.Linear(hidden, kv_dim, bias=config.qkv_bias)
+        self.o_proj = nn.Linear(q_dim, hidden, bias=config.o_bias)
+        if config.qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+        else:
+            self.q_norm = self.k_norm = None
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        kv_cache: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        """x: [T, hidden] -> [T, hidden]; writes this step's K/V into kv_cache."""
+        num_tokens = x.shape[0]
+        q = self.q_proj(x).view(num_tokens, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        cos, sin = rope
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        return self.o_proj(attend(q, k, v, positions, kv_cache, meta, self.scale))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.self_attn = LlamaAttention(config)
+        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, bias=config.mlp_bias)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, h, positions, rope, kv_cache, meta):
+        h = h + self.self_attn(self.input_layernorm(h), positions, rope, kv_cache, meta)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.rotary_emb = RotaryEmbedding(config.rope, config.head_dim)
+
+    def forward(self, input_ids, positions, ctx):
+        h = self.embed_tokens(input_ids)
+        rope = self.rotary_emb(positions, h.dtype)
+        for layer, kv_cache in zip(self.layers, ctx.kv_caches, strict=True):
+            h = layer(h, positions, rope, kv_cache, ctx.attn)
+        return self.norm(h)
+
+
+class LlamaForCausalLM(CausalLM):
+    def __init__(self, config: ModelConfig):
+        super().__init__(config)
+        self.model = LlamaModel(config)
+        self._finish_init()
