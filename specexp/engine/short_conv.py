@@ -1,0 +1,434 @@
+"""How a step's rows are laid out for the short-conv layers, and which conv-state window each row reads.
+
+The builder turns the scheduler's batch (CPU tensors, batch order) into `ShortConvMetadata`, the input of
+`specexp.models.short_conv_ops.short_conv`. Rows are classified **by mask, never by position**:
+
+    spec     num_decode_draft_tokens >= 0    verifies its last token + drafts (1 .. k+1 tokens)
+    decode   -1 and exactly 1 token          e.g. a one-token last prompt chunk, or any decode when k = 0
+    prefill  -1 and more than 1 token        a prompt chunk
+    (empty)  -1 and 0 tokens                 in no group: owns no token, reads and writes no state
+
+A mixed batch, rows in the scheduler's order (any order is fine):
+
+    row                  0        1            2      3        4
+    kind                 spec     prefill      decode spec     prefill
+    tokens               a0 a1 a2 b0 b1 b2 b3  c0     d0 d1 d2 e0 e1
+    flat index           0  1  2  3  4  5  6   7      8  9  10 11 12
+    query_start_loc      [0, 3, 7, 8, 11, 13]
+
+A stable argsort of the per-token group key (spec 0 | decode 1 | prefill 2) groups the tokens while
+keeping each row's tokens contiguous and the rows in batch order within a group:
+
+    spec_token_indx      [0 1 2 | 8 9 10]               rows 0, 3   spec_query_start_loc      [0, 3, 6]
+    non_spec_token_indx  [7 | 3 4 5 6 | 11 12]          rows 2 | 1, 4   non_spec_query_start_loc  [0, 1, 5, 7]
+    spec_state_indices_tensor = [slot0, slot3]          num_accepted_tokens = [acc0, acc3]  (same order)
+    state_indices_tensor      = [slot2 | slot1, slot4]  = state_indices_tensor_d ++ state_indices_tensor_p
+    query_start_loc_d = [0, 1]     query_start_loc_p = [0, 4, 6]  (prefill part, rebased past the decodes)
+
+A batch without spec rows keeps its tokens where they are when they already run [decode | prefill]
+(`non_spec_token_indx` None); a batch of spec rows only never permutes (`spec_token_indx` None).
+
+Conv-state windows (W = L_cache, k drafts; a slot keeps S = W-1+k columns):
+
+    spec row, last verify accepted n (bonus included; 1 after a prefill), verifying q <= k+1 tokens:
+
+        col     0    1    2    3    4    5          (W = 4, k = 3, n = 2, q = 4)
+        state [ s0 | s1   s2   s3 | s4   s5 ]
+                     \\___________/  reads W-1 columns from n-1
+        ext   = s1 s2 s3 x0 x1 x2 x3                 out[i] = bias + sum_j w[j] ext[i + j]
+        state [ s2   s3   x0   x1   x2   x3 ]        writes ext[1 : W-1+q] at columns [0, W-2+q)
+
+        The next verify, after n' accepted, reads columns n'-1 .. n'+W-3: the W-1 inputs ending at x[n'-1],
+        the last accepted one, so rejected inputs are rolled back without a copy.
+
+    decode / prefill row:  reads columns [0, W-1) (zeros without initial state, i.e. num_computed = 0),
+                           writes the last W-1 inputs of (window ++ x) back at [0, W-1).
+
+    A request that was ever verified must stay a spec row (drafts >= 0, possibly 0) for every later
+    decode: its window sits at column num_accepted - 1, which the non-spec path does not read.
+
+Full CUDA graphs: a captured graph reads fixed addresses, so a pure-spec batch that fits the capture bounds
+is written into persistent buffers and padded up to the runner's padded row count:
+
+    spec_state_indices_tensor [s0  s1  s2 | NULL NULL]      padded rows read slot 0 and never write
+    num_accepted_tokens       [n0  n1  n2 | 1    1   ]
+    spec_query_start_loc      [0   4   8   12 | 12   12]    flat tail: padded rows own no token
+    spec_sequence_masks       [T   T   T  | F    F   ]
+
+Everything is computed from CPU tensors: counts are Python ints and device tensors arrive through
+non-blocking host-to-device copies, so building never waits on the device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specexp.models.metadata import NULL_BLOCK_ID, ShortConvMetadata
+
+# Per-row group keys; the token sort orders by them, so spec tokens come first.
+SPEC, DECODE, PREFILL, EMPTY = 0, 1, 2, 3
+
+
+@dataclass(frozen=True)
+class RowGroups:
+    """CPU classification of one batch's rows.
+
+    query_lens: int64[R]   tokens of each row (batch order).
+    group:      int64[R]   SPEC / DECODE / PREFILL / EMPTY of each row.
+    spec_rows, decode_rows, prefill_rows: int64[n_s] / [n_d] / [n_p]  batch rows of each group, ascending.
+    """
+
+    query_lens: torch.Tensor
+    group: torch.Tensor
+    spec_rows: torch.Tensor
+    decode_rows: torch.Tensor
+    prefill_rows: torch.Tensor
+
+    @property
+    def non_spec_rows(self) -> torch.Tensor:
+        """int64[n_d + n_p]: decode rows, then prefill rows."""
+        return torch.cat([self.decode_rows, self.prefill_rows])
+
+
+def classify_rows(query_lens: torch.Tensor, num_decode_draft_tokens: torch.Tensor) -> RowGroups:
+    """Group rows by mask: spec (drafts >= 0), decode (1 token), prefill (> 1 token), empty (0 tokens)."""
+    query_lens = query_lens.to(torch.int64)
+    spec = num_decode_draft_tokens >= 0
+    group = torch.full_like(query_lens, EMPTY)
+    group[~spec & (query_lens == 1)] = DECODE
+    group[~spec & (query_lens > 1)] = PREFILL
+    group[spec] = SPEC
+
+    def rows_of(key: int) -> torch.Tensor:
+        return (group == key).nonzero().flatten()  # ascending: batch order within the group
+
+    return RowGroups(query_lens, group, rows_of(SPEC), rows_of(DECODE), rows_of(PREFILL))
+
+
+def grouped_token_order(groups: RowGroups, num_tokens: int) -> torch.Tensor | None:
+    """int64[num_tokens]: flat token indices in [spec | decode | prefill] order, each row's tokens
+    contiguous and in order; None when that is already the batch order."""
+    token_group = torch.repeat_interleave(groups.group, groups.query_lens, output_size=num_tokens)
+    if bool((token_group[1:] >= token_group[:-1]).all()):
+        return None
+    return torch.argsort(token_group, stable=True)
+
+
+def start_offsets(lengths: torch.Tensor) -> torch.Tensor:
+    """int32[n + 1]: [0, l0, l0 + l1, ...] (query-start locations of rows of these lengths)."""
+    out = torch.zeros(lengths.numel() + 1, dtype=torch.int32)
+    torch.cumsum(lengths.to(torch.int32), dim=0, out=out[1:])
+    return out
+
+
+class _SpecGraphBuffers:
+    """Persistent device tensors a captured full graph reads for a pure-spec batch of up to `max_rows` rows.
+
+    Each build that may replay a graph rewrites rows [0, padded) in place, padding included, so no
+    capture-time value survives into a replay.
+    """
+
+    def __init__(self, max_rows: int, device: torch.device) -> None:
+        self.query_start_loc = torch.zeros(max_rows + 1, dtype=torch.int32, device=device)
+        self.spec_query_start_loc = torch.zeros(max_rows + 1, dtype=torch.int32, device=device)
+        self.spec_state_indices = torch.full((max_rows,), NULL_BLOCK_ID, dtype=torch.int32, device=device)
+        self.spec_sequence_masks = torch.zeros(max_rows, dtype=torch.bool, device=device)
+        self.num_accepted_tokens = torch.ones(max_rows, dtype=torch.int32, device=device)
+
+
+def _pad(values: torch.Tensor, length: int, fill: int | bool) -> torch.Tensor:
+    """`values` extended to `length` entries with `fill`."""
+    out = torch.full((length,), fill, dtype=values.dtype)
+    out[: values.numel()] = values
+    return out
+
+
+class ShortConvMetadataBuilder:
+    """Builds `ShortConvMetadata` for one step from the scheduler's CPU tensors (see the module docstring).
+
+    num_spec_tokens: k, the most drafts a spec row verifies (the conv state keeps W-1+k columns).
+    use_full_cuda_graph: pure-spec batches within the capture bounds go through persistent buffers.
+    Capture bounds (as vLLM): decode_cudagraph_max_bs = min(max_num_seqs, max_capture_size) rows and
+    decode_cudagraph_max_tokens = min(max_num_seqs * (k+1), max_capture_size) tokens.
+    """
+
+    def __init__(
+        self,
+        *,
+        num_spec_tokens: int,
+        use_full_cuda_graph: bool,
+        max_num_seqs: int,
+        max_capture_size: int | None,
+        device: torch.device,
+    ) -> None:
+        self.num_spec_tokens = num_spec_tokens
+        self.spec_query_len = num_spec_tokens + 1
+        self.use_full_cuda_graph = use_full_cuda_graph
+        self.device = torch.device(device)
+        self.decode_cudagraph_max_bs = max_num_seqs
+        self.decode_cudagraph_max_tokens = max_num_seqs * self.spec_query_len
+        if max_capture_size is not None:
+            self.decode_cudagraph_max_bs = min(self.decode_cudagraph_max_bs, max_capture_size)
+            self.decode_cudagraph_max_tokens = min(self.decode_cudagraph_max_tokens, max_capture_size)
+        self._graph = _SpecGraphBuffers(self.decode_cudagraph_max_bs, self.device)
+        # Pinned staging makes the host-to-device copies truly asynchronous.
+        self._pin = self.device.type == "cuda" and torch.cuda.is_available()
+
+    # ------------------------------------------------------------------------------------------ public
+
+    def build(
+        self,
+        *,
+        query_start_loc_cpu: torch.Tensor,
+        num_computed_tokens_cpu: torch.Tensor,
+        num_decode_draft_tokens_cpu: torch.Tensor,
+        num_accepted_tokens_cpu: torch.Tensor,
+        state_indices_cpu: torch.Tensor,
+        num_reqs_padded: int | None = None,
+        num_tokens_padded: int | None = None,
+    ) -> ShortConvMetadata:
+        """Metadata of one step.
+
+        query_start_loc_cpu:         int32[R + 1]  token offsets of the rows (batch order).
+        num_computed_tokens_cpu:     int32[R]      tokens whose conv input the row's state already holds.
+        num_decode_draft_tokens_cpu: int32[R]      -1: non-spec row; >= 0: spec row with that many drafts.
+        num_accepted_tokens_cpu:     int32[R]      spec rows: tokens the last verify accepted, bonus
+                                                   included (1 after a prefill); other rows: ignored.
+        state_indices_cpu:           int32[R]      conv-state slot of each row (>= 1 for rows with tokens).
+        num_reqs_padded / num_tokens_padded: the runner's padded batch for a full-graph replay (rows past
+                                                   R are padding). Used only by pure-spec batches within
+                                                   the capture bounds when full graphs are on.
+        """
+        return self._build(
+            query_start_loc_cpu, num_computed_tokens_cpu, num_decode_draft_tokens_cpu, num_accepted_tokens_cpu,
+            state_indices_cpu, num_reqs_padded, num_tokens_padded, check=True, capture=False,
+        )
+
+    def build_for_cudagraph_capture(self, *, num_reqs: int, num_tokens: int) -> ShortConvMetadata:
+        """A uniform pure-spec batch of `num_reqs` rows of k+1 tokens (up to `num_tokens` with padding), in
+        the persistent buffers a replay rewrites. Rows read the NULL slot from the farthest window
+        (num_accepted = k+1), so capture touches no request's state."""
+        if not (num_reqs <= self.decode_cudagraph_max_bs and num_tokens <= self.decode_cudagraph_max_tokens):
+            raise AssertionError(
+                "short-conv full CUDA graphs capture pure-spec batches only within the capture bounds: "
+                f"batch size ({num_reqs}) <= {self.decode_cudagraph_max_bs} and "
+                f"number of tokens ({num_tokens}) <= {self.decode_cudagraph_max_tokens}"
+            )
+        if num_reqs * self.spec_query_len > num_tokens:
+            raise AssertionError(
+                f"a capture batch of {num_reqs} rows x {self.spec_query_len} tokens needs "
+                f"{num_reqs * self.spec_query_len} tokens, got {num_tokens}"
+            )
+        query_lens = torch.full((num_reqs,), self.spec_query_len, dtype=torch.int32)
+        return self._build(
+            start_offsets(query_lens),
+            num_computed_tokens_cpu=torch.ones(num_reqs, dtype=torch.int32),
+            num_decode_draft_tokens_cpu=torch.full((num_reqs,), self.num_spec_tokens, dtype=torch.int32),
+            num_accepted_tokens_cpu=query_lens,
+            state_indices_cpu=torch.full((num_reqs,), NULL_BLOCK_ID, dtype=torch.int32),
+            num_reqs_padded=num_reqs,
+            num_tokens_padded=num_tokens,
+            check=False,
+            capture=True,
+        )
+
+    # ----------------------------------------------------------------------------------------- helpers
+
+    def _h2d(self, t: torch.Tensor) -> torch.Tensor:
+        """A device copy of CPU tensor `t` that never aliases the caller's (reusable) CPU buffers."""
+        if self.device.type == "cpu":
+            return t.clone()
+        return (t.pin_memory() if self._pin else t).to(self.device, non_blocking=True)
+
+    def _build(
+        self,
+        query_start_loc_cpu: torch.Tensor,
+        num_computed_tokens_cpu: torch.Tensor,
+        num_decode_draft_tokens_cpu: torch.Tensor,
+        num_accepted_tokens_cpu: torch.Tensor,
+        state_indices_cpu: torch.Tensor,
+        num_reqs_padded: int | None,
+        num_tokens_padded: int | None,
+        *,
+        check: bool,
+        capture: bool,
+    ) -> ShortConvMetadata:
+        qsl = query_start_loc_cpu.to(torch.int32)
+        groups = classify_rows(qsl[1:] - qsl[:-1], num_decode_draft_tokens_cpu)
+        num_tokens = int(qsl[-1])
+        if check:
+            self._check(qsl, groups, num_computed_tokens_cpu, num_accepted_tokens_cpu, state_indices_cpu,
+                        num_reqs_padded, num_tokens_padded)
+        ql = groups.query_lens
+        counts = dict(
+            num_prefills=groups.prefill_rows.numel(),
+            num_prefill_tokens=int(ql[groups.prefill_rows].sum()),
+            num_decodes=groups.decode_rows.numel(),
+            num_decode_tokens=groups.decode_rows.numel(),
+            num_spec_decodes=groups.spec_rows.numel(),
+            num_spec_decode_tokens=int(ql[groups.spec_rows].sum()),
+            num_actual_tokens=num_tokens,
+            spec_query_len=self.spec_query_len,
+            max_prefill_query_len=int(ql[groups.prefill_rows].max()) if groups.prefill_rows.numel() else 0,
+        )
+        non_spec = self._non_spec_fields(groups, num_computed_tokens_cpu, state_indices_cpu)
+        if counts["num_spec_decodes"] == 0:
+            order = grouped_token_order(groups, num_tokens)
+            return ShortConvMetadata(
+                **counts, query_start_loc=self._h2d(qsl), **non_spec,
+                non_spec_token_indx=None if order is None else self._h2d(order),
+            )
+        if counts["num_decodes"] + counts["num_prefills"] == 0:  # pure spec: the tokens are the batch
+            padded = self._graph_rows(counts, qsl.numel() - 1, num_tokens, num_reqs_padded, num_tokens_padded,
+                                      capture)
+            spec = self._spec_fields(groups, qsl, num_accepted_tokens_cpu, state_indices_cpu, padded)
+            return ShortConvMetadata(
+                **counts, **spec, **non_spec, spec_token_indx=None,
+                non_spec_token_indx=torch.zeros(0, dtype=torch.int64, device=self.device),
+            )
+        order = grouped_token_order(groups, num_tokens)
+        if order is None:  # spec rows already lead: the grouped order is the batch order
+            order = torch.arange(num_tokens)
+        order = self._h2d(order)
+        spec = self._spec_fields(groups, qsl, num_accepted_tokens_cpu, state_indices_cpu, None)
+        return ShortConvMetadata(
+            **counts, **spec, **non_spec,
+            spec_token_indx=order[: counts["num_spec_decode_tokens"]],
+            non_spec_token_indx=order[counts["num_spec_decode_tokens"]:],
+        )
+
+    def _graph_rows(
+        self,
+        counts: dict,
+        num_reqs: int,
+        num_tokens: int,
+        num_reqs_padded: int | None,
+        num_tokens_padded: int | None,
+        capture: bool,
+    ) -> int | None:
+        """Padded row count when this pure-spec batch goes through the persistent graph buffers, else None."""
+        if num_reqs_padded is None or not (self.use_full_cuda_graph or capture):
+            return None
+        fits = (
+            num_reqs_padded <= self.decode_cudagraph_max_bs
+            and counts["num_spec_decode_tokens"] <= self.decode_cudagraph_max_tokens
+            and (num_tokens_padded if num_tokens_padded is not None else num_tokens)
+            <= self.decode_cudagraph_max_tokens
+        )
+        return max(num_reqs_padded, num_reqs) if fits else None
+
+    def _spec_fields(
+        self,
+        groups: RowGroups,
+        qsl: torch.Tensor,
+        num_accepted_tokens_cpu: torch.Tensor,
+        state_indices_cpu: torch.Tensor,
+        padded_rows: int | None,
+    ) -> dict:
+        """Spec-row tensors, aligned with each other in spec-row order; padded into the persistent graph
+        buffers when `padded_rows` is given."""
+        rows = groups.spec_rows
+        fields = dict(
+            query_start_loc=qsl,
+            spec_query_start_loc=start_offsets(groups.query_lens[rows]),
+            spec_state_indices_tensor=state_indices_cpu[rows].to(torch.int32),
+            spec_sequence_masks=groups.group == SPEC,
+            num_accepted_tokens=num_accepted_tokens_cpu[rows].to(torch.int32),
+        )
+        if padded_rows is None:
+            return {name: self._h2d(t) for name, t in fields.items()}
+        # Padded rows own no token (flat query-start tail), read the NULL slot, never write it, and read
+        # the window at column 0 (num_accepted 1).
+        padding = dict(query_start_loc=int(qsl[-1]), spec_query_start_loc=int(qsl[-1]),
+                       spec_state_indices_tensor=NULL_BLOCK_ID, spec_sequence_masks=False, num_accepted_tokens=1)
+        buffers = dict(
+            query_start_loc=self._graph.query_start_loc, spec_query_start_loc=self._graph.spec_query_start_loc,
+            spec_state_indices_tensor=self._graph.spec_state_indices,
+            spec_sequence_masks=self._graph.spec_sequence_masks, num_accepted_tokens=self._graph.num_accepted_tokens,
+        )
+        out = {}
+        for name, t in fields.items():
+            length = padded_rows + (1 if name.endswith("query_start_loc") else 0)
+            staged = _pad(t, length, padding[name])
+            view = buffers[name][:length]
+            view.copy_(staged.pin_memory() if self._pin else staged, non_blocking=True)
+            out[name] = view
+        return out
+
+    def _non_spec_fields(
+        self, groups: RowGroups, num_computed_tokens_cpu: torch.Tensor, state_indices_cpu: torch.Tensor
+    ) -> dict:
+        """Non-spec-row tensors in [decode | prefill] order; the _d / _p parts are views of the whole,
+        present only when their group has rows."""
+        rows = groups.non_spec_rows
+        num_decodes = groups.decode_rows.numel()
+        state_indices = self._h2d(state_indices_cpu[rows].to(torch.int32))
+        fields: dict = dict(state_indices_tensor=state_indices)
+        if rows.numel() == 0:
+            return fields
+        computed = num_computed_tokens_cpu[rows].to(torch.int32)
+        has_initial = self._h2d(computed > 0)
+        starts = self._h2d(start_offsets(groups.query_lens[rows]))
+        fields["non_spec_query_start_loc"] = starts
+        if num_decodes > 0:
+            fields.update(
+                state_indices_tensor_d=state_indices[:num_decodes],
+                has_initial_states_d=has_initial[:num_decodes],
+                query_start_loc_d=starts[: num_decodes + 1],
+            )
+        if groups.prefill_rows.numel() > 0:
+            fields.update(
+                state_indices_tensor_p=state_indices[num_decodes:],
+                has_initial_states_p=has_initial[num_decodes:],
+                # Offsets into the prefill tokens alone: each decode row owns exactly one token.
+                query_start_loc_p=starts[num_decodes:] - num_decodes,
+                num_computed_tokens_p=self._h2d(computed[num_decodes:]),
+            )
+        return fields
+
+    def _check(
+        self,
+        qsl: torch.Tensor,
+        groups: RowGroups,
+        num_computed_tokens_cpu: torch.Tensor,
+        num_accepted_tokens_cpu: torch.Tensor,
+        state_indices_cpu: torch.Tensor,
+        num_reqs_padded: int | None,
+        num_tokens_padded: int | None,
+    ) -> None:
+        """Reject batches the conv ops would silently get wrong (CPU only; R is small)."""
+        num_reqs = qsl.numel() - 1
+        for name, t in (("num_computed_tokens_cpu", num_computed_tokens_cpu),
+                        ("num_accepted_tokens_cpu", num_accepted_tokens_cpu),
+                        ("state_indices_cpu", state_indices_cpu)):
+            if t.shape != (num_reqs,):
+                raise ValueError(f"{name} has shape {tuple(t.shape)}; query_start_loc_cpu has {num_reqs} rows")
+        if int(qsl[0]) != 0 or bool((groups.query_lens < 0).any()):
+            raise ValueError(f"query_start_loc_cpu must start at 0 and never decrease, got {qsl.tolist()}")
+        k1 = self.spec_query_len
+        rows = groups.spec_rows
+        q, n = groups.query_lens[rows], num_accepted_tokens_cpu[rows]
+        for bad, what in (
+            ((q < 1) | (q > k1), f"verifies {{}} tokens; a spec row verifies 1..k+1 = 1..{k1} (its conv state "
+                                 "keeps W-1+k columns)"),
+            ((n < 1) | (n > k1), f"has num_accepted_tokens {{}}; it must be 1..k+1 = 1..{k1} (bonus included, "
+                                 "1 after a prefill)"),
+        ):
+            if bool(bad.any()):
+                i = int(bad.nonzero()[0])
+                value = int(q[i]) if what.startswith("verifies") else int(n[i])
+                raise ValueError(f"spec row {int(rows[i])} " + what.format(value))
+        no_state = num_computed_tokens_cpu[rows] <= 0
+        if bool(no_state.any()):
+            raise ValueError(f"spec row {int(rows[no_state.nonzero()[0]])} has no conv state yet "
+                             "(num_computed_tokens 0): a request starts with a prefill, a non-spec row (drafts -1)")
+        live_slots = state_indices_cpu[groups.group != EMPTY]
+        if bool((live_slots <= NULL_BLOCK_ID).any()) or live_slots.unique().numel() != live_slots.numel():
+            raise ValueError(f"rows with tokens need distinct conv slots > NULL_BLOCK_ID ({NULL_BLOCK_ID}), "
+                             f"got {live_slots.tolist()}")
+        if num_reqs_padded is not None and num_reqs_padded < num_reqs:
+            raise ValueError(f"num_reqs_padded ({num_reqs_padded}) < num_reqs ({num_reqs})")
+        if num_tokens_padded is not None and num_tokens_padded < int(qsl[-1]):
+            raise ValueError(f"num_tokens_padded ({num_tokens_padded}) < num_tokens ({int(qsl[-1])})")
