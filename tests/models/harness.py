@@ -31,6 +31,16 @@ class RequestState:
     num_computed: int = 0
 
 
+@dataclass
+class StepInputs:
+    input_ids: torch.Tensor  # int64[T]
+    positions: torch.Tensor  # int64[T]
+    ctx: ForwardContext
+    rows: list  # (request_id, new_tokens) in batch-row order
+    states: list[RequestState]
+    query_start_loc: list[int]  # python copy, padded rows included
+
+
 def _int32(values) -> torch.Tensor:
     return torch.tensor(list(values), dtype=torch.int32)
 
@@ -74,10 +84,9 @@ class PagedRunner:
             state.blocks.append(self.free_blocks.pop(0))
         return [state.blocks[p // self.block_size] * self.block_size + p % self.block_size for p in positions]
 
-    @torch.no_grad()
-    def step(self, batch: list[tuple[object, list[int]]], pad_rows: int = 0, pad_tokens: int = 0,
-             max_seq_len: int | None = None, max_query_len: int | None = None) -> dict[object, torch.Tensor]:
-        """One forward over `batch`; returns {request_id: float32[len(new_tokens), vocab]}."""
+    def prepare(self, batch: list[tuple[object, list[int]]], pad_rows: int = 0, pad_tokens: int = 0,
+                max_seq_len: int | None = None, max_query_len: int | None = None) -> StepInputs:
+        """The flat inputs and ForwardContext of one step over `batch` (allocates blocks/slots as needed)."""
         rows = [r for r in batch if len(r[1]) == 1] + [r for r in batch if len(r[1]) > 1]  # decodes first
         states = [self._state(rid) for rid, _ in rows]
         lengths = [len(tokens) for _, tokens in rows]
@@ -115,12 +124,20 @@ class PagedRunner:
             attn=attn, conv=self._conv_metadata(rows, states, qsl, pad_rows),
             kv_caches=self.kv_caches, conv_states=self.conv_states,
         )
-        hidden = self.model(torch.tensor(input_ids), torch.tensor(positions), ctx)
+        return StepInputs(torch.tensor(input_ids), torch.tensor(positions), ctx, rows, states, qsl)
+
+    @torch.no_grad()
+    def step(self, batch: list[tuple[object, list[int]]], **padding) -> dict[object, torch.Tensor]:
+        """One forward over `batch`; returns {request_id: float32[len(new_tokens), vocab]}. `padding`: see
+        `prepare`."""
+        inputs = self.prepare(batch, **padding)
+        hidden = self.model(inputs.input_ids, inputs.positions, inputs.ctx)
         self.last_hidden = hidden
-        logits = self.model.compute_logits(hidden[:num_real])
-        for (_, tokens), state in zip(rows, states):
+        qsl = inputs.query_start_loc
+        logits = self.model.compute_logits(hidden[: qsl[-1]])
+        for (_, tokens), state in zip(inputs.rows, inputs.states):
             state.num_computed += len(tokens)
-        return {rid: logits[qsl[i]:qsl[i + 1]] for i, (rid, _) in enumerate(rows)}
+        return {rid: logits[qsl[i]:qsl[i + 1]] for i, (rid, _) in enumerate(inputs.rows)}
 
     @staticmethod
     def _conv_metadata(rows, states, qsl, pad_rows) -> ShortConvMetadata:

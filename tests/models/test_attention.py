@@ -1,0 +1,115 @@
+"""The paged attention op against a naive per-request attention, plus its padding and static-shape rules."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from specexp.models.attention import attend, paged_attention, write_kv_cache
+from specexp.models.metadata import AttentionMetadata
+
+
+def naive_attention(q, k, v, scale):
+    """q [n, Hq, D] at the last n positions of k/v [S, Hkv, D]: causal, GQA by repeat."""
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    n, s = q.shape[0], k.shape[0]
+    scores = torch.einsum("qhd,khd->hqk", q, k) * scale
+    causal = torch.arange(s).view(1, -1) <= (torch.arange(n) + s - n).view(-1, 1)
+    scores = scores.masked_fill(~causal, float("-inf"))
+    return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v).reshape(n, -1)
+
+
+def build_batch(query_lens, context_lens, num_heads, num_kv_heads, head_dim, block_size=4, num_blocks=40,
+                pad_rows=0, pad_tokens=0, seed=0):
+    """Random paged cache + metadata for rows with given (new queries, cached context) lengths."""
+    gen = torch.Generator().manual_seed(seed)
+    kv_cache = torch.randn(2, num_blocks, block_size, num_kv_heads, head_dim, generator=gen)
+    perm = (torch.randperm(num_blocks - 1, generator=gen) + 1).tolist()  # block 0 = NULL
+    max_blocks = 12
+    rows, qsl, slots, token_rows, positions, seq_lens, tables = [], [0], [], [], [], [], []
+    for r, (nq, nc) in enumerate(zip(query_lens, context_lens)):
+        total = nq + nc
+        blocks = [perm.pop() for _ in range(math.ceil(total / block_size))]
+        tables.append(blocks + [0] * (max_blocks - len(blocks)))
+        seq_lens.append(total)
+        qsl.append(qsl[-1] + nq)
+        for p in range(nc, total):
+            slots.append(blocks[p // block_size] * block_size + p % block_size)
+            positions.append(p)
+            token_rows.append(r)
+        rows.append(blocks)
+    num_real = qsl[-1]
+    qsl += [num_real] * pad_rows
+    seq_lens += [0] * pad_rows
+    tables += [[0] * max_blocks] * pad_rows
+    slots += [-1] * pad_tokens
+    positions += [0] * pad_tokens
+    token_rows += [0] * pad_tokens
+    meta = AttentionMetadata(
+        query_start_loc=torch.tensor(qsl, dtype=torch.int32),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
+        block_table=torch.tensor(tables, dtype=torch.int32),
+        slot_mapping=torch.tensor(slots, dtype=torch.int64),
+        token_req_indices=torch.tensor(token_rows, dtype=torch.int64),
+        max_seq_len=max_blocks * block_size,
+        max_query_len=max(query_lens) + 2,
+        num_actual_tokens=num_real,
+    )
+    num_tokens = num_real + pad_tokens
+    q = torch.randn(num_tokens, num_heads, head_dim, generator=gen)
+    k = torch.randn(num_tokens, num_kv_heads, head_dim, generator=gen)
+    v = torch.randn(num_tokens, num_kv_heads, head_dim, generator=gen)
+    return kv_cache, meta, q, k, v, torch.tensor(positions), rows
+
+
+@pytest.mark.parametrize("num_heads,num_kv_heads", [(4, 4), (4, 2), (6, 1)])
+def test_paged_attention_equals_naive_attention_per_request(num_heads, num_kv_heads):
+    query_lens, context_lens = [1, 1, 5, 9], [7, 0, 3, 14]
+    kv_cache, meta, q, k, v, positions, rows = build_batch(query_lens, context_lens, num_heads, num_kv_heads, 8,
+                                                           pad_rows=2, pad_tokens=3)
+    out = attend(q, k, v, positions, kv_cache, meta, scale=8**-0.5)
+    assert out.shape == (q.shape[0], num_heads * 8)
+    assert torch.isfinite(out).all()
+    start = 0
+    for blocks, nq, nc in zip(rows, query_lens, context_lens):
+        dense = kv_cache[:, blocks].reshape(2, -1, num_kv_heads, 8)[:, : nq + nc]
+        expected = naive_attention(q[start:start + nq], dense[0], dense[1], 8**-0.5)
+        torch.testing.assert_close(out[start:start + nq], expected, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(dense[0, nc:], k[start:start + nq])  # this step's keys were written
+        start += nq
+
+
+def test_slot_minus_one_writes_nothing():
+    kv_cache = torch.randn(2, 4, 2, 1, 3)
+    before = kv_cache.clone()
+    key, value = torch.ones(3, 1, 3), 2 * torch.ones(3, 1, 3)
+    write_kv_cache(kv_cache, key, value, torch.tensor([5, -1, -1]))
+    flat, flat_before = kv_cache.view(2, 8, 1, 3), before.view(2, 8, 1, 3)
+    assert (flat[0, 5] == 1).all() and (flat[1, 5] == 2).all()
+    others = [i for i in range(8) if i != 5]
+    assert torch.equal(flat[:, others], flat_before[:, others])
+
+
+def test_padded_rows_stay_finite_over_nonfinite_null_block():
+    """A padded row reads the NULL block; even garbage there must not leak NaN into real rows."""
+    kv_cache, meta, q, k, v, positions, _ = build_batch([3, 1], [2, 5], 4, 2, 8, pad_rows=2, pad_tokens=2)
+    reference = attend(q, k, v, positions, kv_cache.clone(), meta, scale=0.3)
+    kv_cache[:, 0] = 1e4  # huge but finite junk in the NULL block
+    out = attend(q, k, v, positions, kv_cache, meta, scale=0.3)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out[: meta.num_actual_tokens], reference[: meta.num_actual_tokens])
+
+
+def test_op_has_static_shapes_and_no_host_reads():
+    """On the meta device any `.item()` or data-dependent shape raises: the op is graph-capturable."""
+    kv_cache, meta, q, k, v, positions, _ = build_batch([2, 4], [3, 0], 4, 2, 8, pad_rows=1, pad_tokens=2)
+    to_meta = lambda t: torch.empty_like(t, device="meta")  # noqa: E731
+    meta_md = AttentionMetadata(
+        **{name: to_meta(value) if isinstance(value, torch.Tensor) else value for name, value in vars(meta).items()}
+    )
+    out = attend(to_meta(q), to_meta(k), to_meta(v), to_meta(positions), to_meta(kv_cache), meta_md, scale=0.3)
+    assert out.shape == (q.shape[0], 32) and out.device.type == "meta"
+    assert paged_attention(to_meta(q), to_meta(positions), to_meta(kv_cache), meta_md, 0.3).shape == out.shape
