@@ -1,0 +1,178 @@
+"""Command line: ``python -m specexp <command>`` (also installed as ``specexp``).
+
+Hydra parses argv itself, so the subcommand is stripped before Hydra sees the rest. The config directory
+is always passed to Hydra as an absolute path (a relative ``config_path`` under ``python -m`` is resolved
+as a package path and fails in Hydra 1.3); see :func:`conf_dir` for where it is found.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+
+from specexp.errors import ConfigError
+
+USAGE = """\
+usage: python -m specexp <command> [args]
+
+commands:
+  run [+exp=NAME] [key=value ...] [-m]   run one experiment; -m runs a sweep (one process per job)
+  list                                   list pairs, experiments, workloads and backends
+  train +zoo=NAME [key=value ...]        train a demo model of the zoo (specexp.zoo.recipe)
+  report SWEEP_DIR                       summarise a sweep (specexp.analysis.report)
+
+examples:
+  python -m specexp run +exp=quickstart
+  python -m specexp run +exp=quickstart backend=hf speculator.num_speculative_tokens=2
+  python -m specexp run -m +exp=depth_sweep workload.num_prompts=2
+  python -m specexp run --cfg job +exp=quickstart     # print the composed config, run nothing
+
+Config groups live in the config directory (SPECEXP_CONF_DIR overrides it); runs are written to
+$SPECEXP_RUNS_DIR (default experiments/runs).
+"""
+
+# Config groups whose choice can be checked against the files of the config directory before Hydra runs.
+GROUP_LABELS = {
+    "exp": "experiment", "pair": "pair", "backend": "backend", "workload": "workload", "engine": "engine",
+    "sampling": "sampling", "speculator": "speculator", "short_conv": "short_conv", "tracking": "tracking",
+    "zoo": "zoo model",
+}
+LISTED_GROUPS = (("pair", "pairs"), ("exp", "experiments"), ("workload", "workloads"), ("backend", "backends"))
+_GROUP_OVERRIDE = re.compile(r"^(?:\+{1,2}|~)?(?P<group>[A-Za-z_]+)=(?P<value>[^=]*)$")
+_SWEEP_SYNTAX = re.compile(r"[()\[\]*{}$]")
+
+
+def conf_dir() -> Path:
+    """The absolute config directory: ``$SPECEXP_CONF_DIR`` if set, else ``specexp/conf`` inside an installed
+    package (a wheel ships the top-level ``conf/`` there), else the source checkout's top-level ``conf/``."""
+    env = os.environ.get("SPECEXP_CONF_DIR")
+    if env:
+        path = Path(env).expanduser().resolve()
+        if not (path / "config.yaml").is_file():
+            raise ConfigError(f"SPECEXP_CONF_DIR={env} has no config.yaml: point it at specexp's conf directory")
+        return path
+    package = Path(__file__).resolve().parent
+    for candidate in (package / "conf", package.parent / "conf"):
+        if (candidate / "config.yaml").is_file():
+            return candidate
+    raise ConfigError(f"no config directory found (looked in {package / 'conf'} and {package.parent / 'conf'})")
+
+
+def choices(group: str) -> list[str]:
+    """Option names of config group ``group`` (yaml files under ``conf/<group>/``)."""
+    return sorted(p.stem for p in (conf_dir() / group).glob("*.yaml"))
+
+
+def check_group_choices(overrides: list[str]) -> None:
+    """:class:`ConfigError` for a ``group=NAME`` override naming an option that does not exist (sweep lists
+    ``a,b`` are checked element by element)."""
+    for override in overrides:
+        match = _GROUP_OVERRIDE.match(override)
+        if not match or match["group"] not in GROUP_LABELS or override.startswith("~"):
+            continue
+        value, group = match["value"], match["group"]
+        if _SWEEP_SYNTAX.search(value):
+            continue
+        valid = choices(group)
+        for name in value.split(","):
+            if name not in valid:
+                raise ConfigError(f"unknown {GROUP_LABELS[group]} '{name}': choose one of {', '.join(valid)}")
+
+
+def describe(path: Path) -> str:
+    """The first comment line of a yaml file (``# @package`` lines skipped), or ''."""
+    for line in path.read_text().splitlines():
+        if line.startswith("#") and not line.startswith("# @package"):
+            return line.lstrip("# ").strip()
+        if line.strip() and not line.startswith("#"):
+            break
+    return ""
+
+
+def list_configs() -> str:
+    """One line per pair, experiment, workload and backend."""
+    lines = []
+    for group, title in LISTED_GROUPS:
+        lines.append(f"{title}:")
+        for name in choices(group):
+            text = describe(conf_dir() / group / f"{name}.yaml")
+            lines.append(f"  {name:<22} {text}".rstrip())
+    return "\n".join(lines)
+
+
+def _run_hydra(config_name: str, task, args: list[str]) -> None:
+    import hydra
+
+    saved = sys.argv
+    sys.argv = [saved[0], *args]
+    try:
+        hydra.main(config_path=str(conf_dir()), config_name=config_name, version_base="1.3")(task)()
+    finally:
+        sys.argv = saved
+
+
+def train_task(cfg) -> None:
+    """Hydra task of ``specexp train``: hands the composed ``train`` config to ``specexp.zoo.recipe.main``."""
+    try:
+        from specexp.zoo import recipe
+    except ImportError as e:
+        print(f"specexp: error: the training recipe specexp.zoo.recipe cannot be imported ({e})", file=sys.stderr)
+        sys.exit(2)
+    return recipe.main(cfg)
+
+
+def _cmd_run(args: list[str]) -> int:
+    from specexp import experiment
+
+    check_group_choices(args)
+    experiment.SWEEP_JOBS.clear()
+    _run_hydra("config", experiment.hydra_task, args)
+    jobs = experiment.SWEEP_JOBS
+    if not jobs:
+        return 0
+    failed = [(num, run_dir, status) for num, run_dir, status in jobs if status != "ok"]
+    print(f"sweep: {len(jobs)} jobs, {len(jobs) - len(failed)} ok, {len(failed)} not ok")
+    for num, run_dir, status in failed:
+        print(f"  job {num}: {status} (see {run_dir}/result.json)")
+    return 1 if failed else 0
+
+
+def _cmd_train(args: list[str]) -> int:
+    if not (conf_dir() / "train.yaml").is_file():
+        raise ConfigError(f"{conf_dir() / 'train.yaml'} not found: the training recipe is not installed")
+    check_group_choices(args)
+    _run_hydra("train", train_task, args)
+    return 0
+
+
+def _cmd_report(args: list[str]) -> int:
+    if len(args) != 1:
+        raise ConfigError("report needs exactly one argument: SWEEP_DIR (a sweep's output directory)")
+    try:
+        from specexp.analysis import report
+    except ImportError as e:
+        raise ConfigError(f"report is not available: specexp.analysis.report cannot be imported ({e})") from e
+    result = report.main(args[0])
+    return result if isinstance(result, int) else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``python -m specexp``; returns the process exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(USAGE, end="")
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    commands = {"run": _cmd_run, "train": _cmd_train, "report": _cmd_report}
+    try:
+        if command == "list":
+            print(list_configs())
+            return 0
+        if command not in commands:
+            raise ConfigError(f"unknown command '{command}': choose one of list, report, run, train")
+        return commands[command](rest)
+    except ConfigError as e:
+        print(f"specexp: error: {e}", file=sys.stderr)
+        return 2

@@ -1,0 +1,133 @@
+"""Plain-dataclass run specification handed to a backend: ``backend.run(spec: RunSpec) -> RunResult``.
+
+The app layer (:mod:`specexp.experiment`) builds a :class:`RunSpec` from the composed Hydra config, after
+resolving model directories, validating every value and tokenizing the workload; backends never see Hydra
+or OmegaConf. Each group spec keeps keys it does not know in ``options`` so a backend can read a new
+config key before this module grows a field for it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from specexp.workloads.prompt import Prompt
+
+WEIGHTS = ("trained", "random")
+DTYPES = ("float32", "bfloat16", "float16")
+DEVICES = ("cpu", "cuda")
+CUDAGRAPH_MODES = ("none", "full")
+
+
+@dataclass
+class ModelSpec:
+    """One checkpoint. ``path``: the resolved local directory holding config.json (and weights unless
+    ``PairSpec.weights == "random"``); ``source``: what the config named (a directory, a zoo name or a hub
+    id); ``tokenizer_path``: its tokenizer.json, ``None`` if it ships none."""
+
+    path: str
+    source: str
+    architecture: str
+    vocab_size: int
+    tokenizer_path: str | None = None
+
+
+@dataclass
+class PairSpec:
+    """A draft/target pair. ``weights="random"`` builds both models from config.json with seeded random
+    weights (``init_seed``); ``dtype`` is a torch dtype name."""
+
+    name: str
+    target: ModelSpec
+    draft: ModelSpec
+    weights: str = "trained"
+    dtype: str = "float32"
+    init_seed: int = 0
+
+
+@dataclass
+class SpeculatorSpec:
+    """``num_speculative_tokens`` (k): draft tokens per verification; 0 = no speculation."""
+
+    num_speculative_tokens: int = 0
+    cudagraph_mode: str = "none"
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ShortConvSpec:
+    use_full_cuda_graph: bool = False
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class EngineSpec:
+    """Engine limits. ``max_model_len``: prompt + output tokens per request; ``block_size``: KV-cache
+    tokens per block; ``seed``: seeds sampling (and random weights)."""
+
+    device: str = "cpu"
+    max_num_seqs: int = 8
+    max_model_len: int = 2048
+    block_size: int = 16
+    cudagraph_mode: str = "none"
+    seed: int = 0
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class SamplingSpec:
+    """``temperature`` 0 = greedy. ``max_new_tokens``: output tokens per request; ``ignore_eos``: keep
+    generating past EOS (latency workloads)."""
+
+    temperature: float = 0.0
+    max_new_tokens: int = 64
+    ignore_eos: bool = False
+    top_p: float = 1.0
+    top_k: int = 0
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class WorkloadSpec:
+    """Where the prompts came from (the prompts themselves are ``RunSpec.prompts``)."""
+
+    name: str
+    path: str | None = None
+    num_prompts: int | None = None
+    input_len: int | None = None
+    output_len: int | None = None
+    seed: int = 0
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RunSpec:
+    """One run: a pair x a speculator setting x an engine setting x a workload, on one backend.
+
+    ``prompts`` are already tokenized with the target's tokenizer.json; ``output_dir`` is the run's
+    directory (backends may write extra files there); ``config`` is the resolved config as a plain dict.
+    """
+
+    experiment: str
+    backend: str
+    pair: PairSpec
+    speculator: SpeculatorSpec
+    short_conv: ShortConvSpec
+    engine: EngineSpec
+    sampling: SamplingSpec
+    workload: WorkloadSpec
+    prompts: list[Prompt]
+    output_dir: str
+    config: dict[str, Any] = field(default_factory=dict)
+    backend_options: dict[str, Any] = field(default_factory=dict)
+
+
+def group_spec(cls: type, values: dict[str, Any] | None, **overrides: Any):
+    """Build dataclass ``cls`` from a config group's dict: known keys become fields, the rest ``options``."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    values = {**(values or {}), **overrides}
+    known = {k: v for k, v in values.items() if k in names and k != "options"}
+    if "options" in names:
+        known["options"] = {k: v for k, v in values.items() if k not in names}
+    return cls(**known)

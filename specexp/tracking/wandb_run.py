@@ -1,0 +1,115 @@
+"""One W&B run per specexp run: the window onto results, never required for a run to finish.
+
+Modes (``tracking.wandb.mode``): ``offline`` (default; files under ``<run_dir>/wandb``, no network ever),
+``online`` (falls back to offline with one warning line when there is no API key or W&B cannot be
+reached), ``disabled``. The mode is always passed to ``wandb.init`` explicitly. wandb cannot read offline
+runs back, so analysis reads ``result.json``/``steps.parquet``; ``wandb sync <run_dir>/wandb/offline-run-*``
+uploads an offline run later.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+MODES = ("offline", "online", "disabled")
+ONLINE_INIT_TIMEOUT_S = 20.0
+
+
+def flatten(tree: dict, prefix: str = "") -> dict:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``; lists and scalars are leaves."""
+    flat = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            flat.update(flatten(value, f"{name}."))
+        else:
+            flat[name] = value
+    return flat
+
+
+def _warn(message: str) -> None:
+    print(f"specexp: warning: {message}", file=sys.stderr)
+
+
+def _init(wandb, mode: str, run_dir: Path, options: dict):
+    settings = wandb.Settings(
+        silent=True,
+        console="off",
+        x_disable_stats=True,
+        disable_git=True,
+        save_code=False,
+        init_timeout=ONLINE_INIT_TIMEOUT_S,
+    )
+    return wandb.init(mode=mode, dir=str(run_dir), settings=settings, reinit="create_new", **options)
+
+
+def _has_api_key() -> bool:
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    netrc = Path(os.environ.get("NETRC", Path.home() / ".netrc"))
+    return netrc.is_file() and "api.wandb.ai" in netrc.read_text(errors="ignore")
+
+
+def log_run(record: dict, run_dir: Path, mode: str, options: dict) -> str:
+    """Log ``record`` (the result.json dict) as one W&B run in ``run_dir``; returns the mode actually used.
+
+    ``options``: ``wandb.init`` keywords (project, entity, group, job_type, name, tags). Logged: the
+    resolved config (flattened), every scalar metric as summary, per-position acceptance and the
+    acceptance histograms (run and per request) as tables, result.json as an artifact.
+    """
+    if mode == "disabled":
+        return mode
+    os.environ.setdefault("WANDB_SILENT", "true")
+    import wandb
+
+    options = {**options, "config": flatten(record.get("config") or {})}
+    if mode == "online" and not _has_api_key():
+        _warn("tracking.wandb.mode=online but no W&B API key is configured: logging offline instead")
+        mode = "offline"
+    try:
+        run = _init(wandb, mode, run_dir, options)
+    except Exception as e:  # noqa: BLE001 - online failures of any kind fall back to offline
+        if mode != "online":
+            raise
+        _warn(f"W&B online init failed ({type(e).__name__}): logging offline instead")
+        mode = "offline"
+        run = _init(wandb, mode, run_dir, options)
+    try:
+        metrics = record.get("metrics") or {}
+        run.summary.update({"status": record["status"], "error": record.get("error")})
+        run.summary.update({k: v for k, v in flatten(metrics).items() if isinstance(v, (int, float)) or v is None})
+        for name, table in _tables(wandb, metrics).items():
+            run.log({name: table})
+        artifact = wandb.Artifact(name=f"result-{run.id}", type="run-record")
+        artifact.add_file(str(run_dir / "result.json"))
+        run.log_artifact(artifact)
+    finally:
+        run.finish()
+    return mode
+
+
+def _tables(wandb, metrics: dict) -> dict:
+    tables = {}
+    accepted = metrics.get("accepted_per_position") or []
+    if accepted:
+        rows = [
+            [i, accepted[i], metrics["drafted_per_position"][i], metrics["per_position_acceptance"][i],
+             metrics["conditional_acceptance"][i]]
+            for i in range(len(accepted))
+        ]
+        tables["per_position_acceptance"] = wandb.Table(
+            columns=["position", "accepted", "drafted", "per_position_acceptance", "conditional_acceptance"],
+            data=rows,
+        )
+    if metrics.get("num_drafts"):
+        tables["acceptance_histogram"] = wandb.Table(
+            columns=["num_accepted", "drafts"], data=[[j, n] for j, n in enumerate(metrics["acceptance_histogram"])]
+        )
+        per_request = metrics.get("acceptance_histogram_per_request") or {}
+        tables["acceptance_histogram_per_request"] = wandb.Table(
+            columns=["request_id", "num_accepted", "drafts"],
+            data=[[rid, j, n] for rid, hist in per_request.items() for j, n in enumerate(hist)],
+        )
+    return tables
