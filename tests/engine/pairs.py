@@ -1,0 +1,57 @@
+"""Tiny random draft/target pairs for the engine tests (built with transformers, loaded natively).
+
+A draft that is a *noisy copy* of its target agrees with it often but not always, so greedy speculation
+exercises full acceptance, partial acceptance and immediate rejection in the same run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+VOCAB = 24  # small, so even an unrelated random draft sometimes matches the target
+
+
+def tiny_hf_model(arch: str, hidden: int, layers: int, seed: int, layer_types: list[str] | None = None):
+    from transformers import Lfm2Config, LlamaConfig, AutoModelForCausalLM
+
+    common = dict(vocab_size=VOCAB, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, pad_token_id=0,
+                  bos_token_id=1, eos_token_id=2, tie_word_embeddings=False, initializer_range=0.3)
+    if arch == "llama":
+        config = LlamaConfig(**common)
+    else:
+        layer_types = layer_types or ["conv" if i % 2 == 0 else "full_attention" for i in range(layers)]
+        config = Lfm2Config(**common, layer_types=layer_types, block_auto_adjust_ff_dim=False,
+                            block_ff_dim=2 * hidden, conv_L_cache=3)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager").float().eval()
+    with torch.no_grad():
+        gen = torch.Generator().manual_seed(seed)
+        for name, p in model.named_parameters():
+            if "conv.conv" in name:
+                p.copy_(0.5 * torch.randn(p.shape, generator=gen))
+    return model
+
+
+def save_tiny(model, out: Path) -> Path:
+    model.save_pretrained(out)
+    return out
+
+
+def noisy_copy(src: Path, out: Path, scale: float, seed: int) -> Path:
+    """The checkpoint at src with N(0, scale * std(w)) noise on every weight, saved to out."""
+    out.mkdir(parents=True, exist_ok=True)
+    gen = torch.Generator().manual_seed(seed)
+    weights = load_file(src / "model.safetensors")
+    noisy = {}
+    for name, w in weights.items():
+        std = w.float().std() if w.numel() > 1 else torch.tensor(1.0)
+        noisy[name] = (w.float() + scale * std * torch.randn(w.shape, generator=gen)).to(w.dtype).contiguous()
+    save_file(noisy, out / "model.safetensors", metadata={"format": "pt"})
+    for f in ("config.json", "generation_config.json"):
+        if (src / f).exists():
+            (out / f).write_bytes((src / f).read_bytes())
+    return out

@@ -1,0 +1,183 @@
+"""The native engine: greedy speculation is lossless, acceptance is exact, bad input is refused."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pairs import VOCAB, noisy_copy, save_tiny, tiny_hf_model
+from specexp.engine.config import EngineConfig, EngineConfigError, SamplingConfig, SpeculatorConfig
+from specexp.engine.runner import NativeEngine
+from specexp.models import load_model
+
+MAX_NEW = 10
+PROMPT_LENS = [3, 11, 6, 17, 1, 9]
+
+
+@pytest.fixture(scope="module")
+def pair_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pairs")
+    lfm2 = save_tiny(tiny_hf_model("lfm2", 48, 4, seed=0, layer_types=["conv", "full_attention", "conv", "conv"]),
+                     root / "lfm2")
+    llama = save_tiny(tiny_hf_model("llama", 48, 2, seed=1), root / "llama")
+    llama_draft = save_tiny(tiny_hf_model("llama", 32, 1, seed=2), root / "llama-draft")
+    return {
+        "lfm2+llama": (lfm2, llama_draft),
+        "lfm2+lfm2": (lfm2, noisy_copy(lfm2, root / "lfm2-noisy", 0.35, seed=3)),
+        "llama+llama": (llama, noisy_copy(llama, root / "llama-noisy", 0.35, seed=4)),
+    }
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    gen = torch.Generator().manual_seed(7)
+    return [torch.randint(3, VOCAB, (n,), generator=gen).tolist() for n in PROMPT_LENS]
+
+
+@pytest.fixture(scope="module")
+def hf_greedy(pair_dirs, prompts):
+    """transformers' greedy generate of each target, EOS ignored."""
+    from transformers import AutoModelForCausalLM
+
+    refs = {}
+    for name, (target_dir, _) in pair_dirs.items():
+        model = AutoModelForCausalLM.from_pretrained(target_dir, attn_implementation="eager").float().eval()
+        outs = []
+        for p in prompts:
+            ids = torch.tensor([p])
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=MAX_NEW,
+                                 min_new_tokens=MAX_NEW, do_sample=False, eos_token_id=None, pad_token_id=0)
+            outs.append(out[0, len(p):].tolist())
+        refs[name] = outs
+    return refs
+
+
+def _run(target_dir, draft_dir, prompts, k, max_num_seqs, budget=None, temperature=0.0, rejection="standard",
+         draft_is_target=False):
+    target = load_model(target_dir)
+    draft = target if draft_is_target else load_model(draft_dir)
+    engine = NativeEngine(
+        target, draft,
+        EngineConfig(max_num_seqs=max_num_seqs, max_model_len=64, block_size=4, max_num_batched_tokens=budget),
+        SpeculatorConfig(num_speculative_tokens=k, rejection=rejection),
+        SamplingConfig(temperature=temperature, max_new_tokens=MAX_NEW, ignore_eos=True),
+        eos_token_ids=[2],
+    )
+    return engine.generate(prompts)
+
+
+@pytest.mark.parametrize("pair", ["lfm2+llama", "lfm2+lfm2", "llama+llama"])
+@pytest.mark.parametrize("max_num_seqs", [1, 4, 16])
+@pytest.mark.parametrize("k", range(0, 9))
+def test_greedy_speculation_is_lossless(pair_dirs, prompts, hf_greedy, pair, max_num_seqs, k):
+    target_dir, draft_dir = pair_dirs[pair]
+    out = _run(target_dir, draft_dir, prompts, k, max_num_seqs)
+    got = [r.output_token_ids for r in out.requests]
+    assert got == hf_greedy[pair]
+
+
+@pytest.mark.parametrize("pair", ["lfm2+lfm2", "llama+llama"])
+@pytest.mark.parametrize("k", [2, 5])
+def test_chunked_prefill_mixed_with_verification_is_lossless(pair_dirs, prompts, hf_greedy, pair, k):
+    target_dir, draft_dir = pair_dirs[pair]
+    out = _run(target_dir, draft_dir, prompts, k, max_num_seqs=4, budget=3 * (k + 1) + 5)
+    assert any(0 < s.num_prefill_tokens < s.num_tokens for s in out.steps), "prefill chunks ran beside verifies"
+    assert [r.output_token_ids for r in out.requests] == hf_greedy[pair]
+
+
+def test_speculation_accepts_partially_with_a_noisy_draft(pair_dirs, prompts):
+    out = _run(*pair_dirs["lfm2+lfm2"], prompts, k=4, max_num_seqs=4)
+    accepted = [a for r in out.requests for (_, a) in r.verifies]
+    assert min(accepted) < 4 and max(accepted) > 0 and any(0 < a < 4 for a in accepted)
+
+
+def _expected_acceptance_length(prompt_lens, k, max_new):
+    """draft == target: every draft accepted; drafts are trimmed to the tokens still allowed."""
+    drafts = accepted = 0
+    for _ in prompt_lens:
+        produced = 1  # the prefill samples the first token
+        while produced < max_new:
+            j = min(k, max_new - produced - 1)
+            if j > 0:
+                drafts += 1
+                accepted += j
+            produced += j + 1
+    return 1 + accepted / drafts if drafts else 1.0
+
+
+@pytest.mark.parametrize("pair", ["lfm2+lfm2", "llama+llama"])
+@pytest.mark.parametrize("k", [1, 3, 8])
+def test_draft_equal_to_target_accepts_every_draft(pair_dirs, prompts, pair, k):
+    target_dir, _ = pair_dirs[pair]
+    out = _run(target_dir, None, prompts, k, max_num_seqs=4, draft_is_target=True)
+    drafts = sum(len(r.verifies) for r in out.requests)
+    accepted = sum(a for r in out.requests for _, a in r.verifies)
+    assert all(a == j for r in out.requests for j, a in r.verifies)
+    assert 1 + accepted / drafts == pytest.approx(_expected_acceptance_length(PROMPT_LENS, k, MAX_NEW))
+
+
+def test_sampling_run_is_reproducible_for_a_seed(pair_dirs, prompts):
+    a = _run(*pair_dirs["llama+llama"], prompts, k=3, max_num_seqs=4, temperature=1.0)
+    b = _run(*pair_dirs["llama+llama"], prompts, k=3, max_num_seqs=4, temperature=1.0)
+    assert [r.output_token_ids for r in a.requests] == [r.output_token_ids for r in b.requests]
+
+
+@pytest.mark.parametrize("k", [1, 4])
+def test_first_speculated_token_follows_the_target_distribution(tmp_path, k):
+    """At temperature 1, the first token emitted after the prompt's first sampled token (the first one
+    produced by a verify) is distributed as the target's next-token distribution."""
+    from scipy.stats import chisquare
+
+    target_dir = save_tiny(tiny_hf_model("llama", 32, 1, seed=11), tmp_path / "t")
+    draft_dir = save_tiny(tiny_hf_model("llama", 32, 1, seed=12), tmp_path / "d")
+    target = load_model(target_dir)
+    draft = load_model(draft_dir)
+    prompt = [5, 9, 3]
+    trials = 1500
+    engine = NativeEngine(
+        target, draft, EngineConfig(max_num_seqs=64, max_model_len=32, block_size=4, seed=k),
+        SpeculatorConfig(num_speculative_tokens=k), SamplingConfig(temperature=1.0, max_new_tokens=2, ignore_eos=True),
+    )
+    out = engine.generate([prompt] * trials)
+    pairs = [tuple(r.output_token_ids[:2]) for r in out.requests]
+    # Condition on the first sampled token: the second must follow p(. | prompt, first).
+    from collections import Counter
+
+    first_counts = Counter(p[0] for p in pairs)
+    first, n = first_counts.most_common(1)[0]
+    seconds = torch.tensor([p[1] for p in pairs if p[0] == first])
+    with torch.no_grad():
+        from transformers import AutoModelForCausalLM
+
+        hf = AutoModelForCausalLM.from_pretrained(target_dir).float().eval()
+        probs = torch.softmax(hf(torch.tensor([prompt + [first]])).logits[0, -1].double(), -1)
+    counts = torch.bincount(seconds, minlength=VOCAB).double()
+    expected = probs * counts.sum()
+    keep = expected > 5  # chi-square needs populated cells: pool the rest
+    obs = torch.cat([counts[keep], counts[~keep].sum().view(1)])
+    exp = torch.cat([expected[keep], expected[~keep].sum().view(1)])
+    assert chisquare(obs.numpy(), exp.numpy()).pvalue > 0.01
+
+
+def test_draft_with_other_vocabulary_is_refused(tmp_path, pair_dirs):
+    from transformers import LlamaConfig, AutoModelForCausalLM
+
+    cfg = LlamaConfig(vocab_size=VOCAB + 8, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=4, num_key_value_heads=2)
+    AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path / "other")
+    with pytest.raises(EngineConfigError, match=r"draft vocab \(32\) != target vocab \(24\)"):
+        _run(pair_dirs["llama+llama"][0], tmp_path / "other", [[3, 4]], k=2, max_num_seqs=1)
+
+
+@pytest.mark.parametrize(
+    "engine_kw, spec_kw, match",
+    [
+        (dict(max_num_seqs=0), {}, "max_num_seqs=0"),
+        ({}, dict(num_speculative_tokens=-1), "num_speculative_tokens=-1"),
+        (dict(max_model_len=8), dict(num_speculative_tokens=7), "leaves room for at most 6"),
+    ],
+)
+def test_bad_engine_settings_are_refused_with_the_value(pair_dirs, engine_kw, spec_kw, match):
+    target = load_model(pair_dirs["llama+llama"][0])
+    with pytest.raises(EngineConfigError, match=match):
+        NativeEngine(target, target, EngineConfig(**engine_kw), SpeculatorConfig(**spec_kw), SamplingConfig())
