@@ -34,6 +34,8 @@ class Request:
     finish_s: float | None = None
     # Per-verify acceptance of this request: (num_draft_tokens, num_accepted_tokens).
     verifies: list[tuple[int, int]] = field(default_factory=list)
+    # Tokens emitted by each step that sampled for this request (Spec-Bench's accept_lengths).
+    emitted_per_step: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.token_ids:

@@ -149,6 +149,7 @@ class NativeEngine:
         """Serve all prompts (arriving together) to completion. prompts: token ids per request."""
         max_new = max_new_tokens or self.sampling.max_new_tokens
         requests = [Request(i, list(p), max_new) for i, p in enumerate(prompts)]
+        self.steps = []
         for request in requests:
             self.scheduler.add(request)
         self._t0 = time.perf_counter()
@@ -294,6 +295,7 @@ class NativeEngine:
                 num_accepted_total += accepted
             req.num_accepted_tokens = n_sampled
             emitted = self._append_tokens(req, host[r, :n_sampled].tolist())
+            req.emitted_per_step.append(emitted)
             num_output += emitted
             if emitted and req.first_token_s is None:
                 req.first_token_s = now
