@@ -25,6 +25,14 @@ SUPPORTED_ARCHITECTURES = {
 SUPPORTED_ROPE_TYPES = ("default", "llama3")
 # transformers' per-model default when a config names no rope theta.
 _DEFAULT_ROPE_THETA = {"llama": 10_000.0, "qwen2": 10_000.0, "qwen3": 10_000.0, "lfm2": 1_000_000.0}
+# transformers' config-class defaults for the fields a config.json may leave out.
+_HF_DEFAULTS: dict[str, dict[str, Any]] = {
+    "llama": dict(max_position_embeddings=2048, rms_norm_eps=1e-6, bos_token_id=1, eos_token_id=2),
+    "qwen2": dict(num_key_value_heads=32, max_position_embeddings=32768, rms_norm_eps=1e-6),
+    "qwen3": dict(num_key_value_heads=32, head_dim=128, max_position_embeddings=32768, rms_norm_eps=1e-6),
+    "lfm2": dict(num_key_value_heads=8, max_position_embeddings=128_000, norm_eps=1e-5, pad_token_id=0,
+                 bos_token_id=1, eos_token_id=2, conv_L_cache=3),
+}
 
 
 class UnsupportedModelError(ValueError):
@@ -99,6 +107,7 @@ class ModelConfig:
     def from_hf(cls, hf: dict[str, Any], name_or_path: str = "", generation: dict | None = None) -> ModelConfig:
         """Read a HF config.json dict (and optionally generation_config.json's) into a ModelConfig."""
         model_type = _model_type(hf, name_or_path)
+        hf = {**_HF_DEFAULTS[model_type], **hf}
         if model_type == "lfm2":
             return _lfm2_config(hf, name_or_path, generation)
         return _llama_config(hf, model_type, name_or_path, generation)

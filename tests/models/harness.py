@@ -10,7 +10,7 @@ extra rows (seq_len 0, NULL slot, zero tokens) and extra tokens (slot -1) past t
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 
 import torch
 
@@ -41,6 +41,12 @@ class StepInputs:
     query_start_loc: list[int]  # python copy, padded rows included
 
 
+def to_device(metadata, device: torch.device):
+    """A copy of a metadata dataclass with every tensor field moved to `device`."""
+    moved = {f.name: getattr(metadata, f.name) for f in fields(metadata)}
+    return replace(metadata, **{k: v.to(device) for k, v in moved.items() if isinstance(v, torch.Tensor)})
+
+
 def _int32(values) -> torch.Tensor:
     return torch.tensor(list(values), dtype=torch.int32)
 
@@ -56,12 +62,13 @@ class PagedRunner:
     """Owns one model's caches and the per-request block lists / conv slots of a test."""
 
     def __init__(self, model, num_blocks: int = 64, block_size: int = 4, max_reqs: int = 8,
-                 max_blocks_per_req: int = 16, dtype: torch.dtype = torch.float32):
+                 max_blocks_per_req: int = 16, dtype: torch.dtype = torch.float32, device: str = "cpu"):
         self.model = model
+        self.device = torch.device(device)
         self.block_size = block_size
         self.max_blocks_per_req = max_blocks_per_req
-        self.kv_caches = allocate_kv_caches(model, num_blocks, block_size, "cpu", dtype)
-        self.conv_states = allocate_conv_states(model, max_reqs + 1, 0, "cpu", dtype)
+        self.kv_caches = allocate_kv_caches(model, num_blocks, block_size, device, dtype)
+        self.conv_states = allocate_conv_states(model, max_reqs + 1, 0, device, dtype)
         self.free_blocks = list(range(1, num_blocks))
         self.free_slots = list(range(1, max_reqs + 1))
         self.requests: dict[object, RequestState] = {}
@@ -124,7 +131,9 @@ class PagedRunner:
             attn=attn, conv=self._conv_metadata(rows, states, qsl, pad_rows),
             kv_caches=self.kv_caches, conv_states=self.conv_states,
         )
-        return StepInputs(torch.tensor(input_ids), torch.tensor(positions), ctx, rows, states, qsl)
+        ctx.attn, ctx.conv = to_device(ctx.attn, self.device), to_device(ctx.conv, self.device)
+        return StepInputs(torch.tensor(input_ids, device=self.device), torch.tensor(positions, device=self.device),
+                          ctx, rows, states, qsl)
 
     @torch.no_grad()
     def step(self, batch: list[tuple[object, list[int]]], **padding) -> dict[object, torch.Tensor]:
