@@ -262,17 +262,17 @@ class ShortConvMetadataBuilder:
             self._check(qsl, groups, num_computed_tokens_cpu, num_accepted_tokens_cpu, state_indices_cpu,
                         num_reqs_padded, num_tokens_padded)
         ql = groups.query_lens
-        counts = dict(
-            num_prefills=groups.prefill_rows.numel(),
-            num_prefill_tokens=int(ql[groups.prefill_rows].sum()),
-            num_decodes=groups.decode_rows.numel(),
-            num_decode_tokens=groups.decode_rows.numel(),
-            num_spec_decodes=groups.spec_rows.numel(),
-            num_spec_decode_tokens=int(ql[groups.spec_rows].sum()),
-            num_actual_tokens=num_tokens,
-            spec_query_len=self.spec_query_len,
-            max_prefill_query_len=int(ql[groups.prefill_rows].max()) if groups.prefill_rows.numel() else 0,
-        )
+        counts = {
+            "num_prefills": groups.prefill_rows.numel(),
+            "num_prefill_tokens": int(ql[groups.prefill_rows].sum()),
+            "num_decodes": groups.decode_rows.numel(),
+            "num_decode_tokens": groups.decode_rows.numel(),
+            "num_spec_decodes": groups.spec_rows.numel(),
+            "num_spec_decode_tokens": int(ql[groups.spec_rows].sum()),
+            "num_actual_tokens": num_tokens,
+            "spec_query_len": self.spec_query_len,
+            "max_prefill_query_len": int(ql[groups.prefill_rows].max()) if groups.prefill_rows.numel() else 0,
+        }
         non_spec = self._non_spec_fields(groups, num_computed_tokens_cpu, state_indices_cpu)
         if counts["num_spec_decodes"] == 0:
             order = grouped_token_order(groups, num_tokens)
@@ -330,24 +330,24 @@ class ShortConvMetadataBuilder:
         """Spec-row tensors, aligned with each other in spec-row order; padded into the persistent graph
         buffers when `padded_rows` is given."""
         rows = groups.spec_rows
-        fields = dict(
-            query_start_loc=qsl,
-            spec_query_start_loc=start_offsets(groups.query_lens[rows]),
-            spec_state_indices_tensor=state_indices_cpu[rows].to(torch.int32),
-            spec_sequence_masks=groups.group == SPEC,
-            num_accepted_tokens=num_accepted_tokens_cpu[rows].to(torch.int32),
-        )
+        fields = {
+            "query_start_loc": qsl,
+            "spec_query_start_loc": start_offsets(groups.query_lens[rows]),
+            "spec_state_indices_tensor": state_indices_cpu[rows].to(torch.int32),
+            "spec_sequence_masks": groups.group == SPEC,
+            "num_accepted_tokens": num_accepted_tokens_cpu[rows].to(torch.int32),
+        }
         if padded_rows is None:
             return {name: self._h2d(t) for name, t in fields.items()}
         # Padded rows own no token (flat query-start tail), read the NULL slot, never write it, and read
         # the window at column 0 (num_accepted 1).
-        padding = dict(query_start_loc=int(qsl[-1]), spec_query_start_loc=int(qsl[-1]),
-                       spec_state_indices_tensor=NULL_BLOCK_ID, spec_sequence_masks=False, num_accepted_tokens=1)
-        buffers = dict(
-            query_start_loc=self._graph.query_start_loc, spec_query_start_loc=self._graph.spec_query_start_loc,
-            spec_state_indices_tensor=self._graph.spec_state_indices,
-            spec_sequence_masks=self._graph.spec_sequence_masks, num_accepted_tokens=self._graph.num_accepted_tokens,
-        )
+        padding = {"query_start_loc": int(qsl[-1]), "spec_query_start_loc": int(qsl[-1]),
+                       "spec_state_indices_tensor": NULL_BLOCK_ID, "spec_sequence_masks": False, "num_accepted_tokens": 1}
+        buffers = {
+            "query_start_loc": self._graph.query_start_loc, "spec_query_start_loc": self._graph.spec_query_start_loc,
+            "spec_state_indices_tensor": self._graph.spec_state_indices,
+            "spec_sequence_masks": self._graph.spec_sequence_masks, "num_accepted_tokens": self._graph.num_accepted_tokens,
+        }
         out = {}
         for name, t in fields.items():
             length = padded_rows + (1 if name.endswith("query_start_loc") else 0)
@@ -365,7 +365,7 @@ class ShortConvMetadataBuilder:
         rows = groups.non_spec_rows
         num_decodes = groups.decode_rows.numel()
         state_indices = self._h2d(state_indices_cpu[rows].to(torch.int32))
-        fields: dict = dict(state_indices_tensor=state_indices)
+        fields: dict = {"state_indices_tensor": state_indices}
         if rows.numel() == 0:
             return fields
         computed = num_computed_tokens_cpu[rows].to(torch.int32)
@@ -410,16 +410,15 @@ class ShortConvMetadataBuilder:
         k1 = self.spec_query_len
         rows = groups.spec_rows
         q, n = groups.query_lens[rows], num_accepted_tokens_cpu[rows]
-        for bad, what in (
-            ((q < 1) | (q > k1), f"verifies {{}} tokens; a spec row verifies 1..k+1 = 1..{k1} (its conv state "
-                                 "keeps W-1+k columns)"),
-            ((n < 1) | (n > k1), f"has num_accepted_tokens {{}}; it must be 1..k+1 = 1..{k1} (bonus included, "
-                                 "1 after a prefill)"),
-        ):
-            if bool(bad.any()):
-                i = int(bad.nonzero()[0])
-                value = int(q[i]) if what.startswith("verifies") else int(n[i])
-                raise ValueError(f"spec row {int(rows[i])} " + what.format(value))
+        bad_q, bad_n = (q < 1) | (q > k1), (n < 1) | (n > k1)
+        if bool(bad_q.any()):
+            i = int(bad_q.nonzero()[0])
+            raise ValueError(f"spec row {int(rows[i])} verifies {int(q[i])} tokens; a spec row verifies "
+                             f"1..k+1 = 1..{k1} (its conv state keeps W-1+k columns)")
+        if bool(bad_n.any()):
+            i = int(bad_n.nonzero()[0])
+            raise ValueError(f"spec row {int(rows[i])} has num_accepted_tokens {int(n[i])}; it must be "
+                             f"1..k+1 = 1..{k1} (bonus included, 1 after a prefill)")
         no_state = num_computed_tokens_cpu[rows] <= 0
         if bool(no_state.any()):
             raise ValueError(f"spec row {int(rows[no_state.nonzero()[0]])} has no conv state yet "

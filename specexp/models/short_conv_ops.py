@@ -17,7 +17,9 @@ Speculative rows (verifying k drafts, q <= k + 1) read the window at o = num_acc
 num_accepted (accepted drafts + 1) then selects the window that ends exactly at the last accepted input,
 so rejected tokens are rolled back without copying. The state therefore needs (W-1) + k columns.
 
-Rows whose slot is NULL_BLOCK_ID (padding) read slot 0 and never change it.
+Rows whose slot is NULL_BLOCK_ID (padding) read slot 0 and never change it; rows with no tokens change no
+state whatever their slot. Values a row must not use — a new request's stale slot, inputs past the last
+real token — are dropped with selects, never multiplied by zero, so even NaN garbage cannot leak in.
 """
 
 from __future__ import annotations

@@ -20,10 +20,10 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "models"))  # the models engineer's tiny checkpoints
-from checkpoints import CASES, build_checkpoint  # noqa: E402
+from checkpoints import CASES, build_checkpoint
 
-from specexp.engine.short_conv import ShortConvMetadataBuilder  # noqa: E402
-from specexp.models import (  # noqa: E402
+from specexp.engine.short_conv import ShortConvMetadataBuilder
+from specexp.models import (
     NULL_BLOCK_ID,
     AttentionMetadata,
     ForwardContext,
@@ -94,7 +94,7 @@ class SpecRunner:
             token_req_indices=torch.tensor(token_rows + [0] * pad_tokens, dtype=torch.int64),
             max_seq_len=max(seq_lens), max_query_len=max(lengths), num_actual_tokens=num_tokens,
         )
-        padded = dict(num_reqs_padded=len(rows) + pad_rows, num_tokens_padded=num_tokens + pad_tokens)
+        padded = {"num_reqs_padded": len(rows) + pad_rows, "num_tokens_padded": num_tokens + pad_tokens}
         conv = self.builder.build(
             query_start_loc_cpu=torch.tensor(qsl, dtype=torch.int32),
             num_computed_tokens_cpu=torch.tensor([s.num_computed for s in states], dtype=torch.int32),
@@ -190,12 +190,12 @@ def test_greedy_verify_with_builder_matches_transformers_on_accepted_tokens(lfm2
     run([verify("b", 0, 0), verify("c", 1, k), verify("a", k, k)], pad_rows=1, pad_tokens=0)
 
     assert {1, k + 1} <= seen_accepts
-    for rid in prompts:
+    for rid, prompt_len in prompts.items():
         reference = hf_logits(hf_model, stream[rid][:-1])
         for check_rid, start, logits in checks:
             if check_rid == rid:
                 err = (logits - reference[start: start + logits.shape[0]]).abs().max().item()
                 assert err <= TOL, f"request {rid} positions {start}+: max-abs logit error {err:.2e} > {TOL}"
         # Greedy speculation is lossless: the emitted stream is transformers' greedy continuation.
-        prompt = stream[rid][: prompts[rid]]
-        assert stream[rid] == prompt + hf_greedy(hf_model, prompt, len(stream[rid]) - prompts[rid])
+        prompt = stream[rid][:prompt_len]
+        assert stream[rid] == prompt + hf_greedy(hf_model, prompt, len(stream[rid]) - prompt_len)

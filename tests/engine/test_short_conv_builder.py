@@ -22,16 +22,19 @@ from specexp.models.metadata import NULL_BLOCK_ID, ShortConvMetadata
 from specexp.models.short_conv_ops import short_conv
 
 CPU = torch.device("cpu")
+needs_cuda = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+DEVICES = ["cpu", pytest.param("cuda", marks=needs_cuda)]
 
 
 def _i32(values) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.int32)
 
 
-def _builder(k: int, *, full: bool = False, max_num_seqs: int = 32, max_capture_size: int | None = None):
+def _builder(k: int, *, full: bool = False, max_num_seqs: int = 32, max_capture_size: int | None = None,
+             device: torch.device | str = CPU):
     return ShortConvMetadataBuilder(
         num_spec_tokens=k, use_full_cuda_graph=full, max_num_seqs=max_num_seqs,
-        max_capture_size=max_capture_size, device=CPU,
+        max_capture_size=max_capture_size, device=torch.device(device),
     )
 
 
@@ -69,8 +72,11 @@ class Batch:
         )
 
 
+ANY_ROW_KIND = st.sampled_from(["spec", "decode", "prefill", "empty"])
+
+
 @st.composite
-def batches(draw, kinds=st.sampled_from(["spec", "decode", "prefill", "empty"]), max_rows: int = 16):
+def batches(draw, kinds=ANY_ROW_KIND, max_rows: int = 16):
     k = draw(st.integers(0, 5))
     kind_list = draw(st.lists(kinds, min_size=0, max_size=max_rows))
     slots = draw(st.permutations(list(range(1, 40))))[: len(kind_list)]
@@ -298,14 +304,14 @@ def test_capture_bounds_follow_vllm():
 def test_batches_that_cannot_replay_a_graph_build_eagerly(case):
     builder = _builder(3, full=case != "graphs_off", max_num_seqs=4, max_capture_size=8)
     b = _pure_spec(3, [4, 3], [1, 2], [1, 1])
-    padding = dict(num_reqs_padded=3, num_tokens_padded=8)
+    padding = {"num_reqs_padded": 3, "num_tokens_padded": 8}
     if case == "no_padding_asked":
         padding = {}
     elif case == "too_many_rows":
-        padding = dict(num_reqs_padded=5, num_tokens_padded=8)
+        padding = {"num_reqs_padded": 5, "num_tokens_padded": 8}
     elif case == "too_many_tokens":
         b = _pure_spec(3, [4, 4, 1], [1, 2, 3], [1, 1, 1])
-        padding = dict(num_reqs_padded=3, num_tokens_padded=9)
+        padding = {"num_reqs_padded": 3, "num_tokens_padded": 9}
     elif case == "mixed":
         b = Batch(3, ["spec", "decode"], [4, 1], [3, 3], [3, -1], [1, 1], [1, 2])
     meta = b.build(builder, **padding)
@@ -321,17 +327,17 @@ def test_batches_that_cannot_replay_a_graph_build_eagerly(case):
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        (dict(query_lens=[5, 1], drafts=[4, -1]), "spec row 0 verifies 5 tokens"),
-        (dict(num_accepted=[0, 1]), "spec row 0 has num_accepted_tokens 0"),
-        (dict(num_accepted=[5, 1]), "spec row 0 has num_accepted_tokens 5"),
-        (dict(num_computed=[0, 2]), "spec row 0 has no conv state yet"),
-        (dict(slots=[3, 3]), "distinct conv slots"),
-        (dict(slots=[NULL_BLOCK_ID, 3]), "distinct conv slots"),
+        ({"query_lens": [5, 1], "drafts": [4, -1]}, "spec row 0 verifies 5 tokens"),
+        ({"num_accepted": [0, 1]}, "spec row 0 has num_accepted_tokens 0"),
+        ({"num_accepted": [5, 1]}, "spec row 0 has num_accepted_tokens 5"),
+        ({"num_computed": [0, 2]}, "spec row 0 has no conv state yet"),
+        ({"slots": [3, 3]}, "distinct conv slots"),
+        ({"slots": [NULL_BLOCK_ID, 3]}, "distinct conv slots"),
     ],
 )
 def test_batches_the_ops_would_get_wrong_are_rejected(change, message):
-    fields = dict(k=3, kinds=["spec", "decode"], query_lens=[2, 1], num_computed=[4, 2], drafts=[1, -1],
-                  num_accepted=[2, 1], slots=[3, 4])
+    fields = {"k": 3, "kinds": ["spec", "decode"], "query_lens": [2, 1], "num_computed": [4, 2], "drafts": [1, -1],
+                  "num_accepted": [2, 1], "slots": [3, 4]}
     fields.update(change)
     with pytest.raises(ValueError, match=message):
         Batch(**fields).build(_builder(3))
@@ -368,13 +374,14 @@ def _plan_row(req: SimRequest, k: int, rng: random.Random) -> tuple[str, int, in
 
 @st.composite
 def sim_runs(draw):
-    return dict(width=draw(st.integers(2, 5)), k=draw(st.integers(1, 8)), num_requests=draw(st.integers(1, 5)),
-                num_steps=draw(st.integers(1, 6)), full_graphs=draw(st.booleans()), seed=draw(st.integers(0, 2**20)))
+    return {"width": draw(st.integers(2, 5)), "k": draw(st.integers(1, 8)), "num_requests": draw(st.integers(1, 5)),
+                "num_steps": draw(st.integers(1, 6)), "full_graphs": draw(st.booleans()), "seed": draw(st.integers(0, 2**20))}
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @settings(max_examples=100, deadline=None)
-@given(sim_runs())
-def test_mixed_steps_through_builder_and_short_conv_match_the_committed_stream(run):
+@given(run=sim_runs())
+def test_mixed_steps_through_builder_and_short_conv_match_the_committed_stream(device, run):
     """Requests prefilled in chunks, decoded without spec, then spec-verified with random acceptance, in
     shuffled mixed batches (graph-padded when pure spec): every token's output is the conv of its committed
     stream plus the verified prefix, and each row's next window holds its last W-1 committed inputs."""
@@ -383,8 +390,8 @@ def test_mixed_steps_through_builder_and_short_conv_match_the_committed_stream(r
     weight = torch.randn(DIM, width, generator=gen, dtype=torch.float64)
     bias = torch.randn(DIM, generator=gen, dtype=torch.float64)
     max_reqs = run["num_requests"] + 3
-    builder = _builder(k, full=run["full_graphs"], max_num_seqs=max_reqs)
-    state = torch.full((max_reqs + 1, DIM, width - 1 + k), math.nan, dtype=torch.float64)
+    builder = _builder(k, full=run["full_graphs"], max_num_seqs=max_reqs, device=device)
+    state = torch.full((max_reqs + 1, DIM, width - 1 + k), math.nan, dtype=torch.float64, device=device)
     null_before = state[NULL_BLOCK_ID].clone()
     slots = rng.sample(range(1, max_reqs + 1), run["num_requests"])
     requests = [SimRequest(prompt_left=rng.randint(1, 9), slot=s) for s in slots]
@@ -400,11 +407,11 @@ def test_mixed_steps_through_builder_and_short_conv_match_the_committed_stream(r
         padding, extra_tokens = {}, 0
         if all(kind == "spec" for kind in b.kinds):
             extra_tokens = rng.randint(0, 3)
-            padding = dict(num_reqs_padded=b.num_reqs + rng.randint(0, 2), num_tokens_padded=b.num_tokens + extra_tokens)
+            padding = {"num_reqs_padded": b.num_reqs + rng.randint(0, 2), "num_tokens_padded": b.num_tokens + extra_tokens}
         meta = b.build(builder, **padding)
         x = torch.randn(b.num_tokens + extra_tokens, DIM, generator=gen, dtype=torch.float64)
         x[b.num_tokens:] = math.nan  # graph padding holds anything
-        out = short_conv(x, weight, bias, state, meta)
+        out = short_conv(x.to(device), weight.to(device), bias.to(device), state, meta).cpu()
         assert torch.equal(out[b.num_tokens:], torch.zeros(extra_tokens, DIM, dtype=torch.float64))
         qsl = b.qsl().tolist()
         for r, (req, (kind, q, _, accepted)) in enumerate(plan):
@@ -417,13 +424,52 @@ def test_mixed_steps_through_builder_and_short_conv_match_the_committed_stream(r
                 req.prompt_left -= q if req.prompt_left else 0
                 req.num_accepted = 1
             o = req.num_accepted - 1
-            torch.testing.assert_close(state[req.slot, :, o: o + width - 1], last_window(req.committed, width))
+            torch.testing.assert_close(state[req.slot, :, o: o + width - 1].cpu(), last_window(req.committed, width))
     assert torch.equal(state[NULL_BLOCK_ID].isnan(), null_before.isnan())
 
 
 # --------------------------------------------------------------------------------------------------------
 # CUDA: no device-to-host syncs while building
 # --------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_full_graph_replay_matches_eager_for_padded_pure_spec_batches():
+    """Capture short_conv once on the capture metadata; each later build rewrites the persistent buffers in
+    place, so replays (with fewer real rows, padded) equal eager runs on fresh metadata."""
+    dev = torch.device("cuda")
+    k, width, dim, max_rows, max_tokens = 3, 4, 8, 4, 16
+    gen = torch.Generator().manual_seed(0)
+    weight = torch.randn(dim, width, generator=gen).to(dev)
+    bias = torch.randn(dim, generator=gen).to(dev)
+    state = torch.randn(9, dim, width - 1 + k, generator=gen).to(dev)
+    builder = _builder(k, full=True, max_num_seqs=8, device=dev)
+    x_buf = torch.zeros(max_tokens, dim, device=dev)
+    captured = builder.build_for_cudagraph_capture(num_reqs=max_rows, num_tokens=max_tokens)
+    null_before = state[NULL_BLOCK_ID].clone()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up; capture rows sit on the NULL slot and change nothing
+        short_conv(x_buf, weight, bias, state, captured)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out_buf = short_conv(x_buf, weight, bias, state, captured)
+    batches = [_pure_spec(k, [4, 2, 3], [3, 1, 7], [1, 4, 2]), _pure_spec(k, [1, 4, 4, 4], [2, 5, 6, 8], [3, 3, 1, 4]),
+               _pure_spec(k, [4], [1], [2])]
+    for b in batches:
+        eager_state = state.clone()
+        x = torch.randn(b.num_tokens, dim, generator=gen).to(dev)
+        b.build(builder, num_reqs_padded=max_rows, num_tokens_padded=max_tokens)
+        x_buf.fill_(math.nan)  # padded tokens hold anything
+        x_buf[: b.num_tokens].copy_(x)
+        graph.replay()
+        eager = short_conv(x, weight, bias, eager_state, b.build(_builder(k, device=dev)))
+        torch.testing.assert_close(out_buf[: b.num_tokens], eager)
+        assert torch.equal(out_buf[b.num_tokens:], torch.zeros_like(out_buf[b.num_tokens:]))
+        torch.testing.assert_close(state, eager_state)
+    assert torch.equal(state[NULL_BLOCK_ID], null_before)
 
 
 @pytest.mark.cuda
