@@ -86,8 +86,19 @@ def to_run_result(spec: RunSpec, out: EngineOutput, k: int, tokenizer, device: t
     graph = {}
     if device.type == "cuda":
         graph["persistent_buffer_bytes"] = out.persistent_buffer_bytes
+    if out.graphs is not None:
+        graph["graph_capture_bytes"] = out.graphs["graph_capture_bytes"]
+        graph["graph_capture_s"] = out.graphs["graph_capture_s"]
+        graph["graph_capture_per_size"] = [
+            record for manager in out.graphs["managers"].values() for record in manager["per_size"]
+        ]
     env = {"device": str(device)}
     if device.type == "cuda":
         env["gpu"] = torch.cuda.get_device_name(device)
     metrics = run_metrics(acceptance, requests, steps, out.total_s, graph)
+    if out.graphs is not None:
+        metrics["graph_replays"] = {
+            name: {"num_replays": m["num_replays"], "num_eager": m["num_eager"]}
+            for name, m in out.graphs["managers"].items()
+        }
     return RunResult(requests, steps, metrics, env)

@@ -146,3 +146,19 @@ class InputBuffers:
             max_query_len=max_query_len,
             num_actual_tokens=num_actual_tokens,
         )
+
+
+def uniform_dummy_inputs(num_reqs: int, tokens_per_req: int, max_blocks_per_req: int) -> StepInputsCPU:
+    """An inert uniform batch for graph capture: rows of `tokens_per_req` tokens at positions 0.., every
+    slot -1 (no KV write) and every block id NULL."""
+    num_tokens = num_reqs * tokens_per_req
+    token_req = torch.arange(num_reqs).repeat_interleave(tokens_per_req)
+    return StepInputsCPU(
+        input_ids=torch.zeros(num_tokens, dtype=torch.int64),
+        positions=torch.arange(tokens_per_req).repeat(num_reqs),
+        query_start_loc=torch.arange(0, num_tokens + 1, tokens_per_req, dtype=torch.int32),
+        seq_lens=torch.full((num_reqs,), tokens_per_req, dtype=torch.int32),
+        block_table=torch.zeros(num_reqs, max_blocks_per_req, dtype=torch.int32),
+        slot_mapping=torch.full((num_tokens,), -1, dtype=torch.int64),
+        token_req_indices=token_req,
+    )

@@ -14,7 +14,8 @@ import torch
 
 from specexp.engine.cache_pool import IdPool, blocks_needed
 from specexp.engine.config import EngineConfig, EngineConfigError, SamplingConfig, SpeculatorConfig
-from specexp.engine.inputs import InputBuffers, build_step_inputs
+from specexp.engine.cudagraph import FULL, BatchExecutionDescriptor, CudaGraphManager, default_capture_sizes
+from specexp.engine.inputs import InputBuffers, build_step_inputs, uniform_dummy_inputs
 from specexp.engine.rejection_sampler import RejectionSampler
 from specexp.engine.request import Request
 from specexp.engine.scheduler import ScheduledBatch, Scheduler
@@ -52,6 +53,7 @@ class EngineOutput:
     steps: list[StepRecord] = field(default_factory=list)
     total_s: float = 0.0
     persistent_buffer_bytes: int = 0
+    graphs: dict | None = None  # capture/replay summary (None when the engine runs eager)
 
 
 def check_pair(target: torch.nn.Module, draft: torch.nn.Module | None) -> None:
@@ -91,8 +93,13 @@ class NativeEngine:
         self.dtype = DTYPES[engine.dtype]
         self.target = target
         self.eos_token_ids = set(eos_token_ids or [])
-        self.generator = torch.Generator(device=self.device)
-        self.generator.manual_seed(engine.seed)
+        # On CUDA, sampling uses the default generator: CUDA graphs capture its Philox state natively.
+        self.generator: torch.Generator | None = None
+        if self.device.type == "cuda":
+            torch.cuda.manual_seed(engine.seed)
+        else:
+            self.generator = torch.Generator(device=self.device)
+            self.generator.manual_seed(engine.seed)
         lookahead = 2 * self.k + 1 if self.k else 0
         self.max_blocks_per_req = blocks_needed(engine.max_model_len + lookahead, engine.block_size)
         num_blocks = engine.num_kv_blocks or engine.max_num_seqs * self.max_blocks_per_req
@@ -107,11 +114,24 @@ class NativeEngine:
         # +1: block id / conv slot 0 is the NULL entry.
         self.kv_caches = allocate_kv_caches(target, num_blocks + 1, engine.block_size, self.device, self.dtype)
         self.conv_states = allocate_conv_states(target, engine.max_num_seqs + 1, self.k, self.device, self.dtype)
+        self.use_graphs = engine.cudagraph_mode == FULL and self.device.type == "cuda"
+        self.capture_sizes = sorted(
+            s for s in (engine.cudagraph_capture_sizes or default_capture_sizes(engine.max_num_seqs))
+            if s <= engine.max_num_seqs
+        ) or [engine.max_num_seqs]
         self.conv_builder = ShortConvMetadataBuilder(
-            num_spec_tokens=self.k, use_full_cuda_graph=False, max_num_seqs=engine.max_num_seqs,
+            num_spec_tokens=self.k, use_full_cuda_graph=self.use_graphs, max_num_seqs=engine.max_num_seqs,
             max_capture_size=None, device=self.device,
         )
         self.buffers = InputBuffers(engine.max_num_seqs, self.max_num_tokens, self.max_blocks_per_req, self.device)
+        # Target verify graphs: uniform batches of k+1 tokens a row (1 without speculation).
+        self.verify_graphs = CudaGraphManager("target_verify", self.capture_sizes, self.k + 1, self.device,
+                                              enabled=self.use_graphs)
+        self.verify_logits = (
+            torch.zeros(engine.max_num_seqs * (self.k + 1), target.config.vocab_size, device=self.device)
+            if self.use_graphs else None
+        )
+        self._verify_graph_ctx: dict[int, ForwardContext] = {}
         self.rejection = RejectionSampler(
             temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
             mode=speculator.rejection, synthetic_acceptance_rate=speculator.synthetic_acceptance_rate,
@@ -125,6 +145,8 @@ class NativeEngine:
                 max_num_tokens=self.max_num_tokens, num_blocks=num_blocks + 1, block_size=engine.block_size,
                 max_blocks_per_req=self.max_blocks_per_req, temperature=sampling.temperature,
                 device=self.device, dtype=self.dtype, generator=self.generator,
+                use_cuda_graphs=self.use_graphs and speculator.cudagraph_mode == FULL,
+                capture_sizes=self.capture_sizes,
             )
             if not sampling.greedy:
                 # Draft probabilities of each request's pending drafts, by conv slot (a request's stable id).
@@ -134,6 +156,57 @@ class NativeEngine:
         self.timer = PhaseTimer(self.device)
         self.steps: list[StepRecord] = []
         self._t0 = 0.0
+        self.graph_capture: dict | None = None
+        if self.use_graphs:
+            self.capture()
+
+    # ------------------------------------------------------------------ CUDA graphs
+    def capture(self, progress=None) -> None:
+        """Capture every graph once, at start-up: target verify, draft prefill, draft decode.
+
+        Records the free-memory delta of the whole capture (vLLM's figure) and each manager's per-size costs."""
+        free_before = torch.cuda.mem_get_info(self.device)[0]
+        start = time.perf_counter()
+        self.verify_graphs.capture(self._verify_graph, self._prepare_verify_capture, progress)
+        if self.speculator is not None:
+            self.speculator.capture(progress)
+        torch.cuda.synchronize(self.device)
+        torch.cuda.empty_cache()
+        self.graph_capture = {
+            "graph_capture_bytes": free_before - torch.cuda.mem_get_info(self.device)[0],
+            "graph_capture_s": time.perf_counter() - start,
+        }
+
+    def graph_managers(self) -> list[CudaGraphManager]:
+        managers = [self.verify_graphs]
+        if self.speculator is not None:
+            managers += [self.speculator.prefill_graphs, self.speculator.decode_graphs]
+        return managers
+
+    def graph_summary(self) -> dict | None:
+        """Capture totals, per (manager, size) costs, and replayed vs eager step counts."""
+        if self.graph_capture is None:
+            return None
+        return {**self.graph_capture, "managers": {m.name: m.summary() for m in self.graph_managers()}}
+
+    def _prepare_verify_capture(self, desc: BatchExecutionDescriptor) -> None:
+        cpu = uniform_dummy_inputs(desc.num_reqs, self.k + 1, self.max_blocks_per_req)
+        self.buffers.load(cpu)
+        attn = self.buffers.attention_metadata(
+            desc.num_reqs, desc.num_tokens, self.max_blocks_per_req * self.cfg.block_size, self.k + 1,
+            desc.num_tokens)
+        conv = None
+        if self.conv_states:
+            conv = self.conv_builder.build_for_cudagraph_capture(num_reqs=desc.num_reqs, num_tokens=desc.num_tokens)
+        self._verify_graph_ctx[desc.num_reqs] = ForwardContext(
+            attn=attn, conv=conv, kv_caches=self.kv_caches, conv_states=self.conv_states)
+
+    def _verify_graph(self, desc: BatchExecutionDescriptor) -> None:
+        """The captured verify: every token of a uniform batch is scored into `verify_logits`."""
+        num_tokens = desc.num_tokens
+        hidden = self.target(self.buffers.input_ids[:num_tokens], self.buffers.positions[:num_tokens],
+                             self._verify_graph_ctx[desc.num_reqs])
+        self.verify_logits[:num_tokens].copy_(self.target.compute_logits(hidden))
 
     def persistent_buffer_bytes(self) -> int:
         total = self.buffers.nbytes()
@@ -158,7 +231,7 @@ class NativeEngine:
             if on_step is not None:
                 on_step(record)
         return EngineOutput(requests, list(self.steps), time.perf_counter() - self._t0,
-                            self.persistent_buffer_bytes())
+                            self.persistent_buffer_bytes(), self.graph_summary())
 
     # ------------------------------------------------------------------ step
     def step(self) -> StepRecord:
@@ -168,9 +241,15 @@ class NativeEngine:
         batch = self.scheduler.schedule()
         if not batch.rows:
             raise RuntimeError("scheduler produced an empty step while requests are waiting")
-        prep = self._prepare_target_inputs(batch)
+        uniform = all(not r.is_prefill and r.num_draft_tokens == self.k for r in batch.rows)
+        desc = self.verify_graphs.dispatch(batch.num_reqs, batch.num_tokens, uniform)
+        prep = self._prepare_target_inputs(batch, desc)
         timer.mark("verify")
-        logits = self._verify(batch, prep)
+        if desc.cg_mode == FULL:
+            self.verify_graphs.replay(desc)
+            logits = self.verify_logits[: desc.num_tokens].view(desc.num_reqs, self.k + 1, -1)[: batch.num_reqs]
+        else:
+            logits = self._verify(batch, prep)
         timer.mark("sample")
         verified = self.rejection(
             logits, prep["drafts"], prep["num_drafts"], prep["draft_probs"], prep["samples"]
@@ -191,7 +270,7 @@ class NativeEngine:
         self.steps.append(record)
         return record
 
-    def _prepare_target_inputs(self, batch: ScheduledBatch) -> dict:
+    def _prepare_target_inputs(self, batch: ScheduledBatch, desc: BatchExecutionDescriptor) -> dict:
         k, dev = self.k, self.device
         rows = batch.rows
         token_lists, starts, block_ids = [], [], []
@@ -205,14 +284,16 @@ class NativeEngine:
             starts.append(start)
             block_ids.append(req.block_ids)
         cpu = build_step_inputs(token_lists, starts, block_ids, self.cfg.block_size, self.max_blocks_per_req)
-        self.buffers.load(cpu)
+        self.buffers.load(cpu, desc.num_reqs, desc.num_tokens)
         num_reqs, num_tokens = cpu.num_reqs, cpu.num_tokens
         attn = self.buffers.attention_metadata(
             num_reqs, num_tokens, max_seq_len=int(cpu.seq_lens.max()), max_query_len=cpu.max_query_len,
             num_actual_tokens=num_tokens,
         )
         query_lens = torch.tensor([r.num_query_tokens for r in rows], dtype=torch.int64)
-        is_spec = torch.tensor([not r.is_prefill for r in rows]) & (k > 0)
+        # Every decode row is a spec row (0..k drafts), even without speculation: its conv window then
+        # sits at num_accepted - 1, and the spec path is the one full graphs replay.
+        is_spec = torch.tensor([not r.is_prefill for r in rows])
         num_drafts = torch.tensor([r.num_draft_tokens for r in rows], dtype=torch.int64)
         slots = torch.tensor([r.request.conv_slot for r in rows], dtype=torch.int32)
         num_accepted = torch.tensor([r.request.num_accepted_tokens for r in rows], dtype=torch.int32)
@@ -224,6 +305,7 @@ class NativeEngine:
                 num_decode_draft_tokens_cpu=torch.where(is_spec, num_drafts, -1).to(torch.int32),
                 num_accepted_tokens_cpu=num_accepted,
                 state_indices_cpu=slots,
+                num_reqs_padded=desc.num_reqs if desc.cg_mode == FULL else None,
             )
         # Logits rows [R, k+1]: verify rows score every query token; others their last one.
         cols = torch.arange(k + 1)

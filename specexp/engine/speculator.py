@@ -23,6 +23,11 @@ Hybrid (short-conv) drafts: the region is verified like a target spec row (conv 
 lookahead), so the window the next step needs survives rejections with no copy. The decode steps run on
 *scratch* conv slots seeded with the window ending at the new token, so they never disturb the real
 state — the rollback vLLM 0.33 lacks for conv drafts.
+
+CUDA graphs: a batch of full verify rows gives a uniform prefill (k + 2 tokens a row), replayed from the
+`draft_prefill` manager; the k - 1 decode steps update positions, seq_lens and slot mappings in place on
+the device, so the whole loop is captured as ONE graph per batch size (`draft_decode`, FULL or eager —
+never piecewise). Inputs are written into the persistent buffers eagerly before each replay.
 """
 
 from __future__ import annotations
@@ -32,7 +37,8 @@ from dataclasses import dataclass
 
 import torch
 
-from specexp.engine.inputs import InputBuffers, StepInputsCPU, slot_mapping_cpu
+from specexp.engine.cudagraph import FULL, BatchExecutionDescriptor, CudaGraphManager
+from specexp.engine.inputs import InputBuffers, StepInputsCPU, slot_mapping_cpu, uniform_dummy_inputs
 from specexp.engine.sampling import logits_to_probs, sample_from_probs
 from specexp.engine.short_conv import ShortConvMetadataBuilder
 from specexp.models.caches import allocate_conv_states, allocate_kv_caches
@@ -78,6 +84,7 @@ class AutoRegressiveSpeculator:
 
     The draft shares the target's block ids (its own KV tensors, same block table). Conv slots: a request's
     slot s holds its real draft conv state, slot s + max_num_reqs its scratch state for decode steps.
+    capture_sizes: row counts of the graphs (used when use_cuda_graphs).
     """
 
     def __init__(
@@ -94,7 +101,8 @@ class AutoRegressiveSpeculator:
         device: torch.device,
         dtype: torch.dtype,
         generator: torch.Generator | None,
-        use_full_cuda_graph: bool = False,
+        use_cuda_graphs: bool = False,
+        capture_sizes: list[int] | None = None,
     ) -> None:
         self.model = draft_model
         self.k = num_speculative_tokens
@@ -103,22 +111,34 @@ class AutoRegressiveSpeculator:
         self.temperature = temperature
         self.device = device
         self.generator = generator
+        self.max_graph_seq_len = max_blocks_per_req * block_size
         self.kv_caches = allocate_kv_caches(draft_model, num_blocks, block_size, device, dtype)
         # Region of k+2 slots = a spec query of k+1 "drafts" for the conv builder.
         self.conv_states = allocate_conv_states(draft_model, 2 * max_num_reqs + 1, self.k + 1, device, dtype)
         self.conv_width = getattr(draft_model.config, "conv_L_cache", 0) or 0
-        self.conv_builder = ShortConvMetadataBuilder(
-            num_spec_tokens=self.k + 1, use_full_cuda_graph=use_full_cuda_graph, max_num_seqs=max_num_reqs,
-            max_capture_size=None, device=device,
-        )
+        builder = dict(use_full_cuda_graph=use_cuda_graphs, max_num_seqs=max_num_reqs, max_capture_size=None,
+                       device=device)
+        self.prefill_conv_builder = ShortConvMetadataBuilder(num_spec_tokens=self.k + 1, **builder)
+        # Decode steps are 1-token spec rows (0 drafts, 1 accepted) on the scratch slots: the spec path is
+        # the one with persistent buffers for graph replay.
+        self.decode_conv_builder = ShortConvMetadataBuilder(num_spec_tokens=0, **builder)
         self.prefill_buffers = InputBuffers(max_num_reqs, max_num_tokens + max_num_reqs, max_blocks_per_req, device)
         self.decode_buffers = InputBuffers(max_num_reqs, max_num_reqs, max_blocks_per_req, device)
+        self.decode_writes = torch.zeros(max_num_reqs, dtype=torch.bool, device=device)
         self.draft_tokens = torch.zeros(max_num_reqs, self.k, dtype=torch.int64, device=device)
         vocab = draft_model.config.vocab_size
         self.draft_probs = (
             torch.zeros(max_num_reqs, self.k, vocab, dtype=torch.float32, device=device) if temperature > 0 else None
         )
         self.last_token_indices = torch.zeros(max_num_reqs, dtype=torch.int64, device=device)
+        sizes = capture_sizes or [max_num_reqs]
+        self.prefill_graphs = CudaGraphManager("draft_prefill", sizes, self.k + 2, device, enabled=use_cuda_graphs)
+        self.decode_graphs = CudaGraphManager("draft_decode", sizes, 1, device, enabled=use_cuda_graphs and self.k > 1)
+        # Forward contexts (views of the persistent buffers) of the captured sizes.
+        self._prefill_graph_ctx: dict[int, ForwardContext] = {}
+        self._decode_graph_ctx: dict[int, ForwardContext] = {}
+        self._prefill_ctx: ForwardContext | None = None
+        self._decode_ctx: ForwardContext | None = None
 
     @property
     def advance_draft_positions(self) -> bool:
@@ -126,42 +146,86 @@ class AutoRegressiveSpeculator:
         return True
 
     def persistent_buffer_bytes(self) -> int:
-        tensors = [self.draft_tokens, self.last_token_indices]
+        tensors = [self.draft_tokens, self.last_token_indices, self.decode_writes]
         if self.draft_probs is not None:
             tensors.append(self.draft_probs)
         own = sum(t.numel() * t.element_size() for t in tensors)
         return own + self.prefill_buffers.nbytes() + self.decode_buffers.nbytes()
 
-    # Hooks (the CUDA-graph layer brackets capture and replay with them).
+    # Hooks bracketing prefill and the multi-step decode (eager and at capture).
     def on_prefill_begin(self, num_reqs: int) -> None: ...
     def on_prefill_end(self, num_reqs: int) -> None: ...
     def on_multi_step_decode_begin(self, num_reqs: int) -> None: ...
     def on_multi_step_decode_end(self, num_reqs: int) -> None: ...
 
-    def capture(self) -> None:
-        """Capture draft prefill/decode CUDA graphs. Eager engine: nothing to capture."""
+    def _ctx(self, attn, conv) -> ForwardContext:
+        return ForwardContext(attn=attn, conv=conv, kv_caches=self.kv_caches, conv_states=self.conv_states)
+
+    # ------------------------------------------------------------------ capture
+    def capture(self, progress=None) -> None:
+        """Capture the draft prefill graphs, then the fused multi-step decode graphs, for every size.
+
+        Capture runs on inert dummy batches (slots -1, NULL conv slots): no request state is touched."""
+        self.last_token_indices.zero_()
+        self.on_prefill_begin(self.max_num_reqs)
+        self.prefill_graphs.capture(self._prefill, self._prepare_prefill_capture, progress)
+        self.on_prefill_end(self.max_num_reqs)
+        if self.k == 1:
+            return
+        self.on_multi_step_decode_begin(self.max_num_reqs)
+        self.decode_graphs.capture(self._fused_multi_step_decode, self._prepare_decode_capture, progress)
+        self.on_multi_step_decode_end(self.max_num_reqs)
+
+    def _prepare_prefill_capture(self, desc: BatchExecutionDescriptor) -> None:
+        num_reqs, num_tokens = desc.num_reqs, desc.num_tokens
+        cpu = uniform_dummy_inputs(num_reqs, self.k + 2, self.prefill_buffers.block_table.shape[1])
+        self.prefill_buffers.load(cpu)
+        self.last_token_indices[:num_reqs].copy_(cpu.query_start_loc[:-1].to(self.device))
+        attn = self.prefill_buffers.attention_metadata(
+            num_reqs, num_tokens, self.max_graph_seq_len, self.k + 2, num_tokens)
+        conv = None
+        if self.conv_states:
+            conv = self.prefill_conv_builder.build_for_cudagraph_capture(num_reqs=num_reqs, num_tokens=num_tokens)
+        self._prefill_graph_ctx[num_reqs] = self._prefill_ctx = self._ctx(attn, conv)
+
+    def _prepare_decode_capture(self, desc: BatchExecutionDescriptor) -> None:
+        num_reqs = desc.num_reqs
+        self._load_decode_rows(num_reqs, num_reqs, None, None, None, None)
+        attn = self.decode_buffers.attention_metadata(num_reqs, num_reqs, self.max_graph_seq_len, 1, num_reqs)
+        conv = None
+        if self.conv_states:
+            conv = self.decode_conv_builder.build_for_cudagraph_capture(num_reqs=num_reqs, num_tokens=num_reqs)
+        self._decode_graph_ctx[num_reqs] = self._decode_ctx = self._ctx(attn, conv)
 
     # ------------------------------------------------------------------ propose
     def propose(self, batch: VerifiedBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Draft k tokens per row. Returns (draft_tokens int64[R, k], draft_probs fp32[R, k, V] or None),
         views of persistent buffers valid until the next call."""
         num_reqs = batch.query_lens.numel()
-        num_valid = self._prepare_prefill_inputs(batch)
+        uniform = bool(batch.is_spec.all()) and bool((batch.query_lens == self.k + 1).all())
+        prefill_desc = self.prefill_graphs.dispatch(num_reqs, int(batch.query_lens.sum()) + num_reqs, uniform)
+        num_valid = self._prepare_prefill_inputs(batch, prefill_desc)
         self.on_prefill_begin(num_reqs)
-        self._prefill(num_reqs, batch, num_valid)
+        if prefill_desc.cg_mode == FULL:
+            self.prefill_graphs.replay(prefill_desc)
+        else:
+            self._prefill(prefill_desc)
         self.on_prefill_end(num_reqs)
         if self.k > 1:
-            self._prepare_decode_inputs(batch, num_valid)
+            decode_desc = self.decode_graphs.dispatch(num_reqs, num_reqs, uniform=True)
+            self._prepare_decode_inputs(batch, num_valid, decode_desc)
             self.on_multi_step_decode_begin(num_reqs)
-            for step in range(1, self.k):
-                self._decode(num_reqs, batch, step)
+            if decode_desc.cg_mode == FULL:
+                self.decode_graphs.replay(decode_desc)
+            else:
+                self._fused_multi_step_decode(decode_desc)
             self.on_multi_step_decode_end(num_reqs)
         probs = self.draft_probs[:num_reqs] if self.draft_probs is not None else None
         return self.draft_tokens[:num_reqs], probs
 
-    def _prepare_prefill_inputs(self, batch: VerifiedBatch) -> torch.Tensor:
-        """Fill the prefill buffers with the q+1-slot regions; returns num_valid int64[R] (device): the
-        leading region slots that hold committed target inputs."""
+    def _prepare_prefill_inputs(self, batch: VerifiedBatch, desc: BatchExecutionDescriptor) -> torch.Tensor:
+        """Fill the prefill buffers with the q+1-slot regions (padded to desc); returns num_valid int64[R]
+        (device): the leading region slots that hold committed target inputs."""
         num_reqs = batch.query_lens.numel()
         region_lens = batch.query_lens + 1
         region_qsl = torch.zeros(num_reqs + 1, dtype=torch.int32)
@@ -183,7 +247,7 @@ class AutoRegressiveSpeculator:
             token_req_indices=region_row,
         )
         buffers = self.prefill_buffers
-        buffers.load(cpu)
+        buffers.load(cpu, desc.num_reqs, desc.num_tokens)
         dev = self.device
         region_row_d = region_row.to(dev, non_blocking=True)
         region_i_d = region_i.to(dev, non_blocking=True)
@@ -200,8 +264,31 @@ class AutoRegressiveSpeculator:
         )
         buffers.input_ids[: ids.numel()].copy_(ids)
         self.last_token_indices[:num_reqs].copy_(region_qsl[:-1].to(dev, non_blocking=True) + num_valid)
-        self._prefill_cpu = cpu
+        self.last_token_indices[num_reqs : desc.num_reqs].zero_()
+        if desc.cg_mode == FULL:
+            self._prefill_ctx = self._prefill_graph_ctx[desc.num_reqs]
+            if self.conv_states:  # refresh the persistent conv buffers the graph reads
+                self._build_prefill_conv(batch, cpu, desc.num_reqs)
+            return num_valid
+        attn = buffers.attention_metadata(
+            num_reqs, cpu.num_tokens, max_seq_len=int(cpu.seq_lens.max()), max_query_len=cpu.max_query_len,
+            num_actual_tokens=cpu.num_tokens,
+        )
+        conv = None
+        if self.conv_states:
+            conv = dataclasses.replace(self._build_prefill_conv(batch, cpu, None), non_spec_state_lookahead=1)
+        self._prefill_ctx = self._ctx(attn, conv)
         return num_valid
+
+    def _build_prefill_conv(self, batch: VerifiedBatch, cpu: StepInputsCPU, num_reqs_padded: int | None):
+        return self.prefill_conv_builder.build(
+            query_start_loc_cpu=cpu.query_start_loc,
+            num_computed_tokens_cpu=batch.start_positions.to(torch.int32),
+            num_decode_draft_tokens_cpu=torch.where(batch.is_spec, batch.query_lens, -1).to(torch.int32),
+            num_accepted_tokens_cpu=batch.num_accepted_prev.to(torch.int32),
+            state_indices_cpu=batch.conv_slots.to(torch.int32),
+            num_reqs_padded=num_reqs_padded,
+        )
 
     def _sample_draft(self, logits: torch.Tensor, num_reqs: int, step: int) -> None:
         """Draft token `step` of each row from logits fp32[R, V]: argmax when greedy, else a sample from
@@ -213,61 +300,72 @@ class AutoRegressiveSpeculator:
         self.draft_probs[:num_reqs, step] = probs
         self.draft_tokens[:num_reqs, step] = sample_from_probs(probs, self.generator)
 
-    def _prefill(self, num_reqs: int, batch: VerifiedBatch, num_valid: torch.Tensor) -> None:
+    def _prefill(self, desc: BatchExecutionDescriptor) -> None:
         """Run the draft over all regions and sample draft token 0 at each row's new token."""
-        cpu = self._prefill_cpu
-        num_tokens = cpu.num_tokens
-        attn = self.prefill_buffers.attention_metadata(
-            num_reqs, num_tokens, max_seq_len=int(cpu.seq_lens.max()), max_query_len=cpu.max_query_len,
-            num_actual_tokens=num_tokens,
-        )
-        conv = None
-        if self.conv_states:
-            conv = self.conv_builder.build(
-                query_start_loc_cpu=cpu.query_start_loc,
-                num_computed_tokens_cpu=batch.start_positions.to(torch.int32),
-                num_decode_draft_tokens_cpu=torch.where(batch.is_spec, batch.query_lens, -1).to(torch.int32),
-                num_accepted_tokens_cpu=batch.num_accepted_prev.to(torch.int32),
-                state_indices_cpu=batch.conv_slots.to(torch.int32),
-            )
-            conv = dataclasses.replace(conv, non_spec_state_lookahead=1)
-        ctx = ForwardContext(attn=attn, conv=conv, kv_caches=self.kv_caches, conv_states=self.conv_states)
         buffers = self.prefill_buffers
-        hidden = self.model(buffers.input_ids[:num_tokens], buffers.positions[:num_tokens], ctx)
-        logits = self.model.compute_logits(hidden[self.last_token_indices[:num_reqs]])
-        self._sample_draft(logits, num_reqs, 0)
+        num_tokens = desc.num_tokens
+        hidden = self.model(buffers.input_ids[:num_tokens], buffers.positions[:num_tokens], self._prefill_ctx)
+        logits = self.model.compute_logits(hidden[self.last_token_indices[: desc.num_reqs]])
+        self._sample_draft(logits, desc.num_reqs, 0)
 
-    def _prepare_decode_inputs(self, batch: VerifiedBatch, num_valid: torch.Tensor) -> None:
+    def _load_decode_rows(self, num_reqs: int, num_reqs_padded: int, block_table, start_plus_valid,
+                          writes, dev_block_table) -> None:
+        """Decode buffers for rows [0, num_reqs) (None: dummy rows) and padding up to num_reqs_padded:
+        one token per row; padded rows at position 0 with seq_len 0 and no KV writes."""
+        buffers = self.decode_buffers
+        buffers.query_start_loc[: num_reqs_padded + 1].copy_(
+            torch.arange(num_reqs_padded + 1, dtype=torch.int32), non_blocking=True)
+        buffers.token_req_indices[:num_reqs_padded].copy_(torch.arange(num_reqs_padded), non_blocking=True)
+        buffers.positions[:num_reqs_padded].zero_()
+        buffers.seq_lens[:num_reqs_padded].zero_()
+        buffers.block_table[:num_reqs_padded].zero_()
+        self.decode_writes[:num_reqs_padded].zero_()
+        if start_plus_valid is None:
+            return
+        buffers.block_table[:num_reqs].copy_(block_table, non_blocking=True)
+        buffers.positions[:num_reqs].copy_(start_plus_valid)
+        buffers.seq_lens[:num_reqs].copy_((start_plus_valid + 1).to(torch.int32))
+        self.decode_writes[:num_reqs].copy_(writes, non_blocking=True)
+
+    def _prepare_decode_inputs(self, batch: VerifiedBatch, num_valid: torch.Tensor,
+                               desc: BatchExecutionDescriptor) -> None:
         """Decode state before step 1: position of the new token, its seq_len, the block table, and the
         scratch conv windows ending at the new token."""
         num_reqs = batch.query_lens.numel()
-        buffers = self.decode_buffers
         dev = self.device
-        buffers.block_table[:num_reqs].copy_(batch.block_table, non_blocking=True)
-        buffers.query_start_loc[: num_reqs + 1].copy_(torch.arange(num_reqs + 1, dtype=torch.int32))
-        buffers.token_req_indices[:num_reqs].copy_(torch.arange(num_reqs))
         start = batch.start_positions.to(dev, non_blocking=True)
-        buffers.positions[:num_reqs].copy_(start + num_valid)
-        buffers.seq_lens[:num_reqs].copy_((start + num_valid + 1).to(torch.int32))
-        self._decode_writes = batch.samples.to(dev, non_blocking=True)
-        # CPU upper bound of the decode seq_lens (num_valid <= q).
-        self._decode_max_seq_len = int((batch.start_positions + batch.query_lens).max()) + 1
-        self._decode_conv = None
+        # Rows that sampled nothing (mid-prompt chunks) must not write KV.
+        self._load_decode_rows(num_reqs, desc.num_reqs, batch.block_table, start + num_valid, batch.samples, None)
+        conv = None
         if self.conv_states:
             slots = batch.conv_slots.to(torch.int64)
             scratch = slots + self.max_num_reqs
             slots_d, scratch_d = slots.to(dev), scratch.to(dev)
             for state in self.conv_states:
                 seed_scratch_windows(state, slots_d, scratch_d, batch.num_sampled, self.conv_width)
-            self._decode_conv = self.conv_builder.build(
+            conv = self.decode_conv_builder.build(
                 query_start_loc_cpu=torch.arange(num_reqs + 1, dtype=torch.int32),
                 num_computed_tokens_cpu=torch.ones(num_reqs, dtype=torch.int32),
-                num_decode_draft_tokens_cpu=torch.full((num_reqs,), -1, dtype=torch.int32),
+                num_decode_draft_tokens_cpu=torch.zeros(num_reqs, dtype=torch.int32),
                 num_accepted_tokens_cpu=torch.ones(num_reqs, dtype=torch.int32),
                 state_indices_cpu=scratch.to(torch.int32),
+                num_reqs_padded=desc.num_reqs if desc.cg_mode == FULL else None,
             )
+        if desc.cg_mode == FULL:
+            self._decode_ctx = self._decode_graph_ctx[desc.num_reqs]
+            return
+        # CPU upper bound of the last decode step's seq_len (num_valid <= q).
+        max_seq_len = int((batch.start_positions + batch.query_lens).max()) + self.k
+        attn = self.decode_buffers.attention_metadata(num_reqs, num_reqs, max_seq_len, 1, num_reqs)
+        self._decode_ctx = self._ctx(attn, conv)
 
-    def _decode(self, num_reqs: int, batch: VerifiedBatch, step: int) -> None:
+    def _fused_multi_step_decode(self, desc: BatchExecutionDescriptor) -> None:
+        """All k-1 decode steps; every per-step update happens in place on the device, so this whole
+        loop is capturable as one graph."""
+        for step in range(1, self.k):
+            self._decode(desc.num_reqs, step)
+
+    def _decode(self, num_reqs: int, step: int) -> None:
         """Draft step `step` (1..k-1): feed draft token step-1 one position further; sample draft `step`."""
         buffers = self.decode_buffers
         buffers.input_ids[:num_reqs].copy_(self.draft_tokens[:num_reqs, step - 1])
@@ -277,13 +375,6 @@ class AutoRegressiveSpeculator:
         table = buffers.block_table[:num_reqs]
         blocks = table.gather(1, (positions // self.block_size).unsqueeze(1)).squeeze(1).to(torch.int64)
         slots = blocks * self.block_size + positions % self.block_size
-        # Rows that sampled nothing (mid-prompt chunks) must not write KV.
-        buffers.slot_mapping[:num_reqs].copy_(torch.where(self._decode_writes, slots, -1))
-        attn = buffers.attention_metadata(
-            num_reqs, num_reqs, max_seq_len=self._decode_max_seq_len + step, max_query_len=1,
-            num_actual_tokens=num_reqs,
-        )
-        ctx = ForwardContext(attn=attn, conv=self._decode_conv, kv_caches=self.kv_caches,
-                             conv_states=self.conv_states)
-        hidden = self.model(buffers.input_ids[:num_reqs], positions, ctx)
+        buffers.slot_mapping[:num_reqs].copy_(torch.where(self.decode_writes[:num_reqs], slots, -1))
+        hidden = self.model(buffers.input_ids[:num_reqs], positions, self._decode_ctx)
         self._sample_draft(self.model.compute_logits(hidden), num_reqs, step)
