@@ -81,6 +81,17 @@ def check_group_choices(overrides: list[str]) -> None:
                 raise ConfigError(f"unknown {GROUP_LABELS[group]} '{name}': choose one of {', '.join(valid)}")
 
 
+def compose_config(overrides: list[str] = (), config_name: str = "config", return_hydra_config: bool = False):
+    """The config ``python -m specexp run OVERRIDES`` would compose (Hydra's compose API), for notebooks and
+    tests. ``OmegaConf.to_container(cfg, resolve=True)`` gives the plain dict
+    :func:`specexp.experiment.execute` takes."""
+    from hydra import compose, initialize_config_dir
+
+    check_group_choices(list(overrides))
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+        return compose(config_name=config_name, overrides=list(overrides), return_hydra_config=return_hydra_config)
+
+
 def describe(path: Path) -> str:
     """The first comment line of a yaml file (``# @package`` lines skipped), or ''."""
     for line in path.read_text().splitlines():

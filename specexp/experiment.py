@@ -67,6 +67,8 @@ def _check_values(cfg: dict) -> None:
         raise ConfigError(f"sampling.temperature={sampling['temperature']} is not valid: use >= 0 (0 = greedy)")
     if sampling["max_new_tokens"] < 1:
         raise ConfigError(f"sampling.max_new_tokens={sampling['max_new_tokens']} is not valid: use >= 1")
+    mode = ((cfg.get("tracking") or {}).get("wandb") or {}).get("mode", "offline")
+    _choice("tracking.wandb.mode", mode, ("offline", "online", "disabled"))
     if cfg["engine"]["max_model_len"] < 2:
         raise ConfigError(f"engine.max_model_len={cfg['engine']['max_model_len']} is not valid: use >= 2")
 
@@ -183,12 +185,12 @@ def _error_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {first}" if first else type(e).__name__
 
 
-def _track(record: dict, cfg: dict, ctx: RunContext) -> None:
-    from specexp.tracking.wandb_run import log_run
-
+def wandb_options(cfg: dict, ctx: RunContext) -> dict:
+    """``wandb.init`` keywords of a run: sweep jobs share ``group`` (the sweep directory's name) and
+    ``job_type`` is the experiment name."""
     wandb_cfg = (cfg.get("tracking") or {}).get("wandb") or {}
-    mode = wandb_cfg.get("mode", "offline")
-    options = {
+    return {
+        "mode": wandb_cfg.get("mode", "offline"),
         "project": wandb_cfg.get("project", "specexp"),
         "entity": wandb_cfg.get("entity"),
         "group": wandb_cfg.get("group") or (ctx.sweep_dir.name if ctx.sweep_dir else None),
@@ -196,11 +198,23 @@ def _track(record: dict, cfg: dict, ctx: RunContext) -> None:
         "name": ctx.run_dir.name if ctx.sweep_dir is None else f"{ctx.sweep_dir.name}/{ctx.run_dir.name}",
         "tags": list(wandb_cfg.get("tags") or []),
     }
+
+
+def _track(record: dict) -> None:
+    """Log the run to W&B; rewrites result.json only if the mode actually used differs (online fell back)."""
+    from specexp.tracking.wandb_run import log_run
+
+    options = dict(record["wandb"])
+    mode = options.pop("mode")
     try:
-        record["wandb_mode"] = log_run(record, ctx.run_dir, mode, options)
+        used = log_run(record, Path(record["run_dir"]), mode, options)
     except Exception as e:  # noqa: BLE001 - W&B is never required for a run to finish
         print(f"specexp: warning: W&B logging failed ({_error_line(e)}); the run record is complete",
               file=sys.stderr)
+        used = "failed"
+    if used != mode:
+        record["wandb"]["mode"] = used
+        records.write_result(Path(record["run_dir"]), record)
 
 
 def execute(cfg: dict, ctx: RunContext) -> dict:
@@ -226,6 +240,7 @@ def execute(cfg: dict, ctx: RunContext) -> dict:
         "config": cfg,
         "env": {},
         "metrics": {},
+        "wandb": wandb_options(cfg, ctx),
     }
     interrupted = None
     try:
@@ -248,7 +263,7 @@ def execute(cfg: dict, ctx: RunContext) -> dict:
     records.write_result(run_dir, record)
     if interrupted is not None:
         raise interrupted
-    _track(record, cfg, ctx)
+    _track(record)
     if record["status"] == "ok":
         print(format_summary(record), flush=True)
     else:

@@ -1,0 +1,155 @@
+"""Every bad input of issue 2 gives a one-line error naming the value and what is valid, before any model
+is loaded (build_run_spec loads none); a few go through the CLI in a subprocess to check the exit status."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+from omegaconf import OmegaConf
+
+from specexp.cli import compose_config
+from specexp.errors import ConfigError
+from specexp.experiment import RunContext, build_run_spec
+
+
+@pytest.fixture
+def pair_overrides(tiny_llama_dir, tiny_llama_draft_dir):
+    return [f"pair=local", f"pair.target.path={tiny_llama_dir}", f"pair.draft.path={tiny_llama_draft_dir}",
+            "workload.num_prompts=2", "workload.input_len=8", "workload.output_len=4"]
+
+
+def build(overrides, tmp_path):
+    cfg = OmegaConf.to_container(compose_config(overrides), resolve=True)
+    return build_run_spec(cfg, RunContext(run_dir=tmp_path, experiment="test"))
+
+
+def expect_error(overrides, tmp_path, *fragments):
+    with pytest.raises(ConfigError) as info:
+        build(overrides, tmp_path)
+    message = str(info.value)
+    assert "\n" not in message
+    for fragment in fragments:
+        assert fragment in message, message
+    return message
+
+
+def test_a_good_config_builds_a_spec(pair_overrides, tmp_path):
+    spec = build(pair_overrides, tmp_path)
+    assert spec.pair.target.architecture == "LlamaForCausalLM" and len(spec.prompts) == 2
+    assert spec.sampling.max_new_tokens == 4 and spec.sampling.ignore_eos
+
+
+@pytest.mark.parametrize("override,fragments", [
+    ("+exp=nope", ["unknown experiment 'nope'", "quickstart", "depth_sweep"]),
+    ("pair=nope", ["unknown pair 'nope'", "tiny_random"]),
+    ("backend=nope", ["unknown backend 'nope'", "hf", "native", "vllm"]),
+    ("workload=nope", ["unknown workload 'nope'", "jsonl", "random"]),
+])
+def test_unknown_choices_list_the_valid_ones(override, fragments):
+    with pytest.raises(ConfigError) as info:
+        compose_config([override])
+    assert all(f in str(info.value) for f in fragments), str(info.value)
+
+
+def test_negative_depth(pair_overrides, tmp_path):
+    expect_error(pair_overrides + ["speculator.num_speculative_tokens=-1"], tmp_path,
+                 "speculator.num_speculative_tokens=-1", ">= 0")
+
+
+def test_missing_checkpoint_directory(pair_overrides, tmp_path):
+    expect_error(pair_overrides + [f"pair.draft.path={tmp_path}/nowhere"], tmp_path, "nowhere", "not found", "zoo")
+
+
+def test_missing_weight_files(pair_overrides, tiny_llama_draft_dir, tmp_path):
+    config_only = tmp_path / "config-only"
+    config_only.mkdir()
+    shutil.copy(tiny_llama_draft_dir / "config.json", config_only)
+    expect_error(pair_overrides + [f"pair.draft.path={config_only}"], tmp_path, "no weight files", "pair.weights=random")
+
+
+def test_missing_config_json(pair_overrides, tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    expect_error(pair_overrides + [f"pair.draft.path={empty}"], tmp_path, "no config.json")
+
+
+def test_unsupported_architecture(pair_overrides, tiny_llama_draft_dir, tmp_path):
+    other = tmp_path / "gpt2"
+    shutil.copytree(tiny_llama_draft_dir, other)
+    config = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps({**config, "architectures": ["GPT2LMHeadModel"]}))
+    expect_error(pair_overrides + [f"pair.draft.path={other}"], tmp_path,
+                 "unsupported architecture 'GPT2LMHeadModel'", "LlamaForCausalLM", "Lfm2ForCausalLM")
+
+
+def test_draft_vocab_differs(pair_overrides, make_tiny_checkpoint, tmp_path):
+    wide = make_tiny_checkpoint("wide-vocab", "llama", vocab_size=400)
+    expect_error(pair_overrides + [f"pair.draft.path={wide}"], tmp_path,
+                 "draft vocab (400) != target vocab (384)", "share the target's tokenizer")
+
+
+def test_draft_tokenizer_differs(pair_overrides, tiny_llama_draft_dir, tmp_path):
+    other = tmp_path / "other-tokenizer"
+    shutil.copytree(tiny_llama_draft_dir, other)
+    tok = json.loads((other / "tokenizer.json").read_text())
+    vocab = tok["model"]["vocab"]
+    a, b = list(vocab)[10:12]
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+    (other / "tokenizer.json").write_text(json.dumps(tok))
+    expect_error(pair_overrides + [f"pair.draft.path={other}"], tmp_path, "draft tokenizer", "differs")
+
+
+def test_cuda_without_a_gpu(pair_overrides, tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    expect_error(pair_overrides + ["engine=cuda"], tmp_path, "engine.device=cuda", "no CUDA GPU", "engine=cpu")
+
+
+def test_bad_enum_values_name_the_choices(pair_overrides, tmp_path):
+    expect_error(pair_overrides + ["pair.weights=pretty"], tmp_path, "pair.weights='pretty'", "trained, random")
+    expect_error(pair_overrides + ["engine.device=tpu"], tmp_path, "engine.device='tpu'", "cpu, cuda")
+
+
+def test_empty_workload(pair_overrides, tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    expect_error(pair_overrides + ["workload=jsonl", f"workload.path={empty}"], tmp_path, "has no prompts")
+
+
+def test_prompt_longer_than_max_model_len(pair_overrides, tmp_path):
+    expect_error(pair_overrides + ["workload.input_len=30", "engine.max_model_len=32"], tmp_path,
+                 "prompt 'random-0' has 30 tokens + 4 new tokens > engine.max_model_len=32")
+
+
+def run_cli(args, tmp_path):
+    env = {**os.environ, "SPECEXP_RUNS_DIR": str(tmp_path / "runs")}
+    return subprocess.run([sys.executable, "-m", "specexp", *args], capture_output=True, text=True, env=env,
+                          timeout=300)
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (["run", "+exp=nope"], "unknown experiment 'nope': choose one of"),
+    (["run", "+exp=quickstart", "pair=nope"], "unknown pair 'nope': choose one of"),
+    (["run", "+exp=quickstart", "backend=nope"], "unknown backend 'nope': choose one of"),
+    (["run", "+exp=quickstart", "workload=nope"], "unknown workload 'nope': choose one of"),
+    (["frobnicate"], "unknown command 'frobnicate'"),
+])
+def test_cli_rejects_unknown_names_with_one_line_and_status_2(args, fragment, tmp_path):
+    proc = run_cli(args, tmp_path)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("specexp: error: ") and fragment in lines[0], proc.stderr
+
+
+def test_cli_run_with_a_bad_value_records_the_failure(pair_overrides, tmp_path):
+    proc = run_cli(["run", *pair_overrides, "speculator.num_speculative_tokens=-2", "tracking=disabled",
+                    f"hydra.run.dir={tmp_path}/run"], tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1].startswith("specexp: error: speculator.num_speculative_tokens=-2")
+    record = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert record["status"] == "failed" and "num_speculative_tokens=-2" in record["error"]

@@ -1,0 +1,61 @@
+"""The CLI end to end (subprocesses): one run, and a sweep whose jobs each run in their own process."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+
+@pytest.fixture
+def cli(tmp_path, monkeypatch):
+    env = {**os.environ, "SPECEXP_RUNS_DIR": str(tmp_path / "runs"), "NETRC": str(tmp_path / "no-netrc")}
+    env.pop("WANDB_API_KEY", None)
+
+    def run(*args, timeout=600):
+        return subprocess.run([sys.executable, "-m", "specexp", *args], capture_output=True, text=True, env=env,
+                              timeout=timeout)
+
+    return run
+
+
+def tiny_pair(target, draft):
+    return ["pair=local", f"pair.target.path={target}", f"pair.draft.path={draft}", "workload.num_prompts=2",
+            "workload.input_len=6", "workload.output_len=8"]
+
+
+def test_one_run_writes_its_records_and_an_offline_wandb_run(cli, tmp_path, tiny_llama_dir, tiny_llama_draft_dir):
+    run_dir = tmp_path / "one"
+    proc = cli("run", "+exp=quickstart", "backend=hf", *tiny_pair(tiny_llama_dir, tiny_llama_draft_dir),
+               f"hydra.run.dir={run_dir}")
+    assert proc.returncode == 0, proc.stderr
+    assert "acceptance_length" in proc.stdout
+    record = json.loads((run_dir / "result.json").read_text())
+    assert record["status"] == "ok" and record["wandb"]["mode"] == "offline"
+    assert record["metrics"]["num_output_tokens"] == 16
+    assert len((run_dir / "outputs.jsonl").read_text().splitlines()) == 2
+    assert len((run_dir / "answers.jsonl").read_text().splitlines()) == 2
+    assert len(pd.read_parquet(run_dir / "steps.parquet")) == record["metrics"]["num_steps"]
+    (offline,) = (run_dir / "wandb").glob("offline-run-*")
+    assert list(offline.glob("*.wandb"))
+
+
+def test_sweep_jobs_run_in_separate_processes_in_one_group_and_survive_a_failure(
+        cli, tmp_path, tiny_llama_dir, tiny_llama_draft_dir):
+    sweep_dir = tmp_path / "sweep"
+    proc = cli("run", "-m", "+exp=depth_sweep", "backend=hf", *tiny_pair(tiny_llama_dir, tiny_llama_draft_dir),
+               "speculator.num_speculative_tokens=-1,0,2", f"hydra.sweep.dir={sweep_dir}")
+    assert proc.returncode == 1, proc.stderr  # one job failed, the sweep went on
+    assert "sweep: 3 jobs, 2 ok, 1 not ok" in proc.stdout
+    records = [json.loads((sweep_dir / str(n) / "result.json").read_text()) for n in range(3)]
+    assert [r["status"] for r in records] == ["failed", "ok", "ok"]
+    assert [r["config"]["speculator"]["num_speculative_tokens"] for r in records] == [-1, 0, 2]
+    pids = {r["env"]["pid"] for r in records}
+    assert len(pids) == 3, "every job runs in a process of its own"
+    assert {r["wandb"]["group"] for r in records} == {sweep_dir.name}
+    assert {r["wandb"]["job_type"] for r in records} == {"depth_sweep"}
+    for n in (1, 2):
+        assert list((sweep_dir / str(n) / "wandb").glob("offline-run-*"))

@@ -1,0 +1,63 @@
+"""Every experiment composes; the CLI lists and explains itself."""
+
+import subprocess
+import sys
+
+import pytest
+from omegaconf import OmegaConf
+
+from specexp.cli import choices, compose_config, conf_dir, main
+
+EXPERIMENTS = ["quickstart", "depth_sweep", "backend_compare"]
+
+
+def test_the_config_directory_is_absolute_and_complete():
+    root = conf_dir()
+    assert root.is_absolute() and (root / "config.yaml").is_file()
+    for group in ("pair", "speculator", "short_conv", "engine", "sampling", "workload", "backend", "tracking", "exp"):
+        assert choices(group), f"config group {group}/ is empty"
+    assert set(EXPERIMENTS) <= set(choices("exp"))
+
+
+@pytest.mark.parametrize("exp", EXPERIMENTS)
+def test_every_experiment_composes_with_the_contract_keys(exp):
+    cfg = OmegaConf.to_container(compose_config([f"+exp={exp}"]), resolve=True)
+    assert cfg["name"] == exp
+    for key in ("pair.target.path", "pair.draft.path", "pair.weights", "pair.dtype",
+                "speculator.num_speculative_tokens", "speculator.cudagraph_mode", "short_conv.use_full_cuda_graph",
+                "engine.device", "engine.max_num_seqs", "engine.max_model_len", "engine.block_size",
+                "engine.cudagraph_mode", "engine.seed", "sampling.temperature", "sampling.max_new_tokens",
+                "sampling.ignore_eos", "workload.name", "workload.num_prompts", "backend.name",
+                "tracking.wandb.mode", "tracking.wandb.project"):
+        node = cfg
+        for part in key.split("."):
+            assert part in node, f"{exp}: missing {key}"
+            node = node[part]
+    assert cfg["tracking"]["wandb"]["mode"] == "offline"
+
+
+def test_depth_sweep_declares_depths_0_to_8():
+    cfg = compose_config(["+exp=depth_sweep"], return_hydra_config=True)
+    assert cfg.hydra.sweeper.params["speculator.num_speculative_tokens"] == "range(0,9)"
+
+
+def test_backend_compare_sweeps_native_and_hf():
+    cfg = compose_config(["+exp=backend_compare"], return_hydra_config=True)
+    assert set(cfg.hydra.sweeper.params["backend"].split(",")) == {"native", "hf"}
+
+
+def test_overrides_reach_the_config():
+    cfg = compose_config(["+exp=quickstart", "backend=native", "speculator.num_speculative_tokens=2", "sampling=sample"])
+    assert (cfg.backend.name, cfg.speculator.num_speculative_tokens, cfg.sampling.temperature) == ("native", 2, 1.0)
+
+
+def test_list_prints_one_line_per_pair_experiment_workload_backend(capsys):
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    for name in ["tiny_random", "tiny_random_self", "quickstart", "depth_sweep", "random", "jsonl", "hf", "native", "vllm"]:
+        assert any(line.split()[:1] == [name] for line in out.splitlines()), name
+
+
+def test_help_runs_as_a_module():
+    out = subprocess.run([sys.executable, "-m", "specexp", "--help"], capture_output=True, text=True, check=True).stdout
+    assert "run [+exp=NAME]" in out and "list" in out and "train +zoo=NAME" in out

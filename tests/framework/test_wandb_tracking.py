@@ -1,0 +1,61 @@
+"""W&B: offline by default (files inside the run directory, no network), online falls back to offline with
+one warning line, disabled writes nothing. W&B is never required for a run to finish."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from specexp.tracking.wandb_run import flatten, log_run
+
+
+def record_in(run_dir: Path) -> dict:
+    record = {
+        "status": "ok",
+        "error": None,
+        "config": {"speculator": {"num_speculative_tokens": 2}, "backend": {"name": "hf"}},
+        "metrics": {
+            "num_drafts": 2, "acceptance_length": 2.5, "accepted_per_position": [2, 1],
+            "drafted_per_position": [2, 2], "per_position_acceptance": [1.0, 0.5],
+            "conditional_acceptance": [1.0, 0.5], "acceptance_histogram": [0, 1, 1],
+            "acceptance_histogram_per_request": {"a": [0, 1, 1]}, "ttft_ms": {"mean": 3.0, "p50": 3.0},
+        },
+    }
+    (run_dir / "result.json").write_text(json.dumps(record))
+    return record
+
+
+@pytest.fixture
+def no_wandb_credentials(monkeypatch, tmp_path):
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
+
+
+def offline_runs(run_dir: Path) -> list[Path]:
+    return sorted((run_dir / "wandb").glob("offline-run-*"))
+
+
+def test_flatten_joins_nested_keys():
+    assert flatten({"a": {"b": 1, "c": {"d": [1, 2]}}, "e": None}) == {"a.b": 1, "a.c.d": [1, 2], "e": None}
+
+
+def test_offline_run_is_written_inside_the_run_directory(tmp_path, no_wandb_credentials):
+    mode = log_run(record_in(tmp_path), tmp_path, "offline", {"project": "specexp-test", "group": "g", "job_type": "t"})
+    assert mode == "offline"
+    (run,) = offline_runs(tmp_path)
+    assert list(run.glob("*.wandb")), "the offline run's data file exists"
+
+
+def test_online_without_credentials_falls_back_to_offline_with_one_warning(tmp_path, no_wandb_credentials, capsys):
+    mode = log_run(record_in(tmp_path), tmp_path, "online", {"project": "specexp-test"})
+    assert mode == "offline"
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(warnings) == 1 and warnings[0].startswith("specexp: warning:") and "offline" in warnings[0]
+    assert len(offline_runs(tmp_path)) == 1
+
+
+def test_disabled_writes_nothing(tmp_path):
+    assert log_run(record_in(tmp_path), tmp_path, "disabled", {}) == "disabled"
+    assert not (tmp_path / "wandb").exists()
