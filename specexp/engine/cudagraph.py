@@ -5,6 +5,10 @@ batch sizes, each a `BatchExecutionDescriptor` of `num_reqs` rows x `tokens_per_
 uniform batch is padded up to the smallest captured size that holds it and replayed; anything else (mixed
 batches, prefills, batches larger than the largest size) runs eagerly and is counted.
 
+On a CPU device the manager *emulates* graphs (tests only): "capture" runs the warm-up, and "replay"
+calls the function again on the padded persistent buffers — the same padding and buffer-refresh logic,
+checkable without a GPU.
+
 Memory is measured as vLLM does — device free memory before minus after capture, after emptying the
 allocator's cache — and, beyond vLLM, per captured size, together with the allocator's reserved-bytes
 delta and the capture wall time. Sizes are captured largest first so smaller graphs reuse the shared pool.
@@ -81,7 +85,9 @@ class CudaGraphManager:
 
     def __post_init__(self) -> None:
         self.capture_sizes = sorted(set(self.capture_sizes))
-        self.pool = torch.cuda.graph_pool_handle() if self.enabled else None
+        self.emulated = self.device.type != "cuda"
+        self.pool = torch.cuda.graph_pool_handle() if self.enabled and not self.emulated else None
+        self._fn: Callable[[BatchExecutionDescriptor], None] | None = None
 
     def dispatch(self, num_reqs: int, num_tokens: int, uniform: bool) -> BatchExecutionDescriptor:
         """The smallest captured size holding a uniform batch of num_reqs rows, else eager (NONE)."""
@@ -100,10 +106,14 @@ class CudaGraphManager:
         inert dummy batch of that size (writes nothing to any request's caches) before warm-up and capture."""
         if not self.enabled:
             return
+        self._fn = fn
         for size in sorted(self.capture_sizes, reverse=True):
             desc = BatchExecutionDescriptor(size, size * self.tokens_per_req, FULL)
             prepare(desc)
             fn(desc)  # warm-up: lazy initialisation, autotuning and workspace allocation happen outside capture
+            if self.emulated:
+                self.graphs[size] = None
+                continue
             torch.cuda.synchronize(self.device)
             free_before = _free_bytes(self.device)
             reserved_before = torch.cuda.memory_reserved(self.device)
@@ -122,7 +132,10 @@ class CudaGraphManager:
                 progress(f"{self.name} size {size}")
 
     def replay(self, desc: BatchExecutionDescriptor) -> None:
-        self.graphs[desc.num_reqs].replay()
+        if self.emulated:
+            self._fn(desc)
+        else:
+            self.graphs[desc.num_reqs].replay()
 
     def summary(self) -> dict:
         """Per-size records plus totals (bytes, seconds) and replay/eager counts."""

@@ -81,6 +81,7 @@ class NativeEngine:
         speculator: SpeculatorConfig,
         sampling: SamplingConfig,
         eos_token_ids: list[int] | None = None,
+        emulate_graphs_on_cpu: bool = False,
     ) -> None:
         engine.validate()
         speculator.validate(engine.max_model_len)
@@ -114,7 +115,9 @@ class NativeEngine:
         # +1: block id / conv slot 0 is the NULL entry.
         self.kv_caches = allocate_kv_caches(target, num_blocks + 1, engine.block_size, self.device, self.dtype)
         self.conv_states = allocate_conv_states(target, engine.max_num_seqs + 1, self.k, self.device, self.dtype)
-        self.use_graphs = engine.cudagraph_mode == FULL and self.device.type == "cuda"
+        # emulate_graphs_on_cpu (tests): FULL mode on a CPU pads and replays through the persistent buffers
+        # exactly as graphs do, without capturing anything.
+        self.use_graphs = engine.cudagraph_mode == FULL and (self.device.type == "cuda" or emulate_graphs_on_cpu)
         self.capture_sizes = sorted(
             s for s in (engine.cudagraph_capture_sizes or default_capture_sizes(engine.max_num_seqs))
             if s <= engine.max_num_seqs
@@ -165,16 +168,18 @@ class NativeEngine:
         """Capture every graph once, at start-up: target verify, draft prefill, draft decode.
 
         Records the free-memory delta of the whole capture (vLLM's figure) and each manager's per-size costs."""
-        free_before = torch.cuda.mem_get_info(self.device)[0]
+        cuda = self.device.type == "cuda"
+        free_before = torch.cuda.mem_get_info(self.device)[0] if cuda else None
         start = time.perf_counter()
         self.verify_graphs.capture(self._verify_graph, self._prepare_verify_capture, progress)
         if self.speculator is not None:
             self.speculator.capture(progress)
-        torch.cuda.synchronize(self.device)
-        torch.cuda.empty_cache()
+        if cuda:
+            torch.cuda.synchronize(self.device)
+            torch.cuda.empty_cache()
         self.graph_capture = {
-            "graph_capture_bytes": free_before - torch.cuda.mem_get_info(self.device)[0],
-            "graph_capture_s": time.perf_counter() - start,
+            "graph_capture_bytes": free_before - torch.cuda.mem_get_info(self.device)[0] if cuda else None,
+            "graph_capture_s": time.perf_counter() - start if cuda else None,
         }
 
     def graph_managers(self) -> list[CudaGraphManager]:

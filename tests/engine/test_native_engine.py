@@ -181,3 +181,34 @@ def test_bad_engine_settings_are_refused_with_the_value(pair_dirs, engine_kw, sp
     target = load_model(pair_dirs["llama+llama"][0])
     with pytest.raises(EngineConfigError, match=match):
         NativeEngine(target, target, EngineConfig(**engine_kw), SpeculatorConfig(**spec_kw), SamplingConfig())
+
+
+@pytest.mark.parametrize("pair", ["lfm2+llama", "lfm2+lfm2", "llama+llama"])
+@pytest.mark.parametrize("k", [0, 1, 3, 8])
+def test_padded_graph_execution_matches_eager(pair_dirs, prompts, pair, k):
+    """FULL-graph execution emulated on the CPU: batches padded up to captured sizes (2, 8) and run through
+    the persistent buffers captured at start-up give the eager tokens — padded rows never change real
+    ones, and no replay reads stale metadata while requests join, finish (EOS) and leave."""
+    target_dir, draft_dir = pair_dirs[pair]
+    target, draft = load_model(target_dir), load_model(draft_dir)
+    many = [p for p in prompts for _ in range(3)]
+
+    def run(mode):
+        engine = NativeEngine(
+            target, draft,
+            EngineConfig(max_num_seqs=8, max_model_len=64, block_size=4, cudagraph_mode=mode,
+                         cudagraph_capture_sizes=(2, 8)),
+            SpeculatorConfig(num_speculative_tokens=k, cudagraph_mode=mode),
+            SamplingConfig(max_new_tokens=MAX_NEW, ignore_eos=False), eos_token_ids=[2],
+            emulate_graphs_on_cpu=True,
+        )
+        return engine, engine.generate(many)
+
+    _, eager = run("none")
+    engine, padded = run("full")
+    assert [r.output_token_ids for r in padded.requests] == [r.output_token_ids for r in eager.requests]
+    assert engine.verify_graphs.num_replays > 0
+    if k > 0:
+        assert engine.speculator.prefill_graphs.num_replays > 0
+    if k > 1:
+        assert engine.speculator.decode_graphs.num_replays > 0

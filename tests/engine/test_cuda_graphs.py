@@ -1,0 +1,92 @@
+"""CUDA graphs (run on a GPU machine: `pytest -m cuda`): replays give the eager engine's greedy tokens, with
+batch composition changing every step, and nothing is captured after start-up."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pairs import VOCAB, noisy_copy, save_tiny, tiny_hf_model
+from specexp.engine.config import EngineConfig, SamplingConfig, SpeculatorConfig
+from specexp.engine.runner import NativeEngine
+from specexp.models import load_model
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+
+@pytest.fixture(scope="module")
+def pairs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("gpu-pairs")
+    lfm2 = save_tiny(tiny_hf_model("lfm2", 48, 4, seed=0, layer_types=["conv", "full_attention", "conv", "conv"]),
+                     root / "lfm2")
+    llama = save_tiny(tiny_hf_model("llama", 48, 2, seed=1), root / "llama")
+    llama_draft = save_tiny(tiny_hf_model("llama", 32, 1, seed=2), root / "llama-draft")
+    return {
+        "lfm2+llama": (lfm2, llama_draft),
+        "lfm2+lfm2": (lfm2, noisy_copy(lfm2, root / "lfm2-noisy", 0.35, seed=3)),
+        "llama+llama": (llama, noisy_copy(llama, root / "llama-noisy", 0.35, seed=4)),
+    }
+
+
+def _prompts(n, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    lens = torch.randint(1, 24, (n,), generator=gen).tolist()
+    return [torch.randint(3, VOCAB, (m,), generator=gen).tolist() for m in lens]
+
+
+def _engine(target, draft, k, max_num_seqs, graphs, temperature=0.0):
+    return NativeEngine(
+        target, draft,
+        EngineConfig(device="cuda", max_num_seqs=max_num_seqs, max_model_len=96, block_size=8,
+                     max_num_batched_tokens=64, cudagraph_mode="full" if graphs else "none", seed=0),
+        SpeculatorConfig(num_speculative_tokens=k, cudagraph_mode="full" if graphs else "none"),
+        # EOS (id 2) is honoured: requests finish at different steps, so batches change every step.
+        SamplingConfig(temperature=temperature, max_new_tokens=24, ignore_eos=False),
+        eos_token_ids=[2],
+    )
+
+
+CASES = [(pair, k, 32) for pair in ("lfm2+llama", "lfm2+lfm2", "llama+llama") for k in range(9)] + [
+    (pair, k, n) for pair in ("lfm2+lfm2", "llama+llama") for k in (0, 3, 8) for n in (1, 5)
+]
+
+
+@pytest.mark.parametrize("pair, k, max_num_seqs", CASES)
+def test_graph_replay_matches_eager(pairs, pair, k, max_num_seqs):
+    target_dir, draft_dir = pairs[pair]
+    target, draft = load_model(target_dir, device="cuda"), load_model(draft_dir, device="cuda")
+    prompts = _prompts(40 if max_num_seqs > 1 else 6, seed=k)
+    eager = _engine(target, draft, k, max_num_seqs, graphs=False).generate(prompts)
+    engine = _engine(target, draft, k, max_num_seqs, graphs=True)
+    captured = {m.name: set(m.graphs) for m in engine.graph_managers()}
+    graphed = engine.generate(prompts)
+    assert [r.output_token_ids for r in graphed.requests] == [r.output_token_ids for r in eager.requests]
+    assert {m.name: set(m.graphs) for m in engine.graph_managers()} == captured, "no capture after start-up"
+    assert engine.verify_graphs.num_replays > 0
+    if k > 1:
+        assert engine.speculator.decode_graphs.num_replays > 0
+    if k > 0:
+        assert engine.speculator.prefill_graphs.num_replays > 0
+
+
+def test_graph_memory_is_recorded_per_size(pairs):
+    target_dir, draft_dir = pairs["lfm2+lfm2"]
+    target, draft = load_model(target_dir, device="cuda"), load_model(draft_dir, device="cuda")
+    engine = _engine(target, draft, 3, 8, graphs=True)
+    summary = engine.graph_summary()
+    assert summary["graph_capture_bytes"] > 0 and summary["graph_capture_s"] > 0
+    for name in ("target_verify", "draft_prefill", "draft_decode"):
+        sizes = [r["num_reqs"] for r in summary["managers"][name]["per_size"]]
+        assert sorted(sizes) == [1, 2, 4, 8]
+
+
+def test_sampling_with_graphs_is_reproducible(pairs):
+    target_dir, draft_dir = pairs["llama+llama"]
+    target, draft = load_model(target_dir, device="cuda"), load_model(draft_dir, device="cuda")
+    prompts = _prompts(12)
+    a = _engine(target, draft, 4, 4, graphs=True, temperature=1.0).generate(prompts)
+    b = _engine(target, draft, 4, 4, graphs=True, temperature=1.0).generate(prompts)
+    assert [r.output_token_ids for r in a.requests] == [r.output_token_ids for r in b.requests]
