@@ -1,0 +1,236 @@
+"""Run records -> one tidy pandas row per run.
+
+The local run record (``result.json`` in each run directory, DESIGN.md §5) is the source of truth: every
+run writes it, whatever its W&B mode, and wandb cannot read *offline* runs back. W&B is an optional second
+source for runs logged online (:mod:`specexp.analysis.wandb_source`).
+
+Columns of :func:`load_runs` (one row per run):
+
+- record fields: ``status``, ``error``, ``experiment``, ``run_dir``, ``started_at``, ``run_duration_s``
+  (whole run incl. model loading), ``sweep_group`` (the W&B group = the sweep directory's name; ``None``
+  for a single run), ``job_num`` (the job's subdirectory number in a sweep);
+- the resolved config flattened with dots: ``pair.name``, ``speculator.num_speculative_tokens``,
+  ``workload.name``, ``backend.name``, ``engine.max_num_seqs``, ...; ``k`` is a short alias of
+  ``speculator.num_speculative_tokens``;
+- the §4 metrics flattened the same way: ``acceptance_length``, ``output_tokens_per_s``, ``tpot_ms.p50``,
+  ``draft_ms.mean``, ...; list-valued metrics (``per_position_acceptance``, ``acceptance_histogram``) stay
+  lists in their cell and dict-valued ones whose keys are data (``acceptance_histogram_per_request``,
+  ``graph_capture_per_size``) stay dicts;
+- ``env.*``: where the run ran (``env.device``, ``env.gpu``, ``env.git_sha``, ...);
+- ``steps.*``: decode-step timings summarised from ``steps.parquet`` when it exists (see
+  :func:`decode_step_summary`); absent for runs loaded from W&B.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Iterable
+
+import pandas as pd
+
+RESULT_FILE = "result.json"
+STEPS_FILE = "steps.parquet"
+DEFAULT_RUNS_DIR = "experiments/runs"
+K_COLUMN = "speculator.num_speculative_tokens"
+# Metric values that are dicts keyed by data (request ids, graph sizes), kept whole instead of flattened.
+NESTED_METRICS = ("acceptance_histogram_per_request", "graph_capture_per_size")
+STEP_PHASES = ("schedule_ms", "draft_ms", "verify_ms", "sample_ms")
+RECORD_COLUMNS = (
+    "status", "error", "experiment", "run_dir", "started_at", "run_duration_s", "sweep_group", "job_num",
+)
+
+
+def flatten(tree: dict, prefix: str = "", keep: Iterable[str] = ()) -> dict:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``. Lists, scalars, empty dicts and keys named in ``keep`` are
+    leaves."""
+    flat = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value and key not in keep:
+            flat.update(flatten(value, f"{name}.", keep))
+        else:
+            flat[name] = value
+    return flat
+
+
+def find_project_root(start: Path | None = None) -> Path | None:
+    """The nearest directory at or above ``start`` (default: the working directory) holding specexp's
+    ``pyproject.toml``; ``None`` outside a checkout."""
+    here = Path(start or Path.cwd()).resolve()
+    for candidate in (here, *here.parents):
+        if (candidate / "pyproject.toml").is_file() and (candidate / "specexp").is_dir():
+            return candidate
+    return None
+
+
+def runs_dir() -> Path:
+    """Where runs live: ``$SPECEXP_RUNS_DIR`` or ``experiments/runs``. A relative path is taken from the
+    working directory if it exists there, else from the project root (so a notebook started in
+    ``notebooks/`` finds the runs that ``python -m specexp run`` wrote from the root)."""
+    path = Path(os.environ.get("SPECEXP_RUNS_DIR") or DEFAULT_RUNS_DIR).expanduser()
+    if path.is_absolute() or path.exists():
+        return path.resolve()
+    root = find_project_root()
+    return (root / path).resolve() if root else path.resolve()
+
+
+def find_run_dirs(paths: str | Path | Iterable[str | Path]) -> list[Path]:
+    """Run directories (those holding a result.json) at or under each of ``paths``, sorted, without
+    duplicates. A path may be a runs directory, a sweep directory, a run directory or a result.json."""
+    if isinstance(paths, (str, Path)):
+        paths = [paths]
+    found: set[Path] = set()
+    for path in map(Path, paths):
+        if path.is_file() and path.name == RESULT_FILE:
+            found.add(path.parent.resolve())
+        elif path.is_dir():
+            found.update(p.parent.resolve() for p in path.rglob(RESULT_FILE) if "wandb" not in p.parts)
+    return sorted(found)
+
+
+def _sweep_group(record: dict, run_dir: Path) -> str | None:
+    group = (record.get("wandb") or {}).get("group")
+    if group:
+        return group
+    parent = run_dir.parent
+    if (parent / "multirun.yaml").is_file() or (run_dir.name.isdigit() and (run_dir / ".hydra").is_dir()):
+        return parent.name
+    return None
+
+
+def decode_step_summary(steps: pd.DataFrame, k: int) -> dict:
+    """Mean per-step timings over the run's *decode* steps (prefill steps excluded), from steps.parquet.
+
+    A decode step is one where every request contributed exactly its last token plus its drafts:
+    ``num_tokens == num_reqs + num_draft_tokens``. Returns ``steps.decode_steps`` (how many),
+    ``steps.decode_<phase>`` (mean ms per decode step for schedule/draft/verify/sample/step) and
+    ``steps.draft_ms_per_forward``: mean ``draft_ms / k`` over decode steps where every request carried
+    all ``k`` drafts (``num_draft_tokens == num_reqs * k``) — one draft step drafts one token per request,
+    so a full-depth step runs ``k`` draft forwards (``None`` for ``k == 0`` or without such steps).
+    """
+    if steps.empty or not {"num_tokens", "num_reqs", "num_draft_tokens"} <= set(steps.columns):
+        return {}
+    decode = steps[(steps["num_reqs"] > 0) & (steps["num_tokens"] == steps["num_reqs"] + steps["num_draft_tokens"])]
+    summary: dict = {"steps.decode_steps": int(len(decode))}
+    for phase in (*STEP_PHASES, "step_ms"):
+        values = pd.to_numeric(decode[phase], errors="coerce").dropna() if phase in decode else pd.Series()
+        summary[f"steps.decode_{phase}"] = float(values.mean()) if len(values) else None
+    per_forward = None
+    if k > 0 and "draft_ms" in decode:
+        full = decode[decode["num_draft_tokens"] == decode["num_reqs"] * k]
+        values = pd.to_numeric(full["draft_ms"], errors="coerce").dropna()
+        values = values[values > 0]
+        per_forward = float(values.mean()) / k if len(values) else None
+    summary["steps.draft_ms_per_forward"] = per_forward
+    return summary
+
+
+def record_row(record: dict, run_dir: Path | None = None, steps: pd.DataFrame | None = None) -> dict:
+    """One tidy row from a result.json dict (and optionally its steps table)."""
+    run_dir = Path(run_dir or record.get("run_dir") or ".")
+    config = record.get("config") or {}
+    metrics = record.get("metrics") or {}
+    row = {
+        "status": record.get("status"),
+        "error": record.get("error"),
+        "experiment": record.get("experiment") or config.get("name"),
+        "run_dir": str(run_dir),
+        "started_at": record.get("started_at"),
+        "run_duration_s": record.get("duration_s"),
+        "sweep_group": _sweep_group(record, run_dir),
+        "job_num": int(run_dir.name) if run_dir.name.isdigit() else None,
+    }
+    row.update(flatten(config))
+    row["k"] = row.get(K_COLUMN, metrics.get("num_speculative_tokens"))
+    row.update(flatten(metrics, keep=NESTED_METRICS))
+    row.update(flatten(record.get("env") or {}, "env."))
+    if steps is not None:
+        row.update(decode_step_summary(steps, int(row["k"] or 0)))
+    return row
+
+
+def read_run(run_dir: str | Path, steps: bool = True) -> dict:
+    """The tidy row of one run directory (see the module docstring for the columns)."""
+    run_dir = Path(run_dir)
+    record = json.loads((run_dir / RESULT_FILE).read_text())
+    table = None
+    if steps and (run_dir / STEPS_FILE).is_file():
+        table = pd.read_parquet(run_dir / STEPS_FILE)
+    return record_row(record, run_dir, table)
+
+
+def runs_frame(rows: list[dict]) -> pd.DataFrame:
+    """Rows -> DataFrame with record columns first, sorted by sweep group, experiment and k."""
+    df = pd.DataFrame(rows)
+    if df.empty:
+        return pd.DataFrame(columns=[*RECORD_COLUMNS, "k"])
+    front = [c for c in (*RECORD_COLUMNS, "k") if c in df.columns]
+    df = df[front + [c for c in df.columns if c not in front]]
+    sort = [c for c in ("sweep_group", "experiment", "started_at", "k", "job_num") if c in df.columns]
+    df = df.sort_values(sort, na_position="last", kind="stable").reset_index(drop=True)
+    return df
+
+
+def load_runs(
+    source: str | Path | Iterable[str | Path] | None = None,
+    *,
+    wandb_project: str | None = None,
+    steps: bool = True,
+    status: str | None = None,
+) -> pd.DataFrame:
+    """Load runs as one tidy row per run (columns: see the module docstring).
+
+    ``source``: a runs directory, sweep directory, run directory or result.json, or a list of them;
+    default :func:`runs_dir`. ``wandb_project`` (``"entity/project"`` or ``"project"``): read *online*
+    W&B runs instead (needs network and an API key; see :mod:`specexp.analysis.wandb_source`).
+    ``steps``: also summarise each run's steps.parquet into ``steps.*`` columns. ``status``: keep only
+    runs with this status (e.g. ``"ok"``); default keeps all, failed runs included.
+    """
+    if wandb_project is not None:
+        from specexp.analysis.wandb_source import load_wandb_rows
+
+        rows = load_wandb_rows(wandb_project)
+    else:
+        rows = [read_run(d, steps=steps) for d in find_run_dirs(source if source is not None else runs_dir())]
+    df = runs_frame(rows)
+    if status is not None and not df.empty:
+        df = df[df["status"] == status].reset_index(drop=True)
+    return df
+
+
+def select_sweep(df: pd.DataFrame, sweep: str | None = None) -> pd.DataFrame:
+    """The runs of one sweep group: ``sweep`` by name, or the most recently started sweep if ``None``.
+    Returns ``df`` unchanged when it has no sweep groups (single runs only) and an empty frame when it is
+    empty."""
+    if df.empty or df["sweep_group"].isna().all():
+        return df
+    if sweep is None:
+        started = df.dropna(subset=["sweep_group"]).groupby("sweep_group")["started_at"].max()
+        sweep = started.sort_values().index[-1]
+    picked = df[df["sweep_group"] == sweep]
+    if picked.empty:
+        groups = ", ".join(sorted(df["sweep_group"].dropna().unique()))
+        raise ValueError(f"no sweep named {sweep!r}: choose one of {groups}")
+    return picked.reset_index(drop=True)
+
+
+NO_RUNS_HINT = "create some with: python -m specexp run -m +exp=depth_sweep"
+
+
+def load_sweep(path: str | Path | None = None, sweep: str | None = None, status: str | None = None) -> pd.DataFrame:
+    """:func:`load_runs` + :func:`select_sweep` for notebooks, printing what was found — plainly saying so
+    when there are no runs (the notebook then still runs top to bottom, its figures say "no runs")."""
+    path = Path(path) if path is not None else runs_dir()
+    df = load_runs(path, status=status)
+    if df.empty:
+        print(f"No runs found in {path}: {NO_RUNS_HINT}")
+        return df
+    df = select_sweep(df, sweep)
+    group = df["sweep_group"].dropna()
+    ks = sorted(int(k) for k in df["k"].dropna().unique())
+    ok = int((df["status"] == "ok").sum())
+    where = f"sweep {group.iloc[0]}" if len(group) else "single runs"
+    print(f"{len(df)} runs ({ok} ok) of {where} in {path}; k = {', '.join(map(str, ks))}")
+    return df
