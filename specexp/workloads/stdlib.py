@@ -1,0 +1,117 @@
+"""The ``code`` and ``prose`` workloads: prompts cut from the held-out files of the stdlib corpus.
+
+- ``code``: the first lines of a held-out function, method or class (categories ``function``,
+  ``method``, ``class``), as many whole lines as fit in ``input_len`` tokens, never the whole body.
+- ``prose``: the first lines of a docstring (from its opening quotes; category ``docstring``) or of a
+  run of at least three comment lines (category ``comment``), likewise.
+
+Each snippet is dedented and stripped of trailing whitespace (so the model continues with the newline
+and indentation it would have written itself). Prompts are ordered round-robin over the held-out files
+(the first of each file, then the second of each, ...) so any prefix of the list spans many files.
+Everything depends only on the interpreter's stdlib and the shipped tokenizer: deterministic for a given
+Python version (:func:`specexp.zoo.corpus.interpreter_tag` names it).
+"""
+
+from __future__ import annotations
+
+import ast
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+from specexp.zoo.corpus import SourceFile, split_files
+
+WORKLOADS = ("code", "prose")
+MIN_COMMENT_LINES = 3
+MIN_DOCSTRING_LINES = 3
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One prompt: ``id`` is ``<name>/<file>:<line>`` (stable across runs on one Python version)."""
+
+    id: str
+    category: str
+    text: str
+
+
+def _take_lines(lines: list[str], input_len: int, count_tokens) -> str | None:
+    """The longest dedented prefix of ``lines`` (at most ``len(lines) - 1`` lines) within ``input_len`` tokens."""
+    best = None
+    for n in range(1, len(lines)):
+        text = textwrap.dedent("".join(lines[:n])).rstrip()
+        if not text:
+            continue
+        if count_tokens(text) > input_len:
+            break
+        best = text
+    return best
+
+
+def _code_blocks(tree: ast.AST) -> list[tuple[str, int, int]]:
+    """``(category, first_line, last_line)`` (1-based, inclusive) of every def/class, in source order."""
+    blocks = []
+    for node in ast.walk(tree):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                category = "class" if isinstance(child, ast.ClassDef) else (
+                    "method" if isinstance(node, ast.ClassDef) else "function")
+                first = min([child.lineno] + [d.lineno for d in child.decorator_list])
+                blocks.append((category, first, child.end_lineno))
+    return sorted(blocks, key=lambda b: b[1])
+
+
+def _prose_blocks(tree: ast.AST, lines: list[str]) -> list[tuple[str, int, int]]:
+    """``(category, first_line, last_line)`` of docstrings and comment runs, in source order."""
+    blocks = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.body:
+            first = node.body[0]
+            if (isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
+                    and isinstance(first.value.value, str)
+                    and first.end_lineno - first.lineno + 1 >= MIN_DOCSTRING_LINES):
+                blocks.append(("docstring", first.lineno, first.end_lineno))
+    run_start = None
+    for i, line in enumerate(lines + [""], start=1):
+        if line.lstrip().startswith("#") and not line.startswith("#!"):
+            run_start = run_start or i
+        else:
+            if run_start is not None and i - run_start >= MIN_COMMENT_LINES:
+                blocks.append(("comment", run_start, i - 1))
+            run_start = None
+    return sorted(blocks, key=lambda b: b[1])
+
+
+def _file_prompts(name: str, source: SourceFile, input_len: int, count_tokens) -> list[Prompt]:
+    text = source.read_text()
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return []
+    lines = text.splitlines(keepends=True)
+    blocks = _code_blocks(tree) if name == "code" else _prose_blocks(tree, lines)
+    prompts = []
+    for category, first, last in blocks:
+        snippet = _take_lines(lines[first - 1 : last], input_len, count_tokens)
+        if snippet is not None:
+            prompts.append(Prompt(f"{name}/{source.rel_path}:{first}", category, snippet))
+    return prompts
+
+
+def build_prompts(name: str, input_len: int = 128, num_prompts: int | None = None,
+                  tokenizer_path: str | Path | None = None, stdlib_root: Path | None = None) -> list[Prompt]:
+    """The ``name`` workload (``code`` | ``prose``): at most ``num_prompts`` prompts of at most
+    ``input_len`` tokens each (counted with the zoo tokenizer, special tokens excluded)."""
+    if name not in WORKLOADS:
+        raise ValueError(f"unknown stdlib workload {name!r}: expected one of {WORKLOADS}")
+    from specexp.zoo.tokenizer import SHIPPED_TOKENIZER_PATH, load_tokenizer
+
+    tokenizer = load_tokenizer(tokenizer_path or SHIPPED_TOKENIZER_PATH)
+
+    def count_tokens(text: str) -> int:
+        return len(tokenizer.encode(text, add_special_tokens=False).ids)
+
+    per_file = [_file_prompts(name, f, input_len, count_tokens) for f in split_files(stdlib_root)[1]]
+    ordered = [p for depth in range(max(map(len, per_file), default=0)) for ps in per_file if depth < len(ps)
+               for p in [ps[depth]]]
+    return ordered[:num_prompts] if num_prompts is not None else ordered
