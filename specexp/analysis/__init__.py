@@ -13,7 +13,12 @@ from specexp.analysis.load import find_run_dirs, load_runs, load_sweep, runs_dir
 from specexp.analysis.metrics import graph_capture, per_position, per_request, speedup, step_breakdown
 from specexp.analysis.report import summary_table
 from specexp.analysis.theory import (
-    best_k, expected_acceptance_length, expected_speedup, fit_theory, theory_curve, with_theory,
+    best_k,
+    expected_acceptance_length,
+    expected_speedup,
+    fit_theory,
+    theory_curve,
+    with_theory,
 )
 
 __all__ = [

@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 import pandas as pd
 
@@ -113,7 +113,7 @@ def decode_step_summary(steps: pd.DataFrame, k: int) -> dict:
     if steps.empty or not {"num_tokens", "num_reqs", "num_draft_tokens"} <= set(steps.columns):
         return {}
     decode = steps[(steps["num_reqs"] > 0) & (steps["num_tokens"] == steps["num_reqs"] + steps["num_draft_tokens"])]
-    summary: dict = {"steps.decode_steps": int(len(decode))}
+    summary: dict = {"steps.decode_steps": len(decode)}
     for phase in (*STEP_PHASES, "step_ms"):
         values = pd.to_numeric(decode[phase], errors="coerce").dropna() if phase in decode else pd.Series()
         summary[f"steps.decode_{phase}"] = float(values.mean()) if len(values) else None

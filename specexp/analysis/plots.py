@@ -16,7 +16,14 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from specexp.analysis.groups import GROUP_KEY, GROUP_LABEL
-from specexp.analysis.metrics import _ok, graph_capture, has_graph_data, per_position, per_request, step_breakdown
+from specexp.analysis.metrics import (
+    _ok,
+    graph_capture,
+    has_graph_data,
+    per_position,
+    per_request,
+    step_breakdown,
+)
 from specexp.analysis.theory import fit_theory, theory_curve, with_theory
 
 MIB = 1024 ** 2
@@ -245,7 +252,7 @@ def graph_memory(df: pd.DataFrame) -> Figure:
         if ax.lines:
             ax.legend(fontsize=7)
     totals = runs.dropna(subset=["graph_capture_bytes"])
-    for seqs, rows in totals.groupby(totals["engine.max_num_seqs"] if "engine.max_num_seqs" in totals else 0):
+    for seqs, rows in totals.groupby(totals.get("engine.max_num_seqs", pd.Series(0, index=totals.index))):
         rows = rows.sort_values("k")
         axes[2].plot(rows["k"], rows["graph_capture_bytes"].astype(float) / MIB, "o-", label=f"max_num_seqs={seqs}")
     _k_axis(axes[2], totals["k"])

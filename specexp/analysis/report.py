@@ -14,11 +14,15 @@ from pathlib import Path
 import pandas as pd
 
 from specexp.analysis.load import load_runs
-from specexp.analysis.theory import fit_theory, with_theory
+from specexp.analysis.theory import _column, fit_theory, with_theory
 
 REPORT_FILE = "report.md"
 SUMMARY_FILE = "summary.csv"
 MIB = 1024 ** 2
+SPEEDUP_NOTE = (
+    "Speedup = output tokens/s ÷ the k=0 run of the same group. Theory: Leviathan et al. with α fitted to the "
+    "per-position counts and c = draft forward ÷ target decode step (see `specexp.analysis.theory`)."
+)
 SUMMARY_COLUMNS = {
     "group": "group",
     "k": "k",
@@ -53,8 +57,7 @@ def summary_table(df: pd.DataFrame) -> pd.DataFrame:
     if runs.empty:
         return pd.DataFrame(columns=list(SUMMARY_COLUMNS))
     runs["per_position"] = runs.get("per_position_acceptance")
-    bytes_ = pd.to_numeric(runs.get("graph_capture_bytes"), errors="coerce")
-    runs["graph_memory_mib"] = bytes_ / MIB
+    runs["graph_memory_mib"] = _column(runs, "graph_capture_bytes") / MIB
     table = runs[[c for c in SUMMARY_COLUMNS if c in runs]].sort_values(["group", "k"], kind="stable")
     return table.reset_index(drop=True)
 
@@ -132,13 +135,12 @@ def write_report(sweep_dir: str | Path, out: str | Path | None = None) -> Path:
     table.to_csv(out / SUMMARY_FILE, index=False)
     fits = fit_theory(df)
     not_ok = df[df["status"] != "ok"]
+    devices = ", ".join(sorted(map(str, df["env.device"].dropna().unique()))) if "env.device" in df else "?"
     lines = [
         f"# Sweep report: {sweep_dir.resolve().name}",
         "",
-        f"{len(df)} runs ({len(df) - len(not_ok)} ok) from `{sweep_dir}`; device "
-        f"{', '.join(sorted(map(str, df['env.device'].dropna().unique()))) if 'env.device' in df else '?'}.",
-        "Speedup = output tokens/s ÷ the k=0 run of the same group. Theory: Leviathan et al. with α fitted to "
-        "the per-position counts and c = draft forward ÷ target decode step (see `specexp.analysis.theory`).",
+        f"{len(df)} runs ({len(df) - len(not_ok)} ok) from `{sweep_dir}`; device {devices}.",
+        SPEEDUP_NOTE,
         "",
         "## Runs",
         "",

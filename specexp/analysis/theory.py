@@ -37,7 +37,7 @@ import numpy as np
 import pandas as pd
 
 from specexp.analysis.groups import GROUP_KEY, GROUP_LABEL
-from specexp.analysis.metrics import _ok, speedup
+from specexp.analysis.metrics import _list, speedup
 
 DEFAULT_K_MAX = 16
 
@@ -87,10 +87,10 @@ def fit_alpha(df: pd.DataFrame) -> tuple[float, int]:
     """(α, trials): the pooled maximum-likelihood α of the runs in ``df`` (NaN, 0 without drafts)."""
     successes = trials = 0
     for _, run in df.iterrows():
-        accepted = list(run.get("accepted_per_position") or [])
-        if not run.get("num_drafts") or not accepted:
+        accepted, num_drafts = _list(run.get("accepted_per_position")), _number(run.get("num_drafts"))
+        if not accepted or math.isnan(num_drafts) or num_drafts == 0:
             continue
-        s, t = acceptance_trials(accepted, list(run.get("drafted_per_position") or []), int(run["num_drafts"]))
+        s, t = acceptance_trials(accepted, _list(run.get("drafted_per_position")), int(num_drafts))
         successes, trials = successes + s, trials + t
     return (successes / trials if trials else math.nan), trials
 
@@ -103,13 +103,20 @@ def _number(value) -> float:
     return value
 
 
+def _column(df: pd.DataFrame, name: str) -> pd.Series:
+    """Column ``name`` as floats (all NaN when absent)."""
+    if name not in df:
+        return pd.Series(math.nan, index=df.index, dtype=float)
+    return pd.to_numeric(df[name], errors="coerce").astype(float)
+
+
 def _target_step_ms(group: pd.DataFrame) -> tuple[float, str]:
     """Mean time of one plain target decode step in the group (k=0 run), and where it came from."""
     baseline = group[group["k"] == 0]
-    decode = pd.to_numeric(baseline.get("steps.decode_verify_ms"), errors="coerce").dropna()
+    decode = _column(baseline, "steps.decode_verify_ms").dropna()
     if len(decode):
         return float(decode.mean()), "decode steps"
-    overall = pd.to_numeric(baseline.get("verify_ms.mean"), errors="coerce").dropna()
+    overall = _column(baseline, "verify_ms.mean").dropna()
     return (float(overall.mean()), "all steps") if len(overall) else (math.nan, "none")
 
 
@@ -181,9 +188,7 @@ def with_theory(df: pd.DataFrame, fits: pd.DataFrame | None = None) -> pd.DataFr
     runs = speedup(df)
     fits = fit_theory(df) if fits is None else fits
     runs = runs.merge(fits[[GROUP_KEY, "alpha", "c", "target_step_ms"]], on=GROUP_KEY, how="left")
-    verify = pd.to_numeric(runs.get("steps.decode_verify_ms", pd.Series(math.nan, index=runs.index)),
-                           errors="coerce")
-    verify = verify.fillna(pd.to_numeric(runs.get("verify_ms.mean"), errors="coerce"))
+    verify = _column(runs, "steps.decode_verify_ms").fillna(_column(runs, "verify_ms.mean"))
     runs["verify_cost_ratio"] = verify / runs["target_step_ms"]
     runs.loc[runs["k"] == 0, "verify_cost_ratio"] = 1.0
     runs["theory_acceptance_length"] = [expected_acceptance_length(a, k) for a, k in zip(runs["alpha"], runs["k"])]
