@@ -21,7 +21,7 @@ commands:
   run [+exp=NAME] [key=value ...] [-m]   run one experiment; -m runs a sweep (one process per job)
   list                                   list pairs, experiments, workloads and backends
   train +zoo=NAME [key=value ...]        train a demo model of the zoo (specexp.zoo.recipe)
-  report SWEEP_DIR                       summarise a sweep (specexp.analysis.report)
+  report SWEEP_DIR [--out DIR]           summarise a sweep (specexp.analysis.report)
 
 examples:
   python -m specexp run +exp=quickstart
@@ -159,13 +159,13 @@ def _cmd_train(args: list[str]) -> int:
 
 
 def _cmd_report(args: list[str]) -> int:
-    if len(args) != 1:
-        raise ConfigError("report needs exactly one argument: SWEEP_DIR (a sweep's output directory)")
+    if not args:
+        raise ConfigError("report needs SWEEP_DIR (a sweep's output directory) [--out DIR]")
     try:
         from specexp.analysis import report
     except ImportError as e:
         raise ConfigError(f"report is not available: specexp.analysis.report cannot be imported ({e})") from e
-    result = report.main(args[0])
+    result = report.main(args)
     return result if isinstance(result, int) else 0
 
 
