@@ -39,6 +39,10 @@ class RunContext:
     sweep_dir: Path | None = None
     job_num: int | None = None
 
+    def __post_init__(self) -> None:
+        self.run_dir = Path(self.run_dir)
+        self.sweep_dir = Path(self.sweep_dir) if self.sweep_dir is not None else None
+
 
 # ------------------------------------------------------------------------------------------- validation
 
@@ -137,7 +141,7 @@ def build_run_spec(cfg: dict, ctx: RunContext):
 def _git_sha() -> str | None:
     try:
         out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=Path(specexp.__file__).parent, capture_output=True, text=True,
+            ["git", "rev-parse", "HEAD"], cwd=Path(specexp.__file__).parent, capture_output=True, text=True, check=False,
             timeout=5,
         )
         return out.stdout.strip() or None
@@ -170,12 +174,13 @@ def environment(device: str) -> dict:
     return env
 
 
-def _write_outputs(run_dir: Path, result, experiment: str) -> None:
+def _write_outputs(run_dir: Path, result, spec) -> None:
     from specexp.result import spec_bench_answer
 
+    model_id = f"{spec.backend}-{spec.pair.name}-k{spec.speculator.num_speculative_tokens}"
     records.write_jsonl(run_dir / records.OUTPUTS_FILE, [r.to_row() for r in result.requests])
     records.write_steps(run_dir / records.STEPS_FILE, result.steps)
-    records.write_jsonl(run_dir / records.ANSWERS_FILE, [spec_bench_answer(r, experiment) for r in result.requests])
+    records.write_jsonl(run_dir / records.ANSWERS_FILE, [spec_bench_answer(r, model_id) for r in result.requests])
 
 
 def _error_line(e: BaseException) -> str:
@@ -247,7 +252,7 @@ def execute(cfg: dict, ctx: RunContext) -> dict:
         spec = build_run_spec(cfg, ctx)
         backend = get_backend(spec.backend)
         result = backend.run(spec)
-        _write_outputs(run_dir, result, ctx.experiment)
+        _write_outputs(run_dir, result, spec)
         record["metrics"] = result.metrics
         record["env"] = {**environment(spec.engine.device), **result.env}
         record["status"] = "ok"
@@ -319,10 +324,20 @@ def hydra_task(cfg) -> str:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
     from omegaconf import OmegaConf
+    from omegaconf.errors import MissingMandatoryValue
 
     hydra_cfg = HydraConfig.get()
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
-    plain = OmegaConf.to_container(cfg, resolve=True)
+    missing = sorted(OmegaConf.missing_keys(cfg))
+    if missing:
+        print(f"specexp: error: no value for {', '.join(missing)}: set it on the command line"
+              f" ({missing[0]}=...)", file=sys.stderr)
+        sys.exit(EXIT_CONFIG)
+    try:
+        plain = OmegaConf.to_container(cfg, resolve=True)
+    except MissingMandatoryValue as e:  # an interpolation pointing at a missing value
+        print(f"specexp: error: {str(e).splitlines()[0]}", file=sys.stderr)
+        sys.exit(EXIT_CONFIG)
     ctx = RunContext(
         run_dir=Path(hydra_cfg.runtime.output_dir),
         experiment=str(plain.get("name", "run")),

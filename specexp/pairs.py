@@ -33,7 +33,7 @@ def _hf_cache_dir(repo_id: str) -> Path | None:
         from huggingface_hub import snapshot_download
 
         return Path(snapshot_download(repo_id, local_files_only=True))
-    except Exception:  # not cached (or not a valid id): the caller reports it
+    except Exception:  # noqa: BLE001 - not cached (or not a valid id): the caller reports it
         return None
 
 

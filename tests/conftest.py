@@ -14,7 +14,6 @@ Fixtures (session scoped, so each checkpoint is built once per test session):
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
@@ -71,21 +70,23 @@ def train_tiny_tokenizer(path: Path, vocab_size: int = TINY_VOCAB_SIZE) -> Path:
 
 def tiny_config(arch: str, hidden_size: int, num_layers: int, vocab_size: int):
     """A transformers config for a tiny model of ``arch`` ("llama" or "lfm2")."""
-    from transformers import LlamaConfig, Lfm2Config
+    from transformers import Lfm2Config, LlamaConfig
 
-    common = dict(
-        vocab_size=vocab_size,
-        hidden_size=hidden_size,
-        intermediate_size=2 * hidden_size,
-        num_hidden_layers=num_layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        pad_token_id=0,
-        bos_token_id=1,
-        eos_token_id=2,
-        tie_word_embeddings=False, initializer_range=0.2,
-    )
+    common = {
+        "vocab_size": vocab_size,
+        "hidden_size": hidden_size,
+        "intermediate_size": 2 * hidden_size,
+        "num_hidden_layers": num_layers,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 512,
+        "pad_token_id": 0,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        # untied embeddings and a wide init keep tiny random models from just repeating their last token
+        "tie_word_embeddings": False,
+        "initializer_range": 0.2,
+    }
     if arch == "llama":
         return LlamaConfig(**common)
     if arch == "lfm2":
@@ -162,9 +163,3 @@ def tiny_lfm2_dir(make_tiny_checkpoint) -> Path:
 @pytest.fixture(scope="session")
 def tiny_lfm2_draft_dir(make_tiny_checkpoint) -> Path:
     return make_tiny_checkpoint("tiny-lfm2-draft", "lfm2", hidden_size=32, num_layers=2, seed=1)
-
-
-def write_jsonl(path: Path, rows: list[dict]) -> Path:
-    """Write ``rows`` as JSON lines to ``path``."""
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path

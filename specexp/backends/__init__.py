@@ -34,7 +34,7 @@ def get_backend(name: str) -> ModuleType:
     module_name = BACKENDS[name]
     try:
         module = importlib.import_module(module_name)
-    except Exception as e:  # noqa: BLE001 - any import failure means "this backend cannot run here"
+    except Exception as e:
         reason = f"{type(e).__name__}: {e}".splitlines()[0]
         raise ConfigError(f"backend '{name}' is not available: importing {module_name} failed ({reason})") from e
     if not callable(getattr(module, "run", None)):

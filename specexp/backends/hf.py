@@ -49,7 +49,8 @@ def run(spec: RunSpec) -> RunResult:
     probe = GenerationProbe(target, acceptance, sync=device.type == "cuda")
     first = spec.prompts[0]
     with probe.paused():
-        _generate(target, draft, first.token_ids, min(WARMUP_NEW_TOKENS, spec.sampling.max_new_tokens), device)
+        probe.begin_request(first.id)
+        _generate(target, draft, first.token_ids, min(WARMUP_NEW_TOKENS, spec.sampling.max_new_tokens), device, probe)
 
     torch.manual_seed(spec.engine.seed)
     requests = []
@@ -112,7 +113,7 @@ def configure_generation(target, draft, spec: RunSpec) -> None:
         draft.generation_config.assistant_confidence_threshold = 0.0
 
 
-def _generate(target, draft, token_ids, max_new_tokens: int, device, probe=None) -> list[int]:
+def _generate(target, draft, token_ids, max_new_tokens: int, device, probe: GenerationProbe) -> list[int]:
     input_ids = torch.tensor([list(token_ids)], dtype=torch.long, device=device)
     with torch.inference_mode():
         out = target.generate(
@@ -120,7 +121,7 @@ def _generate(target, draft, token_ids, max_new_tokens: int, device, probe=None)
             attention_mask=torch.ones_like(input_ids),
             max_new_tokens=max_new_tokens,
             assistant_model=draft,
-            streamer=probe.streamer() if probe is not None else None,
+            streamer=probe.streamer(),
         )
     return out[0, input_ids.shape[1]:].tolist()
 
@@ -159,6 +160,7 @@ class GenerationProbe:
         self.first_token_s = None
         self._request_steps = []
         self._assisted = False
+        self._forward, self._step_start, self._draft_ms = {}, None, None
 
     def request_accept_lengths(self) -> list[int]:
         return [s.num_output_tokens for s in self._request_steps]

@@ -6,8 +6,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 RESULT_FILE = "result.json"
 OUTPUTS_FILE = "outputs.jsonl"

@@ -70,7 +70,7 @@ def log_run(record: dict, run_dir: Path, mode: str, options: dict) -> str:
         mode = "offline"
     try:
         run = _init(wandb, mode, run_dir, options)
-    except Exception as e:  # noqa: BLE001 - online failures of any kind fall back to offline
+    except Exception as e:
         if mode != "online":
             raise
         _warn(f"W&B online init failed ({type(e).__name__}): logging offline instead")

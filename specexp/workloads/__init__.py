@@ -10,8 +10,9 @@ the current directory, then in this package's directory.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from specexp.errors import ConfigError
 from specexp.workloads.jsonl import jsonl_prompts

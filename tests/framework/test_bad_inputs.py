@@ -17,7 +17,7 @@ from specexp.experiment import RunContext, build_run_spec
 
 @pytest.fixture
 def pair_overrides(tiny_llama_dir, tiny_llama_draft_dir):
-    return [f"pair=local", f"pair.target.path={tiny_llama_dir}", f"pair.draft.path={tiny_llama_draft_dir}",
+    return ["pair=local", f"pair.target.path={tiny_llama_dir}", f"pair.draft.path={tiny_llama_draft_dir}",
             "workload.num_prompts=2", "workload.input_len=8", "workload.output_len=4"]
 
 
@@ -128,7 +128,7 @@ def test_prompt_longer_than_max_model_len(pair_overrides, tmp_path):
 
 def run_cli(args, tmp_path):
     env = {**os.environ, "SPECEXP_RUNS_DIR": str(tmp_path / "runs")}
-    return subprocess.run([sys.executable, "-m", "specexp", *args], capture_output=True, text=True, env=env,
+    return subprocess.run([sys.executable, "-m", "specexp", *args], capture_output=True, text=True, env=env, check=False,
                           timeout=300)
 
 
@@ -138,6 +138,7 @@ def run_cli(args, tmp_path):
     (["run", "+exp=quickstart", "backend=nope"], "unknown backend 'nope': choose one of"),
     (["run", "+exp=quickstart", "workload=nope"], "unknown workload 'nope': choose one of"),
     (["frobnicate"], "unknown command 'frobnicate'"),
+    (["run", "pair=local", "tracking=disabled"], "no value for pair.draft.path, pair.target.path"),
 ])
 def test_cli_rejects_unknown_names_with_one_line_and_status_2(args, fragment, tmp_path):
     proc = run_cli(args, tmp_path)

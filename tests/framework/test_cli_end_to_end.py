@@ -4,7 +4,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -16,7 +15,7 @@ def cli(tmp_path, monkeypatch):
     env.pop("WANDB_API_KEY", None)
 
     def run(*args, timeout=600):
-        return subprocess.run([sys.executable, "-m", "specexp", *args], capture_output=True, text=True, env=env,
+        return subprocess.run([sys.executable, "-m", "specexp", *args], capture_output=True, text=True, env=env, check=False,
                               timeout=timeout)
 
     return run
