@@ -60,6 +60,15 @@ def _grid(n: int, ncols: int, width: float = 4.5, height: float = 3.2):
     return fig, list(axes.flat)
 
 
+def _legend(ax, colors: dict, styles: dict[str, str]) -> None:
+    """One legend entry per group (its colour) plus one per line style (what the style means)."""
+    from matplotlib.lines import Line2D
+
+    handles = [Line2D([], [], color=color, marker="o", label=label) for label, color in colors.items()]
+    handles += [Line2D([], [], color="grey", linestyle=style, label=meaning) for meaning, style in styles.items()]
+    ax.legend(handles=handles, fontsize=7)
+
+
 def _k_axis(ax, ks) -> None:
     ks = sorted({int(k) for k in ks if pd.notna(k)})
     if ks:
@@ -76,20 +85,20 @@ def acceptance_vs_k(df: pd.DataFrame) -> Figure:
     fits = fit_theory(runs)
     curve = theory_curve(fits, int(runs["k"].max()))
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
-    colors = _colors(fits[GROUP_LABEL])
+    alphas = dict(zip(fits[GROUP_KEY], fits["alpha"]))
+    colors = {}
     for label, key, group in _groups(runs):
-        ax.plot(group["k"], group["acceptance_length"], "o-", color=colors[label], label=label)
+        color = plt.get_cmap("tab10")(len(colors) % 10)
+        colors[f"{label} (α={alphas[key]:.2f})"] = color
+        ax.plot(group["k"], group["acceptance_length"], "o-", color=color)
         theory = curve[curve[GROUP_KEY] == key]
-        alpha = fits.loc[fits[GROUP_KEY] == key, "alpha"].iloc[0]
-        if theory["theory_acceptance_length"].notna().any():
-            ax.plot(theory["k"], theory["theory_acceptance_length"], "--", color=colors[label], alpha=0.7,
-                    label=f"theory α={alpha:.2f}")
-    ks = runs["k"].dropna()
-    ax.plot(sorted(ks.unique()), [k + 1 for k in sorted(ks.unique())], ":", color="grey", lw=1, label="k+1 (all accepted)")
+        ax.plot(theory["k"], theory["theory_acceptance_length"], "--", color=color, alpha=0.7)
+    ks = sorted(runs["k"].dropna().unique())
+    ax.plot(ks, [k + 1 for k in ks], ":", color="grey", lw=1)
     _k_axis(ax, ks)
     ax.set_ylabel("acceptance length (tokens / verify)")
     ax.set_title("Acceptance length vs depth")
-    ax.legend(fontsize=8)
+    _legend(ax, colors, {"measured": "-", "theory (1-α^(k+1))/(1-α)": "--", "k+1 (all accepted)": ":"})
     ax.grid(alpha=0.3)
     fig.tight_layout()
     return fig
@@ -102,6 +111,7 @@ def per_position_curves(df: pd.DataFrame) -> Figure:
     if table.empty:
         return _note("Per-position acceptance", "no runs with drafts (k >= 1)")
     groups = list(dict.fromkeys(table[GROUP_LABEL]))
+    alphas = fit_theory(df).set_index(GROUP_LABEL)["alpha"]
     fig, axes = _grid(2 * len(groups), 2)
     cmap = plt.get_cmap("viridis")
     k_max = max(int(table["k"].max()), 1)
@@ -115,6 +125,7 @@ def per_position_curves(df: pd.DataFrame) -> Figure:
             ax.set_ylabel(f"{column} acceptance")
             ax.set_title(f"{label}: {column}", fontsize=10)
             ax.grid(alpha=0.3)
+        axes[2 * g + 1].axhline(alphas.get(label, np.nan), color="grey", ls="--", lw=1, label="fitted α")
         axes[2 * g].legend(fontsize=7, ncol=2)
     fig.tight_layout()
     return fig
@@ -178,24 +189,22 @@ def throughput_speedup(df: pd.DataFrame) -> Figure:
     fits = fit_theory(runs)
     curve = theory_curve(fits, int(runs["k"].max()))
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    colors = _colors(fits[GROUP_LABEL])
+    colors = _colors(dict.fromkeys(label for label, _, _ in _groups(table)))
     for label, key, group in _groups(table):
-        axes[0].plot(group["k"], group["output_tokens_per_s"], "o-", color=colors[label], label=label)
-        axes[1].plot(group["k"], group["speedup"], "o-", color=colors[label], label=f"{label} measured")
+        axes[0].plot(group["k"], group["output_tokens_per_s"], "o-", color=colors[label])
+        axes[1].plot(group["k"], group["speedup"], "o-", color=colors[label])
         theory = curve[curve[GROUP_KEY] == key]
-        if theory["theory_speedup"].notna().any():
-            axes[1].plot(theory["k"], theory["theory_speedup"], "--", color=colors[label], alpha=0.7,
-                         label="Leviathan (verify = 1 step)")
-        if group["theory_speedup_verify_cost"].notna().any():
-            axes[1].plot(group["k"], group["theory_speedup_verify_cost"], ":", color=colors[label], alpha=0.9,
-                         label="model with measured verify cost")
+        axes[1].plot(theory["k"], theory["theory_speedup"], "--", color=colors[label], alpha=0.7)
+        axes[1].plot(group["k"], group["theory_speedup_verify_cost"], ":", color=colors[label], alpha=0.9)
     axes[0].set_ylabel("output tokens / s")
     axes[1].set_ylabel("speedup over k=0")
     axes[1].axhline(1.0, color="grey", lw=0.8)
     for ax in axes:
         _k_axis(ax, runs["k"])
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+    _legend(axes[0], colors, {})
+    _legend(axes[1], {}, {"measured": "-", "Leviathan (verify = 1 target step)": "--",
+                          "with measured verify cost": ":"})
     fig.suptitle("Throughput and speedup vs depth")
     fig.tight_layout()
     return fig

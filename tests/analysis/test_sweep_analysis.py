@@ -88,7 +88,7 @@ def test_notebook_says_plainly_when_there_are_no_runs(path, tmp_path, monkeypatc
 def test_report_command_writes_figures_and_summary_table(sweep_dir, tmp_path):
     out = tmp_path / "report"
     env = {**os.environ, "MPLBACKEND": "Agg"}
-    done = subprocess.run([sys.executable, "-m", "specexp.analysis.report", str(sweep_dir), "--out", str(out)],
+    done = subprocess.run([sys.executable, "-m", "specexp", "report", str(sweep_dir), "--out", str(out)],
                           capture_output=True, text=True, env=env, timeout=300, check=False)
     assert done.returncode == 0, done.stderr
     assert {p.stem for p in out.glob("*.png")} == set(FIGURES)
