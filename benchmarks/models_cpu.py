@@ -130,6 +130,7 @@ def bench_arch(arch: str, prompt_len: int, decode_steps: int, prefill_repeats: i
         done["transformers"] += 1
 
     decode = interleaved_median_ms({"native": native_decode, "transformers": hf_decode}, decode_steps)
+    weight_bytes = sum(p.numel() * p.element_size() for p in native.parameters())
     # Same math: last-token logits of the prompt agree.
     agree = (native_step(0, prompt_len) - reference(input_ids=prompt[None, :prompt_len]).logits[0, -1:]).abs().max()
     return {
@@ -137,6 +138,8 @@ def bench_arch(arch: str, prompt_len: int, decode_steps: int, prefill_repeats: i
         "prefill_ms": prefill,
         "decode_step_ms": decode,
         "prefill_tokens_per_s": {k: round(prompt_len / v * 1e3) for k, v in prefill.items()},
+        # A decode step streams every weight once: weight bytes / step time is the memory bandwidth it reached.
+        "decode_weight_gb_per_s": {k: round(weight_bytes / (v * 1e-3) / 1e9, 2) for k, v in decode.items()},
         "max_abs_logit_diff": float(agree),
     }
 
@@ -165,7 +168,9 @@ def main() -> None:
     for r in results:
         print(f"{r['arch']:6} {r['params_millions']:>6}M {r['prefill_ms']['native']:>12.1f} ms "
               f"{r['prefill_ms']['transformers']:>8.1f} ms {r['decode_step_ms']['native']:>11.2f} ms "
-              f"{r['decode_step_ms']['transformers']:>7.2f} ms   (logit diff {r['max_abs_logit_diff']:.1e})")
+              f"{r['decode_step_ms']['transformers']:>7.2f} ms   weights streamed at "
+              f"{r['decode_weight_gb_per_s']['native']:.1f} / {r['decode_weight_gb_per_s']['transformers']:.1f} GB/s"
+              f"   (logit diff {r['max_abs_logit_diff']:.1e})")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {args.out}")
