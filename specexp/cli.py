@@ -187,3 +187,6 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"specexp: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # the run's result.json already says "interrupted"
+        print("specexp: interrupted", file=sys.stderr)
+        return 130

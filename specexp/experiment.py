@@ -169,7 +169,7 @@ def environment(device: str) -> dict:
             import torch
 
             env["torch"] = torch.__version__
-        except ImportError:
+        except Exception:  # noqa: BLE001 - e.g. an import that a Ctrl-C cut short: the record matters more
             pass
     return env
 
@@ -232,7 +232,7 @@ def execute(cfg: dict, ctx: RunContext) -> dict:
     from specexp.backends import get_backend
     from specexp.tracking.summary import format_summary
 
-    run_dir = Path(ctx.run_dir)
+    run_dir = ctx.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     started = time.time()
     record = {
@@ -268,11 +268,11 @@ def execute(cfg: dict, ctx: RunContext) -> dict:
     records.write_result(run_dir, record)
     if interrupted is not None:
         raise interrupted
+    if record["status"] != "ok":
+        print(f"specexp: error: {record['error']}", file=sys.stderr, flush=True)
     _track(record)
     if record["status"] == "ok":
         print(format_summary(record), flush=True)
-    else:
-        print(f"specexp: error: {record['error']}", file=sys.stderr, flush=True)
     return record
 
 

@@ -58,7 +58,8 @@ def default_capture_sizes(max_num_reqs: int) -> list[int]:
     return sizes
 
 
-def _free_bytes(device: torch.device) -> int:
+def free_device_bytes(device: torch.device) -> int:
+    """Free device memory after syncing and returning the allocator's cached blocks (vLLM's measure)."""
     torch.cuda.synchronize(device)
     gc.collect()
     torch.cuda.empty_cache()
@@ -115,7 +116,7 @@ class CudaGraphManager:
                 self.graphs[size] = None
                 continue
             torch.cuda.synchronize(self.device)
-            free_before = _free_bytes(self.device)
+            free_before = free_device_bytes(self.device)
             reserved_before = torch.cuda.memory_reserved(self.device)
             graph = torch.cuda.CUDAGraph()
             start = time.perf_counter()
@@ -125,7 +126,7 @@ class CudaGraphManager:
             capture_s = time.perf_counter() - start
             self.graphs[size] = graph
             self.records.append(CaptureRecord(
-                self.name, size, desc.num_tokens, capture_bytes=free_before - _free_bytes(self.device),
+                self.name, size, desc.num_tokens, capture_bytes=free_before - free_device_bytes(self.device),
                 reserved_bytes=torch.cuda.memory_reserved(self.device) - reserved_before, capture_s=capture_s,
             ))
             if progress is not None:

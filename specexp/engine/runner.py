@@ -14,7 +14,13 @@ import torch
 
 from specexp.engine.cache_pool import IdPool, blocks_needed
 from specexp.engine.config import EngineConfig, EngineConfigError, SamplingConfig, SpeculatorConfig
-from specexp.engine.cudagraph import FULL, BatchExecutionDescriptor, CudaGraphManager, default_capture_sizes
+from specexp.engine.cudagraph import (
+    FULL,
+    BatchExecutionDescriptor,
+    CudaGraphManager,
+    default_capture_sizes,
+    free_device_bytes,
+)
 from specexp.engine.inputs import InputBuffers, build_step_inputs, uniform_dummy_inputs
 from specexp.engine.rejection_sampler import RejectionSampler
 from specexp.engine.request import Request
@@ -169,17 +175,15 @@ class NativeEngine:
 
         Records the free-memory delta of the whole capture (vLLM's figure) and each manager's per-size costs."""
         cuda = self.device.type == "cuda"
-        free_before = torch.cuda.mem_get_info(self.device)[0] if cuda else None
+        free_before = free_device_bytes(self.device) if cuda else None
         start = time.perf_counter()
         self.verify_graphs.capture(self._verify_graph, self._prepare_verify_capture, progress)
         if self.speculator is not None:
             self.speculator.capture(progress)
-        if cuda:
-            torch.cuda.synchronize(self.device)
-            torch.cuda.empty_cache()
+        capture_s = time.perf_counter() - start
         self.graph_capture = {
-            "graph_capture_bytes": free_before - torch.cuda.mem_get_info(self.device)[0] if cuda else None,
-            "graph_capture_s": time.perf_counter() - start if cuda else None,
+            "graph_capture_bytes": free_before - free_device_bytes(self.device) if cuda else None,
+            "graph_capture_s": capture_s if cuda else None,
         }
 
     def graph_managers(self) -> list[CudaGraphManager]:

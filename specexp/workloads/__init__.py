@@ -45,9 +45,20 @@ def _jsonl(workload: Any, tokenizer, vocab_size: int) -> list[Prompt]:
     return jsonl_prompts(resolve_workload_path(workload.path), tokenizer, workload.num_prompts)
 
 
+def _stdlib(workload: Any, tokenizer, vocab_size: int) -> list[Prompt]:
+    # code / prose: cut from held-out stdlib files at run time (specexp/workloads/stdlib.py)
+    from specexp.workloads.stdlib import stdlib_prompts
+
+    if tokenizer is None:
+        raise ConfigError(f"workload '{workload.name}' needs a tokenizer.json next to the target's config.json")
+    return stdlib_prompts(workload, tokenizer)
+
+
 # name -> loader(workload, tokenizers.Tokenizer | None, vocab_size) -> list[Prompt].
 # Any other name with a path is read as jsonl.
-LOADERS: dict[str, Callable[[Any, Any, int], list[Prompt]]] = {"random": _random, "jsonl": _jsonl}
+LOADERS: dict[str, Callable[[Any, Any, int], list[Prompt]]] = {
+    "random": _random, "jsonl": _jsonl, "code": _stdlib, "prose": _stdlib,
+}
 
 
 def load_prompts(workload: Any, tokenizer_path: str | Path | None, vocab_size: int) -> list[Prompt]:

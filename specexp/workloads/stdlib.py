@@ -27,8 +27,8 @@ MIN_DOCSTRING_LINES = 3
 
 
 @dataclass(frozen=True)
-class Prompt:
-    """One prompt: ``id`` is ``<name>/<file>:<line>`` (stable across runs on one Python version)."""
+class SourcePrompt:
+    """One prompt's text: ``id`` is ``<name>/<file>:<line>`` (stable across runs on one Python version)."""
 
     id: str
     category: str
@@ -82,7 +82,7 @@ def _prose_blocks(tree: ast.AST, lines: list[str]) -> list[tuple[str, int, int]]
     return sorted(blocks, key=lambda b: b[1])
 
 
-def _file_prompts(name: str, source: SourceFile, input_len: int, count_tokens) -> list[Prompt]:
+def _file_prompts(name: str, source: SourceFile, input_len: int, count_tokens) -> list[SourcePrompt]:
     text = source.read_text()
     try:
         tree = ast.parse(text)
@@ -94,19 +94,21 @@ def _file_prompts(name: str, source: SourceFile, input_len: int, count_tokens) -
     for category, first, last in blocks:
         snippet = _take_lines(lines[first - 1 : last], input_len, count_tokens)
         if snippet is not None:
-            prompts.append(Prompt(f"{name}/{source.rel_path}:{first}", category, snippet))
+            prompts.append(SourcePrompt(f"{name}/{source.rel_path}:{first}", category, snippet))
     return prompts
 
 
 def build_prompts(name: str, input_len: int = 128, num_prompts: int | None = None,
-                  tokenizer_path: str | Path | None = None, stdlib_root: Path | None = None) -> list[Prompt]:
+                  tokenizer=None, stdlib_root: Path | None = None) -> list[SourcePrompt]:
     """The ``name`` workload (``code`` | ``prose``): at most ``num_prompts`` prompts of at most
-    ``input_len`` tokens each (counted with the zoo tokenizer, special tokens excluded)."""
+    ``input_len`` tokens each, counted with ``tokenizer`` (a ``tokenizers.Tokenizer``; default the zoo's)
+    without special tokens."""
     if name not in WORKLOADS:
         raise ValueError(f"unknown stdlib workload {name!r}: expected one of {WORKLOADS}")
-    from specexp.zoo.tokenizer import SHIPPED_TOKENIZER_PATH, load_tokenizer
+    if tokenizer is None:
+        from specexp.zoo.tokenizer import load_tokenizer
 
-    tokenizer = load_tokenizer(tokenizer_path or SHIPPED_TOKENIZER_PATH)
+        tokenizer = load_tokenizer()
 
     def count_tokens(text: str) -> int:
         return len(tokenizer.encode(text, add_special_tokens=False).ids)
@@ -115,3 +117,16 @@ def build_prompts(name: str, input_len: int = 128, num_prompts: int | None = Non
     ordered = [p for depth in range(max(map(len, per_file), default=0)) for ps in per_file if depth < len(ps)
                for p in [ps[depth]]]
     return ordered[:num_prompts] if num_prompts is not None else ordered
+
+
+DEFAULT_INPUT_LEN = 128
+
+
+def stdlib_prompts(workload, tokenizer) -> list:
+    """The framework's loader for ``workload.name`` in :data:`WORKLOADS`: :class:`specexp.workloads.Prompt`
+    records, token ids exactly ``tokenizer.encode(text).ids`` (the target's tokenizer.json)."""
+    from specexp.workloads.prompt import Prompt
+
+    input_len = workload.input_len or DEFAULT_INPUT_LEN
+    prompts = build_prompts(workload.name, input_len, workload.num_prompts, tokenizer)
+    return [Prompt(p.id, p.text, tuple(tokenizer.encode(p.text).ids), p.category) for p in prompts]

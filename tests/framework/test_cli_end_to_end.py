@@ -2,8 +2,10 @@
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pandas as pd
 import pytest
@@ -58,3 +60,20 @@ def test_sweep_jobs_run_in_separate_processes_in_one_group_and_survive_a_failure
     assert {r["wandb"]["job_type"] for r in records} == {"depth_sweep"}
     for n in (1, 2):
         assert list((sweep_dir / str(n) / "wandb").glob("offline-run-*"))
+
+
+def test_ctrl_c_records_an_interrupted_run(tmp_path, tiny_llama_dir, tiny_llama_draft_dir):
+    run_dir = tmp_path / "interrupted"
+    args = ["run", "backend=hf", *tiny_pair(tiny_llama_dir, tiny_llama_draft_dir), "workload.num_prompts=50",
+            "workload.output_len=1000", "tracking=disabled", f"hydra.run.dir={run_dir}"]
+    proc = subprocess.Popen([sys.executable, "-m", "specexp", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "SPECEXP_RUNS_DIR": str(tmp_path / "runs")})
+    deadline = time.monotonic() + 120
+    while not (run_dir / ".hydra").exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    time.sleep(1.0)  # inside the run now (validation, model loading or generation)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    record = json.loads((run_dir / "result.json").read_text())
+    assert record["status"] == "interrupted" and "KeyboardInterrupt" in record["error"]
