@@ -1,0 +1,56 @@
+"""Render benchmarks/gpu_cudagraphs.py's JSON as the markdown tables of an experiments/ report.
+
+    python benchmarks/cudagraphs_report.py RESULT.json > tables.md
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def _mb(num_bytes: float | None) -> str:
+    return "-" if num_bytes is None else f"{num_bytes / 2**20:.1f}"
+
+
+def render(result: dict) -> str:
+    lines = [f"Machine: {result['machine']['gpu']}, torch {result['machine']['torch']}, "
+             f"Python {result['machine']['python']}. Measured copy bandwidth (read + write): "
+             f"{result['copy_bandwidth_bytes_per_s'] / 1e12:.2f} TB/s.", ""]
+    for name, pair in result["pairs"].items():
+        capture = pair["capture"]
+        lines += [f"## {name}", "",
+                  f"Target `{pair['target']}` ({pair['target_params'] / 1e6:.0f}M params), draft `{pair['draft']}` "
+                  f"({pair['draft_params'] / 1e6:.0f}M), {pair['weights']} weights, {pair['dtype']}.", "",
+                  f"Whole capture (k = 4): {_mb(capture['graph_capture_bytes'])} MiB (free-memory delta), "
+                  f"{capture['graph_capture_s']:.2f} s; persistent buffers {_mb(capture['persistent_buffer_bytes'])} MiB.",
+                  "", "| manager | batch | capture MiB (free delta) | reserved MiB | capture ms |", "|---|---|---|---|---|"]
+        for manager, summary in capture["managers"].items():
+            for r in sorted(summary["per_size"], key=lambda r: r["num_reqs"]):
+                lines.append(f"| {manager} | {r['num_reqs']} | {_mb(r['capture_bytes'])} | {_mb(r['reserved_bytes'])} "
+                             f"| {1e3 * r['capture_s']:.1f} |")
+        lines += ["", "| draft decode batch | eager ms/step | graph ms/step | graph speedup |", "|---|---|---|---|"]
+        for size, d in pair["draft_decode_step"].items():
+            lines.append(f"| {size} | {d['eager_step_ms']:.3f} | {d['graph_step_ms']:.3f} | {d['graph_speedup']:.1f}x |")
+        t = pair["target_decode_step"]
+        lines += ["", f"Target decode step, batch 1: graph {t['graph_ms']:.3f} ms, eager {t['eager_ms']:.2f} ms; "
+                  f"weights {t['weight_bytes'] / 1e9:.2f} GB -> {t['achieved_bytes_per_s'] / 1e12:.2f} TB/s = "
+                  f"{100 * t['fraction_of_copy_bandwidth']:.0f}% of the measured copy bandwidth. "
+                  f"Cost ratio c (draft step / target step, graphs) = {pair['cost_ratio_c']:.3f}.", "",
+                  "| k | acceptance rate | acceptance length | tokens/s | speedup | theory speedup | step ms p50 "
+                  "| draft ms p50 | verify ms p50 |", "|---|---|---|---|---|---|---|---|---|"]
+        for r in pair["end_to_end"]:
+            theory = r.get("theory_speedup")
+            lines.append(
+                f"| {r['k']} | {r['acceptance_rate'] if r['acceptance_rate'] is not None else 'real'} "
+                f"| {r['acceptance_length']:.2f} | {r['output_tokens_per_s']:.1f} | {r['speedup']:.2f} "
+                f"| {'-' if theory is None else f'{theory:.2f}'} | {r['step_ms_p50']:.2f} | {r['draft_ms_p50']:.2f} "
+                f"| {r['verify_ms_p50']:.2f} |")
+        lines.append("")
+    for name, err in result.get("errors", {}).items():
+        lines += [f"## {name}: failed", "", "```", err.strip().splitlines()[-1], "```", ""]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(render(json.load(open(sys.argv[1]))))

@@ -1,0 +1,219 @@
+"""CUDA-graph cost and benefit of the native engine on a GPU (needs only torch, safetensors, tokenizers).
+
+Measures, per pair (trained demo pairs when present, and real-size random-weight pairs):
+  1. graph memory and capture time per captured size, for target verify, draft prefill and draft decode;
+  2. draft decode step latency, eager vs graph, at batch 1..64;
+  3. target decode-step latency at batch 1 and the HBM bandwidth it achieves (weight bytes / step time)
+     against the measured device copy bandwidth;
+  4. end-to-end output tokens/s for k = 0..8 (batch 1, 64 prompt tokens, 128 new tokens), with synthetic
+     acceptance rates (random pairs) or real greedy acceptance (demo pairs), next to Leviathan's speedup
+     (1 - a^(k+1)) / ((1 - a)(k c + 1)) with the measured cost ratio c.
+
+    python benchmarks/gpu_cudagraphs.py --out results.json [--quick]
+
+Prints each figure as it is measured and rewrites the JSON after every section, so a run cut short keeps
+what it finished.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from specexp.engine.config import EngineConfig, SamplingConfig, SpeculatorConfig  # noqa: E402
+from specexp.engine.cudagraph import FULL, BatchExecutionDescriptor  # noqa: E402
+from specexp.engine.runner import NativeEngine  # noqa: E402
+from specexp.models import load_model  # noqa: E402
+
+ZOO = Path(__file__).resolve().parents[1] / "specexp" / "zoo"
+RANDOM_PAIRS = {
+    "lfm2-1.2b+lfm2-350m": ("configs/lfm2-1.2b", "configs/lfm2-350m"),
+    "llama-3.2-1b+llama-100m": ("configs/llama-3.2-1b", "configs/llama-100m-draft"),
+}
+DEMO_PAIRS = {
+    "tiny_lfm2": ("tiny-lfm2", "tiny-llama-draft"),
+    "tiny_lfm2_hybrid": ("tiny-lfm2", "tiny-lfm2-draft"),
+    "tiny_llama": ("tiny-llama", "tiny-llama-draft"),
+}
+
+
+def cuda_ms(fn, iters: int = 20, warmup: int = 3) -> float:
+    """Median milliseconds of fn() over `iters` runs, timed with CUDA events."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def copy_bandwidth_bytes_per_s(num_bytes: int = 2 << 30) -> float:
+    """Device-to-device copy bandwidth counting bytes read + written."""
+    src = torch.empty(num_bytes, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    ms = cuda_ms(lambda: dst.copy_(src), iters=10)
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * num_bytes / (ms / 1e3)
+
+
+def model_bytes(model: torch.nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def make_engine(target, draft, k, max_num_seqs, graphs, rejection="standard", rate=0.7, max_model_len=512):
+    mode = FULL if graphs else "none"
+    return NativeEngine(
+        target, draft,
+        EngineConfig(device="cuda", dtype=str(target.lm_head.weight.dtype).replace("torch.", ""),
+                     max_num_seqs=max_num_seqs, max_model_len=max_model_len, block_size=16,
+                     cudagraph_mode=mode),
+        SpeculatorConfig(num_speculative_tokens=k, rejection=rejection, synthetic_acceptance_rate=rate,
+                         cudagraph_mode=mode),
+        SamplingConfig(temperature=0.0, max_new_tokens=128, ignore_eos=True),
+    )
+
+
+def capture_costs(target, draft, k, max_num_seqs) -> dict:
+    engine = make_engine(target, draft, k, max_num_seqs, graphs=True)
+    summary = engine.graph_summary()
+    summary["persistent_buffer_bytes"] = engine.persistent_buffer_bytes()
+    decode = {}
+    spec = engine.speculator
+    for size in engine.capture_sizes:
+        desc = BatchExecutionDescriptor(size, size, FULL)
+        spec._prepare_decode_capture(desc)
+        eager_ms = cuda_ms(lambda: spec._fused_multi_step_decode(desc), iters=10)
+        graph_ms = cuda_ms(lambda: spec.decode_graphs.replay(desc), iters=10)
+        decode[size] = {"eager_step_ms": eager_ms / (k - 1), "graph_step_ms": graph_ms / (k - 1),
+                        "graph_speedup": eager_ms / graph_ms}
+        print(f"    draft decode batch {size:3d}: eager {eager_ms / (k - 1):.3f} ms/step, "
+              f"graph {graph_ms / (k - 1):.3f} ms/step ({eager_ms / graph_ms:.1f}x)", flush=True)
+    del engine
+    torch.cuda.empty_cache()
+    return {"capture": summary, "draft_decode_step": decode}
+
+
+def target_decode_step(target, copy_bw: float) -> dict:
+    """Batch-1 decode step of the target alone (k = 0): graph replay vs eager, and bandwidth."""
+    engine = make_engine(target, None, 0, 1, graphs=True)
+    desc = BatchExecutionDescriptor(1, 1, FULL)
+    engine._prepare_verify_capture(desc)
+    graph_ms = cuda_ms(lambda: engine.verify_graphs.replay(desc), iters=30)
+    eager_ms = cuda_ms(lambda: engine._verify_graph(desc), iters=10)
+    weights = model_bytes(target)
+    achieved = weights / (graph_ms / 1e3)
+    del engine
+    torch.cuda.empty_cache()
+    return {"graph_ms": graph_ms, "eager_ms": eager_ms, "weight_bytes": weights,
+            "achieved_bytes_per_s": achieved, "fraction_of_copy_bandwidth": achieved / copy_bw}
+
+
+def end_to_end(target, draft, ks, prompts, rates, synthetic: bool) -> list[dict]:
+    rows = []
+    for rate in rates:
+        for k in ks:
+            engine = make_engine(target, draft if k else None, k, 1, graphs=True,
+                                 rejection="synthetic" if synthetic else "standard", rate=rate)
+            engine.generate(prompts[:1], max_new_tokens=8)
+            out = engine.generate(prompts)
+            tokens = sum(r.num_output_tokens for r in out.requests)
+            verifies = [v for r in out.requests for v in r.verifies]
+            al = 1 + sum(a for _, a in verifies) / len(verifies) if verifies else 1.0
+            step_ms = statistics.median(s.step_ms for s in out.steps)
+            draft_ms = statistics.median(s.draft_ms for s in out.steps)
+            verify_ms = statistics.median(s.verify_ms for s in out.steps)
+            row = {"k": k, "acceptance_rate": rate if synthetic else None, "acceptance_length": al,
+                   "output_tokens_per_s": tokens / out.total_s, "step_ms_p50": step_ms,
+                   "draft_ms_p50": draft_ms, "verify_ms_p50": verify_ms}
+            rows.append(row)
+            print(f"    k={k} rate={rate} AL={al:.2f} tok/s={row['output_tokens_per_s']:.1f} "
+                  f"step={step_ms:.2f}ms (draft {draft_ms:.2f}, verify {verify_ms:.2f})", flush=True)
+            del engine
+    return rows
+
+
+def add_theory(rows: list[dict], c: float) -> None:
+    """Speedup over k=0 (same rate) and Leviathan's prediction with cost ratio c."""
+    base = {r["acceptance_rate"]: r["output_tokens_per_s"] for r in rows if r["k"] == 0}
+    for r in rows:
+        r["speedup"] = r["output_tokens_per_s"] / base[r["acceptance_rate"]]
+        a, k = r["acceptance_rate"], r["k"]
+        if a is not None:
+            r["theory_speedup"] = (1 - a ** (k + 1)) / ((1 - a) * (k * c + 1))
+
+
+def bench_pair(name, target_path, draft_path, weights, dtype, quick, copy_bw) -> dict:
+    print(f"== {name} ({weights}, {dtype})", flush=True)
+    target = load_model(ZOO / target_path, dtype=dtype, device="cuda", weights=weights, seed=0)
+    draft = load_model(ZOO / draft_path, dtype=dtype, device="cuda", weights=weights, seed=1)
+    out = {"target": target_path, "draft": draft_path, "weights": weights, "dtype": str(dtype),
+           "target_params": sum(p.numel() for p in target.parameters()),
+           "draft_params": sum(p.numel() for p in draft.parameters())}
+    out.update(capture_costs(target, draft, k=4, max_num_seqs=16 if quick else 64))
+    out["target_decode_step"] = target_decode_step(target, copy_bw)
+    out["draft_decode_step_batch1"] = target_decode_step(draft, copy_bw)
+    c = out["draft_decode_step_batch1"]["graph_ms"] / out["target_decode_step"]["graph_ms"]
+    out["cost_ratio_c"] = c
+    print(f"  target step {out['target_decode_step']['graph_ms']:.3f} ms "
+          f"({100 * out['target_decode_step']['fraction_of_copy_bandwidth']:.0f}% of copy bw), c={c:.3f}", flush=True)
+    gen = torch.Generator().manual_seed(0)
+    vocab = target.config.vocab_size
+    prompts = [torch.randint(3, vocab, (64,), generator=gen).tolist() for _ in range(2 if quick else 4)]
+    ks = [0, 1, 2, 4, 8] if quick else list(range(9))
+    synthetic = weights == "random"
+    out["end_to_end"] = end_to_end(target, draft, ks, prompts, [0.6, 0.8] if synthetic else [None], synthetic)
+    add_theory(out["end_to_end"], c)
+    del target, draft
+    torch.cuda.empty_cache()
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="gpu_cudagraphs.json")
+    parser.add_argument("--quick", action="store_true", help="fewer sizes and depths")
+    parser.add_argument("--pairs", default="all", help="comma-separated pair names, or 'all'")
+    args = parser.parse_args()
+    assert torch.cuda.is_available(), "needs a CUDA GPU"
+    result = {"machine": {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+                          "python": platform.python_version()}, "pairs": {}, "errors": {}}
+    result["copy_bandwidth_bytes_per_s"] = copy_bandwidth_bytes_per_s()
+    print(f"copy bandwidth {result['copy_bandwidth_bytes_per_s'] / 1e12:.2f} TB/s", flush=True)
+    pairs = [(n, t, d, "random", torch.bfloat16) for n, (t, d) in RANDOM_PAIRS.items()]
+    pairs += [(n, t, d, "trained", torch.bfloat16) for n, (t, d) in DEMO_PAIRS.items()
+              if (ZOO / t / "model.safetensors").exists() and (ZOO / d / "model.safetensors").exists()]
+    wanted = None if args.pairs == "all" else set(args.pairs.split(","))
+    for name, t, d, weights, dtype in pairs:
+        if wanted is not None and name not in wanted:
+            continue
+        try:
+            result["pairs"][name] = bench_pair(name, t, d, weights, dtype, args.quick,
+                                               result["copy_bandwidth_bytes_per_s"])
+        except Exception:  # noqa: BLE001 - keep the other pairs' figures
+            result["errors"][name] = traceback.format_exc()
+            print(result["errors"][name], flush=True)
+        Path(args.out).write_text(json.dumps(result, indent=1))
+    Path(args.out).write_text(json.dumps(result, indent=1))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    start = time.perf_counter()
+    main()
+    print(f"total {time.perf_counter() - start:.0f} s")
