@@ -150,7 +150,7 @@ def per_request_histogram(df: pd.DataFrame) -> Figure:
         ax.set_xlabel("request acceptance length")
         ax.set_ylabel("requests")
         ax.set_title(label, fontsize=10)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, ncol=2)
     fig.suptitle("Per-request acceptance length")
     fig.tight_layout()
     return fig
@@ -168,12 +168,12 @@ def latency_percentiles(df: pd.DataFrame) -> Figure:
             for p in PERCENTILES:
                 column = f"{metric}.{p}"
                 if column in group and group[column].notna().any():
-                    ax.plot(group["k"], group[column], PERCENTILE_STYLES[p], marker="o", ms=3,
-                            color=colors[label], label=f"{label} {p}")
+                    ax.plot(group["k"], group[column], PERCENTILE_STYLES[p], marker="o", ms=3, color=colors[label])
         _k_axis(ax, runs["k"])
-        ax.set_ylabel(metric.replace("_ms", " (ms)").upper())
+        ax.set_ylabel(f"{metric.removesuffix('_ms').upper()} (ms)")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+    _legend(axes[0], colors, {})
+    _legend(axes[1], {}, dict(zip(PERCENTILES, PERCENTILE_STYLES.values())))
     fig.suptitle("Latency percentiles vs depth")
     fig.tight_layout()
     return fig
