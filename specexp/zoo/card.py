@@ -55,6 +55,11 @@ def _selected(training: dict[str, Any]) -> str:
     return f"; shipped weights are step {selected:,}'s, the lowest held-out loss (early stopping)"
 
 
+def _tokens_seen(training: dict[str, Any]) -> int:
+    cfg = training["train"]
+    return training.get("selected_step", training["steps"]) * cfg["batch_size"] * cfg["seq_len"]
+
+
 def render_card(name: str, training: dict[str, Any], acceptance: list[dict[str, Any]], model_dir: Path) -> str:
     """The model card for ``name``; ``acceptance`` rows are those where it is the target or the draft."""
     cfg = training["train"]
@@ -83,7 +88,7 @@ it is a research fixture, not a useful language model.
 | distilled from | {teachers} |
 | objective | {objective} |
 | steps | {training['steps']:,} x batch {cfg['batch_size']} x {cfg['seq_len']} tokens{_selected(training)} |
-| tokens seen | {training['tokens_seen']:,} |
+| tokens seen | {_tokens_seen(training):,} (by the shipped weights) |
 | optimizer | AdamW (0.9, 0.95), lr {cfg['lr']} (warm-up {cfg['warmup_steps']}, cosine to {cfg['min_lr_ratio']}x), weight decay {cfg['weight_decay']}, clip {cfg['grad_clip']} |
 | held-out loss | {training['held_out_loss']:.4f} nats/token (cross-entropy over {training['held_out_tokens_evaluated']:,} held-out tokens) |
 | held-out loss during training | {loss_curve} |
@@ -98,6 +103,7 @@ it is a research fixture, not a useful language model.
 ```
 python -m specexp.zoo.tokenizer            # only to retrain the shared tokenizer (already shipped)
 python -m specexp train +zoo={name.replace('-', '_')} zoo.train.steps={training['steps']}
+python -m specexp.zoo.build --time-budget-s 50   # what built the shipped zoo: all four, then acceptance + cards
 ```
 Training is deterministic for a given seed, device and library versions; on another Python version
 the corpus (and so the weights) differ.

@@ -267,7 +267,7 @@ def train(spec: ZooModelSpec) -> TrainResult:
         "teachers": spec.teachers,
         "steps": step,
         "selected_step": selected_step,
-        "tokens_seen": step * cfg.batch_size * cfg.seq_len,
+        "tokens_seen": selected_step * cfg.batch_size * cfg.seq_len,  # by the shipped weights
         "train_stream_tokens": train_stream.numel(),
         "held_out_tokens_evaluated": int(windows.numel() - windows.shape[0]),
         "held_out_loss": held_out_loss(model, windows, cfg.batch_size, device),
