@@ -88,6 +88,13 @@ def summary_markdown(table: pd.DataFrame) -> str:
     return markdown_table(rows, [SUMMARY_COLUMNS[c] for c in table.columns])
 
 
+def pivot_markdown(table: pd.DataFrame, value: str, digits: int = 2) -> str:
+    """``value`` of :func:`summary_table` as a group x k markdown table (one row per group)."""
+    wide = table.pivot_table(index="group", columns="k", values=value, aggfunc="first", sort=False)
+    rows = [[str(group), *(_fmt(float(v), digits) for v in wide.loc[group])] for group in wide.index]
+    return markdown_table(rows, ["group", *(f"k={int(k)}" for k in wide.columns)])
+
+
 def theory_markdown(fits: pd.DataFrame) -> str:
     """The fitted α and c per group, with the best k by theory and as measured."""
     rows = [[str(f["group"]), _fmt(f["alpha"], 3), str(f["alpha_trials"]), _fmt(f["c"], 3),
@@ -141,6 +148,14 @@ def write_report(sweep_dir: str | Path, out: str | Path | None = None) -> Path:
         "",
         f"{len(df)} runs ({len(df) - len(not_ok)} ok) from `{sweep_dir}`; device {devices}.",
         SPEEDUP_NOTE,
+        "",
+        "## Acceptance length by k",
+        "",
+        pivot_markdown(table, "acceptance_length"),
+        "",
+        "## Speedup over k=0 by k",
+        "",
+        pivot_markdown(table, "speedup"),
         "",
         "## Runs",
         "",
