@@ -17,6 +17,10 @@ Speculative rows (verifying k drafts, q <= k + 1) read the window at o = num_acc
 num_accepted (accepted drafts + 1) then selects the window that ends exactly at the last accepted input,
 so rejected tokens are rolled back without copying. The state therefore needs (W-1) + k columns.
 
+Uniform pure-spec batches — every full-graph step (target verify of k+1 tokens a row, draft prefill of k+2,
+draft decode of 1) — take a dense path: `x` viewed as [R, q, D], ext built per row, one depthwise
+`conv1d`, one state write: a handful of kernels per layer instead of the varlen gathers.
+
 Rows whose slot is NULL_BLOCK_ID (padding) read slot 0 and never change it; rows with no tokens change no
 state whatever their slot. Values a row must not use — a new request's stale slot, inputs past the last
 real token — are dropped with selects, never multiplied by zero, so even NaN garbage cannot leak in.
@@ -25,6 +29,7 @@ real token — are dropped with selects, never multiplied by zero, so even NaN g
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from specexp.models.metadata import NULL_BLOCK_ID, ShortConvMetadata
 
@@ -175,6 +180,53 @@ def causal_conv1d_spec_update(
     return out
 
 
+def causal_conv1d_spec_update_uniform(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    conv_state: torch.Tensor,
+    state_indices: torch.Tensor,
+    num_accepted_tokens: torch.Tensor,
+    query_len: int,
+    num_rows: int,
+) -> torch.Tensor:
+    """`causal_conv1d_spec_update` for the first `num_rows` (R) rows, of exactly `query_len` (q) tokens
+    each, laid out row after row in x[:R*q] (the same results, dense shapes).
+
+    x: [N >= R*q, D]; state_indices, num_accepted_tokens: int32[>= R] (rows past R: padding, untouched);
+    conv_state [num_slots, D, S >= W-2+q]. Returns [N, D] (tokens past R*q get zeros). NULL-slot rows
+    (graph padding captured as rows) leave every state untouched.
+    """
+    width = weight.shape[1]
+    state_indices, num_accepted_tokens = state_indices[:num_rows], num_accepted_tokens[:num_rows]
+    num_tokens, dim = x.shape
+    if num_rows == 0:
+        return torch.zeros_like(x)
+    slots = state_indices.to(torch.int64)
+    states = conv_state[slots]  # [R, D, S]
+    cols = (num_accepted_tokens.to(torch.int64) - 1).unsqueeze(1) + torch.arange(width - 1, device=x.device)
+    windows = torch.gather(states, 2, cols.clamp(0, states.shape[2] - 1).unsqueeze(1).expand(-1, dim, -1))
+    ext = torch.cat([windows.to(x.dtype), x[: num_rows * query_len].view(num_rows, query_len, dim).transpose(1, 2)],
+                    dim=2)  # [R, D, W-1+q]
+    out = F.conv1d(ext, weight.to(x.dtype).unsqueeze(1), None if bias is None else bias.to(x.dtype), groups=dim)
+    written = width - 2 + query_len
+    new = torch.cat([ext[:, :, 1:].to(states.dtype), states[:, :, written:]], dim=2)
+    conv_state.index_copy_(0, slots, torch.where((slots == NULL_BLOCK_ID).view(-1, 1, 1), states, new))
+    out = out.transpose(1, 2).reshape(num_rows * query_len, dim)
+    if num_tokens > out.shape[0]:
+        out = torch.cat([out, x.new_zeros(num_tokens - out.shape[0], dim)])
+    return out
+
+
+def uniform_spec_query_len(meta: ShortConvMetadata) -> int | None:
+    """q when the batch is spec rows only, each verifying exactly q = spec_query_len tokens in batch order
+    (every full-graph batch), else None. CPU ints only."""
+    rows = meta.num_spec_decodes
+    if rows == 0 or meta.num_decodes + meta.num_prefills > 0 or meta.spec_token_indx is not None:
+        return None
+    return meta.spec_query_len if meta.num_spec_decode_tokens == rows * meta.spec_query_len else None
+
+
 def short_conv(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -192,6 +244,12 @@ def short_conv(
     has_non_spec = meta.num_decodes + meta.num_prefills > 0
     if not has_spec and not has_non_spec:  # empty step (or graph padding only): nothing reads or writes state
         return torch.zeros_like(x)
+    uniform_len = uniform_spec_query_len(meta)
+    if uniform_len is not None:
+        return causal_conv1d_spec_update_uniform(
+            x, weight, bias, conv_state, meta.spec_state_indices_tensor, meta.num_accepted_tokens, uniform_len,
+            meta.num_spec_decodes,
+        )
     if has_spec and not has_non_spec and meta.spec_token_indx is None:
         return causal_conv1d_spec_update(
             x, weight, bias, conv_state, meta.spec_query_start_loc, meta.spec_state_indices_tensor,
