@@ -14,15 +14,15 @@ from transformers import Lfm2Config, Lfm2ForCausalLM, LlamaConfig, LlamaForCausa
 from specexp.zoo.tokenizer import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE
 
 ARCHS = ("llama", "lfm2")
-_SHARED = dict(
-    vocab_size=VOCAB_SIZE,
-    pad_token_id=PAD_ID,
-    bos_token_id=BOS_ID,
-    eos_token_id=EOS_ID,
-    tie_word_embeddings=True,
-    initializer_range=0.02,
-    rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-)
+_SHARED = {
+    "vocab_size": VOCAB_SIZE,
+    "pad_token_id": PAD_ID,
+    "bos_token_id": BOS_ID,
+    "eos_token_id": EOS_ID,
+    "tie_word_embeddings": True,
+    "initializer_range": 0.02,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+}
 
 
 def build_config(arch: str, size: dict[str, Any]) -> PretrainedConfig:

@@ -13,8 +13,8 @@ from specexp.zoo.acceptance import (
 )
 from specexp.zoo.architectures import build_model
 
-SIZE = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-            num_key_value_heads=1, max_position_embeddings=256)
+SIZE = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
+            "num_key_value_heads": 1, "max_position_embeddings": 256}
 CPU = torch.device("cpu")
 
 

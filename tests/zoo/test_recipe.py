@@ -12,14 +12,14 @@ from specexp.zoo.spec import TrainConfig, spec_from_dict
 from specexp.zoo.train_loop import CHECKPOINT_NAME, lr_at, train
 
 TINY_SIZE = {
-    "llama": dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-                  num_key_value_heads=1, max_position_embeddings=128),
-    "lfm2": dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-                 num_key_value_heads=1, max_position_embeddings=128, conv_L_cache=3,
-                 layer_types=["conv", "full_attention"]),
+    "llama": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
+                  "num_key_value_heads": 1, "max_position_embeddings": 128},
+    "lfm2": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
+                 "num_key_value_heads": 1, "max_position_embeddings": 128, "conv_L_cache": 3,
+                 "layer_types": ["conv", "full_attention"]},
 }
-TINY_TRAIN = dict(steps=6, batch_size=2, seq_len=32, warmup_steps=2, eval_every_steps=3, eval_windows=2,
-                  checkpoint_every_steps=2, log_every_steps=1, corpus_max_files=2, device="cpu", progress=False)
+TINY_TRAIN = {"steps": 6, "batch_size": 2, "seq_len": 32, "warmup_steps": 2, "eval_every_steps": 3, "eval_windows": 2,
+                  "checkpoint_every_steps": 2, "log_every_steps": 1, "corpus_max_files": 2, "device": "cpu", "progress": False}
 
 
 def tiny_spec(tmp_path, arch="llama", tag="run", teachers=(), **train_overrides):
