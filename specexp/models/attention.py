@@ -21,6 +21,10 @@ query slots then attend to one finite key instead of to nothing — a fully mask
 some SDPA backends and -inf arithmetic is dtype-fragile, whereas one forced key keeps every output finite
 for any dtype and never touches real rows (their own outputs come only from their own query slots).
 
+All index tensors and the mask depend only on the step's metadata, so an `AttentionPlan` built once per
+model forward computes them for the first attention layer and every later layer reuses them (each forward
+builds a fresh plan, so a captured graph recomputes them from the persistent metadata at every replay).
+
 Why this op: every shape depends only on (R, T, max_query_len, max_seq_len) — CPU ints fixed at capture —
 with no `.item()` and no data-dependent indexing, so a CUDA graph can capture it, and it is plain torch
 that runs the same on CPU. Its cost is the dense gather (`R * S` keys per layer) and attention over the
@@ -35,21 +39,71 @@ import torch.nn.functional as F
 from specexp.models.metadata import AttentionMetadata
 
 
-def write_kv_cache(kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+class AttentionPlan:
+    """Per-forward cache of the metadata-derived tensors every attention layer reads.
+
+    Built by each model forward from the step's AttentionMetadata; `attend` also accepts plain metadata
+    (then the plan lives for one call)."""
+
+    def __init__(self, meta: AttentionMetadata, positions: torch.Tensor) -> None:
+        self.meta = meta
+        self.positions = positions
+        self._tensors: dict[tuple, dict[str, torch.Tensor]] = {}
+
+    def tensors(self, num_tokens: int, block_size: int, group: int, device: torch.device) -> dict[str, torch.Tensor]:
+        key = (num_tokens, block_size, group)
+        if key not in self._tensors:
+            self._tensors[key] = _plan_tensors(self.meta, self.positions, num_tokens, block_size, group, device)
+        return self._tensors[key]
+
+
+def _plan_tensors(meta: AttentionMetadata, positions: torch.Tensor, num_tokens: int, block_size: int, group: int,
+                  device: torch.device) -> dict[str, torch.Tensor]:
+    """Write indices, gathered block ids, padded query layout, the causal mask and the read-back indices."""
+    num_rows = meta.block_table.shape[0]
+    max_query_len = max(meta.max_query_len, 1)
+    num_blocks = max(-(-meta.max_seq_len // block_size), 1)
+    max_keys = num_blocks * block_size
+    slots = meta.slot_mapping[:num_tokens].to(torch.int64)
+    padding = slots < 0
+    starts = meta.query_start_loc[:num_rows].to(torch.int64)
+    token_of_slot = (starts.unsqueeze(1) + torch.arange(max_query_len, device=device)).clamp(0, max(num_tokens - 1, 0))
+    q_pos = positions[token_of_slot]  # [R, Q]
+    key_pos = torch.arange(max_keys, device=device)
+    visible = (key_pos <= q_pos.unsqueeze(-1)) & (key_pos < meta.seq_lens.to(torch.int64).view(-1, 1, 1))
+    visible = visible | (key_pos == 0)  # one key always visible: no empty softmax row (see module doc)
+    mask = visible.unsqueeze(1).expand(num_rows, group, max_query_len, max_keys)
+    row, index_in_row = _token_rows(meta, num_tokens, device)
+    return {
+        "write_index": torch.where(padding, torch.zeros_like(slots), slots),
+        "padding": padding,
+        "blocks": meta.block_table[:, :num_blocks].to(torch.int64).reshape(-1),
+        "token_of_slot": token_of_slot,
+        "mask": mask.reshape(num_rows, 1, group * max_query_len, max_keys),
+        "row": row,
+        "index_in_row": index_in_row,
+    }
+
+
+def write_kv_cache(kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor,
+                   plan: dict[str, torch.Tensor] | None = None) -> None:
     """Store each token's key/value at its slot.
 
     kv_cache: [2, num_blocks, block_size, Hkv, D] (updated in place); key/value: [T, Hkv, D];
-    slot_mapping: int64[T], -1 = write nothing.
+    slot_mapping: int64[T], -1 = write nothing. plan: precomputed `write_index`/`padding` (optional).
     """
     num_tokens = key.shape[0]
     if num_tokens == 0:
         return
     flat = kv_cache.view(2, -1, *kv_cache.shape[3:])  # [2, num_blocks * block_size, Hkv, D]
-    slots = slot_mapping[:num_tokens].to(torch.int64)
-    keep = slots < 0
-    index = torch.where(keep, torch.zeros_like(slots), slots)
+    if plan is None:
+        slots = slot_mapping[:num_tokens].to(torch.int64)
+        padding = slots < 0
+        index = torch.where(padding, torch.zeros_like(slots), slots)
+    else:
+        index, padding = plan["write_index"], plan["padding"]
     new = torch.stack((key, value)).to(kv_cache.dtype)  # [2, T, Hkv, D]
-    new = torch.where(keep.view(1, -1, 1, 1), flat.index_select(1, index), new)
+    new = torch.where(padding.view(1, -1, 1, 1), flat.index_select(1, index), new)
     flat.index_copy_(1, index, new)
 
 
@@ -65,52 +119,39 @@ def paged_attention(
     query: torch.Tensor,
     positions: torch.Tensor,
     kv_cache: torch.Tensor,
-    meta: AttentionMetadata,
+    meta: AttentionMetadata | AttentionPlan,
     scale: float,
 ) -> torch.Tensor:
     """Causal attention of each token over its row's cached keys (this step's keys already written).
 
     query: [T, Hq, D]; positions: int64[T] (position of each query token in its request);
-    kv_cache: [2, num_blocks, block_size, Hkv, D]. Returns [T, Hq * D] in query's dtype.
-    Padded tokens/rows get finite garbage; real rows never depend on them.
+    kv_cache: [2, num_blocks, block_size, Hkv, D]; meta: the step's metadata or a forward's AttentionPlan.
+    Returns [T, Hq * D] in query's dtype. Padded tokens/rows get finite garbage; real rows never depend on them.
     """
+    plan = meta if isinstance(meta, AttentionPlan) else AttentionPlan(meta, positions)
+    meta = plan.meta
     num_tokens, num_heads, head_dim = query.shape
     num_kv_heads, block_size = kv_cache.shape[3], kv_cache.shape[2]
     group = num_heads // num_kv_heads
+    t = plan.tensors(num_tokens, block_size, group, query.device)
     num_rows = meta.block_table.shape[0]
     max_query_len = max(meta.max_query_len, 1)
-    num_blocks = max(-(-meta.max_seq_len // block_size), 1)
-    max_keys = num_blocks * block_size
-    device = query.device
+    max_keys = t["mask"].shape[-1]
 
     # Dense keys/values of each row: [R, S, Hkv, D].
-    # (index_select: a contiguous copy per block, far cheaper on CPU than advanced indexing)
-    blocks = meta.block_table[:, :num_blocks].reshape(-1).to(torch.int64)
-    keys, values = kv_cache.index_select(1, blocks).view(2, num_rows, max_keys, num_kv_heads, head_dim)
+    keys = kv_cache[0].index_select(0, t["blocks"]).view(num_rows, max_keys, num_kv_heads, head_dim)
+    values = kv_cache[1].index_select(0, t["blocks"]).view(num_rows, max_keys, num_kv_heads, head_dim)
 
-    # Padded queries: slot i of row r <- flat token query_start_loc[r] + i (clamped; extra slots are junk).
-    starts = meta.query_start_loc[:num_rows].to(torch.int64)
-    token_of_slot = (starts.unsqueeze(1) + torch.arange(max_query_len, device=device)).clamp(0, max(num_tokens - 1, 0))
-    q = query[token_of_slot]  # [R, Q, Hq, D]
-    q_pos = positions[token_of_slot]  # [R, Q]
-
-    key_pos = torch.arange(max_keys, device=device)
-    visible = (key_pos <= q_pos.unsqueeze(-1)) & (key_pos < meta.seq_lens.to(torch.int64).view(-1, 1, 1))
-    visible = visible | (key_pos == 0)  # one key always visible: no empty softmax row (see module doc)
-
-    # Fold the G query heads of each KV head into the query axis: [R, Hkv, G * Q, D].
+    # Padded queries, with the G query heads of each KV head folded into the query axis: [R, Hkv, G * Q, D].
+    q = query[t["token_of_slot"]]  # [R, Q, Hq, D]
     q = q.view(num_rows, max_query_len, num_kv_heads, group, head_dim).permute(0, 2, 3, 1, 4)
     q = q.reshape(num_rows, num_kv_heads, group * max_query_len, head_dim)
-    mask = visible.unsqueeze(1).expand(num_rows, group, max_query_len, max_keys)
-    mask = mask.reshape(num_rows, 1, group * max_query_len, max_keys)
     out = F.scaled_dot_product_attention(
-        q, keys.transpose(1, 2).to(q.dtype), values.transpose(1, 2).to(q.dtype), attn_mask=mask, scale=scale
+        q, keys.transpose(1, 2).to(q.dtype), values.transpose(1, 2).to(q.dtype), attn_mask=t["mask"], scale=scale
     )
     out = out.view(num_rows, num_kv_heads, group, max_query_len, head_dim).permute(0, 3, 1, 2, 4)
     out = out.reshape(num_rows, max_query_len, num_heads * head_dim)
-
-    row, index_in_row = _token_rows(meta, num_tokens, device)
-    return out[row, index_in_row]
+    return out[t["row"], t["index_in_row"]]
 
 
 def attend(
@@ -119,10 +160,13 @@ def attend(
     value: torch.Tensor,
     positions: torch.Tensor,
     kv_cache: torch.Tensor,
-    meta: AttentionMetadata,
+    meta: AttentionMetadata | AttentionPlan,
     scale: float,
 ) -> torch.Tensor:
     """Write this step's key/value into the paged cache, then attend. query [T, Hq, D], key/value
-    [T, Hkv, D] -> [T, Hq * D]."""
-    write_kv_cache(kv_cache, key, value, meta.slot_mapping)
-    return paged_attention(query, positions, kv_cache, meta, scale)
+    [T, Hkv, D] -> [T, Hq * D]. meta: the step's metadata, or the forward's AttentionPlan (shared by layers)."""
+    plan = meta if isinstance(meta, AttentionPlan) else AttentionPlan(meta, positions)
+    group = query.shape[1] // key.shape[1]
+    tensors = plan.tensors(query.shape[0], kv_cache.shape[2], group, query.device)
+    write_kv_cache(kv_cache, key, value, plan.meta.slot_mapping, tensors)
+    return paged_attention(query, positions, kv_cache, plan, scale)

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specexp.models.attention import attend
+from specexp.models.attention import AttentionPlan, attend
 from specexp.models.causal_lm import CausalLM
 from specexp.models.config import ModelConfig
 from specexp.models.layers import RMSNorm, RotaryEmbedding, apply_rope
@@ -107,10 +107,11 @@ class Lfm2DecoderLayer(nn.Module):
         self.operator_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.ffn_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, h, positions, rope, cache: torch.Tensor, ctx) -> torch.Tensor:
-        """cache: this layer's KV cache (attention) or conv-state cache (conv)."""
+    def forward(self, h, positions, rope, cache: torch.Tensor, ctx, plan: AttentionPlan | None) -> torch.Tensor:
+        """cache: this layer's KV cache (attention) or conv-state cache (conv); plan: the forward's
+        shared attention indices."""
         if self.is_attention:
-            h = h + self.self_attn(self.operator_norm(h), positions, rope, cache, ctx.attn)
+            h = h + self.self_attn(self.operator_norm(h), positions, rope, cache, plan)
         else:
             h = h + self.conv(self.operator_norm(h), cache, ctx.conv)
         return h + self.feed_forward(self.ffn_norm(h))
@@ -134,9 +135,10 @@ class Lfm2Model(nn.Module):
             )
         h = self.embed_tokens(input_ids)
         rope = self.rotary_emb(positions, h.dtype) if ctx.kv_caches else None
+        plan = AttentionPlan(ctx.attn, positions) if ctx.kv_caches else None  # shared by every layer
         kv_caches, conv_states = iter(ctx.kv_caches), iter(ctx.conv_states)
         for layer in self.layers:
-            h = layer(h, positions, rope, next(kv_caches if layer.is_attention else conv_states), ctx)
+            h = layer(h, positions, rope, next(kv_caches if layer.is_attention else conv_states), ctx, plan)
         return self.embedding_norm(h)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from specexp.models.attention import attend
+from specexp.models.attention import AttentionPlan, attend
 from specexp.models.causal_lm import CausalLM
 from specexp.models.config import ModelConfig
 from specexp.models.layers import GatedMLP, RMSNorm, RotaryEmbedding, apply_rope
@@ -80,8 +80,9 @@ class LlamaModel(nn.Module):
     def forward(self, input_ids, positions, ctx):
         h = self.embed_tokens(input_ids)
         rope = self.rotary_emb(positions, h.dtype)
+        plan = AttentionPlan(ctx.attn, positions)  # index tensors shared by every layer of this forward
         for layer, kv_cache in zip(self.layers, ctx.kv_caches, strict=True):
-            h = layer(h, positions, rope, kv_cache, ctx.attn)
+            h = layer(h, positions, rope, kv_cache, plan)
         return self.norm(h)
 
 
