@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import logging
 import multiprocessing
 import os
 import platform
@@ -27,6 +28,7 @@ from specexp.errors import ConfigError
 from specexp.tracking import records
 
 EXIT_FAILED, EXIT_CONFIG, EXIT_INTERRUPTED = 1, 2, 130
+log = logging.getLogger("specexp")
 
 
 @dataclass
@@ -165,13 +167,16 @@ def environment(device: str) -> dict:
         mod = sys.modules.get(module)
         env[module] = getattr(mod, "__version__", None) if mod else None
     if env["torch"] is None:
-        try:
-            import torch
-
-            env["torch"] = torch.__version__
-        except Exception:  # noqa: BLE001 - e.g. an import that a Ctrl-C cut short: the record matters more
-            pass
+        env["torch"] = _torch_version()
     return env
+
+
+def _torch_version() -> str | None:
+    try:
+        import torch
+    except Exception:  # noqa: BLE001 - e.g. an import that a Ctrl-C cut short: the record matters more
+        return None
+    return torch.__version__
 
 
 def _write_outputs(run_dir: Path, result, spec) -> None:
@@ -251,6 +256,8 @@ def execute(cfg: dict, ctx: RunContext) -> dict:
     try:
         spec = build_run_spec(cfg, ctx)
         backend = get_backend(spec.backend)
+        log.info("starting backend %s: %s, k=%d, %d prompts", spec.backend, spec.pair.name,
+                 spec.speculator.num_speculative_tokens, len(spec.prompts))
         result = backend.run(spec)
         _write_outputs(run_dir, result, spec)
         record["metrics"] = result.metrics

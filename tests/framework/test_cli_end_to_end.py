@@ -68,12 +68,16 @@ def test_ctrl_c_records_an_interrupted_run(tmp_path, tiny_llama_dir, tiny_llama_
             "workload.output_len=1000", "tracking=disabled", f"hydra.run.dir={run_dir}"]
     proc = subprocess.Popen([sys.executable, "-m", "specexp", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env={**os.environ, "SPECEXP_RUNS_DIR": str(tmp_path / "runs")})
+    log = run_dir / "specexp.log"
     deadline = time.monotonic() + 120
-    while not (run_dir / ".hydra").exists() and time.monotonic() < deadline and proc.poll() is None:
+    while time.monotonic() < deadline and proc.poll() is None:
+        if log.exists() and "starting backend hf" in log.read_text():
+            break
         time.sleep(0.2)
-    time.sleep(1.0)  # inside the run now (validation, model loading or generation)
+    time.sleep(1.0)  # loading the models or generating now
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130, err
+    # 130, or death by SIGINT when the interrupt hit library code that re-raises it at exit (model loading)
+    assert proc.returncode in (130, -signal.SIGINT), err
     record = json.loads((run_dir / "result.json").read_text())
     assert record["status"] == "interrupted" and "KeyboardInterrupt" in record["error"]
