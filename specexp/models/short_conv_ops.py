@@ -18,8 +18,8 @@ num_accepted (accepted drafts + 1) then selects the window that ends exactly at 
 so rejected tokens are rolled back without copying. The state therefore needs (W-1) + k columns.
 
 Uniform pure-spec batches — every full-graph step (target verify of k+1 tokens a row, draft prefill of k+2,
-draft decode of 1) — take a dense path: `x` viewed as [R, q, D], ext built per row, one depthwise
-`conv1d`, one state write: a handful of kernels per layer instead of the varlen gathers.
+draft decode of 1) — take a dense path: `x` viewed as [R, q, D], ext built per row, W shifted
+multiply-adds, one state write: a handful of kernels per layer instead of the varlen gathers.
 
 Rows whose slot is NULL_BLOCK_ID (padding) read slot 0 and never change it; rows with no tokens change no
 state whatever their slot. Values a row must not use — a new request's stale slot, inputs past the last
@@ -29,7 +29,6 @@ real token — are dropped with selects, never multiplied by zero, so even NaN g
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from specexp.models.metadata import NULL_BLOCK_ID, ShortConvMetadata
 
@@ -208,7 +207,14 @@ def causal_conv1d_spec_update_uniform(
     windows = torch.gather(states, 2, cols.clamp(0, states.shape[2] - 1).unsqueeze(1).expand(-1, dim, -1))
     ext = torch.cat([windows.to(x.dtype), x[: num_rows * query_len].view(num_rows, query_len, dim).transpose(1, 2)],
                     dim=2)  # [R, D, W-1+q]
-    out = F.conv1d(ext, weight.to(x.dtype).unsqueeze(1), None if bias is None else bias.to(x.dtype), groups=dim)
+    # W shifted multiply-adds (W = L_cache is 3 or 4): cheap everywhere, where a depthwise conv1d is slow
+    # on CPU backends.
+    w = weight.to(x.dtype)
+    out = ext[:, :, 0:query_len] * w[:, 0:1]
+    for j in range(1, width):
+        out = out + ext[:, :, j : j + query_len] * w[:, j : j + 1]
+    if bias is not None:
+        out = out + bias.to(x.dtype).view(1, dim, 1)
     written = width - 2 + query_len
     new = torch.cat([ext[:, :, 1:].to(states.dtype), states[:, :, written:]], dim=2)
     conv_state.index_copy_(0, slots, torch.where((slots == NULL_BLOCK_ID).view(-1, 1, 1), states, new))

@@ -1,0 +1,73 @@
+"""Native engine vs Hugging Face assisted generation: output tokens/s on the same pair and prompts.
+
+Runs `python -m specexp run` once per point (each its own process, W&B off) and reads each run's
+result.json:  hf and native at k = 0 and k = 4 with batch 1 (engine.max_num_seqs = 1), and native at
+batch 16. Prints a table and writes JSON.
+
+    python benchmarks/native_vs_hf.py [--pair tiny_lfm2] [--workload code] [--num-prompts 8]
+                                      [--max-new-tokens 64] [--out native_vs_hf.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+POINTS = [("hf", 0, 1), ("native", 0, 1), ("hf", 4, 1), ("native", 4, 1), ("native", 0, 16), ("native", 4, 16)]
+
+
+def run_point(backend: str, k: int, batch: int, args, runs_dir: Path) -> dict:
+    name = f"{backend}_k{k}_b{batch}"
+    cmd = [
+        sys.executable, "-m", "specexp", "run", f"pair={args.pair}", f"workload={args.workload}",
+        f"workload.num_prompts={args.num_prompts}", f"sampling.max_new_tokens={args.max_new_tokens}",
+        f"backend={backend}", f"speculator.num_speculative_tokens={k}", f"engine.max_num_seqs={batch}",
+        "tracking.wandb.mode=disabled", f"name={name}", f"hydra.run.dir={runs_dir / name}",
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "SPECEXP_RUNS_DIR": str(runs_dir)})
+    result_path = runs_dir / name / "result.json"
+    if not result_path.exists():
+        return {"backend": backend, "k": k, "batch": batch, "error": (proc.stderr or proc.stdout)[-2000:]}
+    record = json.loads(result_path.read_text())
+    m = record["metrics"] or {}
+    return {
+        "backend": backend, "k": k, "batch": batch, "status": record["status"], "error": record["error"],
+        "output_tokens_per_s": m.get("output_tokens_per_s"), "acceptance_length": m.get("acceptance_length"),
+        "tpot_ms_p50": (m.get("tpot_ms") or {}).get("p50"), "num_output_tokens": m.get("num_output_tokens"),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pair", default="tiny_lfm2")
+    parser.add_argument("--workload", default="code")
+    parser.add_argument("--num-prompts", type=int, default=8)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--out", default="native_vs_hf.json")
+    args = parser.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for backend, k, batch in POINTS:
+            row = run_point(backend, k, batch, args, Path(tmp))
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    by = {(r["backend"], r["k"], r["batch"]): r.get("output_tokens_per_s") for r in rows}
+    ratio = None
+    if by.get(("native", 4, 1)) and by.get(("hf", 4, 1)):
+        ratio = by[("native", 4, 1)] / by[("hf", 4, 1)]
+    out = {"machine": {"platform": platform.platform(), "processor": platform.processor(),
+                       "cpu_count": os.cpu_count(), "python": platform.python_version()},
+           "settings": vars(args), "points": rows, "native_over_hf_k4_batch1": ratio}
+    Path(args.out).write_text(json.dumps(out, indent=1))
+    print(f"native / hf tokens/s at k=4, batch 1: {ratio}")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
