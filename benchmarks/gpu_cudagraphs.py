@@ -129,7 +129,7 @@ def end_to_end(target, draft, ks, prompts, rates, synthetic: bool) -> list[dict]
     for rate in rates:
         for k in ks:
             engine = make_engine(target, draft if k else None, k, 1, graphs=True,
-                                 rejection="synthetic" if synthetic else "standard", rate=rate)
+                                 rejection="synthetic" if synthetic else "standard", rate=rate if synthetic else 1.0)
             engine.generate(prompts[:1], max_new_tokens=8)
             out = engine.generate(prompts)
             tokens = sum(r.num_output_tokens for r in out.requests)
