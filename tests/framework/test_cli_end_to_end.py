@@ -24,7 +24,8 @@ def cli(tmp_path, monkeypatch):
 
 
 def tiny_pair(target, draft):
-    return ["pair=local", f"pair.target.path={target}", f"pair.draft.path={draft}", "workload.num_prompts=2",
+    return ["pair=local", f"pair.target.path={target}", f"pair.draft.path={draft}", "workload=random",
+            "workload.num_prompts=2",
             "workload.input_len=6", "workload.output_len=8"]
 
 

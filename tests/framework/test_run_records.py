@@ -52,7 +52,8 @@ def fake_backend(monkeypatch):
 @pytest.fixture
 def config(tiny_llama_dir, tiny_llama_draft_dir):
     cfg = compose_config(["+exp=quickstart", "pair=local", f"pair.target.path={tiny_llama_dir}",
-                          f"pair.draft.path={tiny_llama_draft_dir}", "workload.num_prompts=3", "tracking=disabled",
+                          f"pair.draft.path={tiny_llama_draft_dir}", "workload=random", "workload.num_prompts=3",
+                          "tracking=disabled",
                           "speculator.num_speculative_tokens=3"])
     cfg = OmegaConf.to_container(cfg, resolve=True)
     cfg["backend"]["name"] = "fake"
