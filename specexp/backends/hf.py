@@ -27,6 +27,7 @@ from transformers.generation.streamers import BaseStreamer
 from transformers.utils import logging as hf_logging
 
 from specexp.engine.stats import AcceptanceStats, request_latency
+from specexp.models import load_model as load_native_model
 from specexp.result import RequestOutput, RunResult, StepRecord, run_metrics
 from specexp.specs import ModelSpec, RunSpec
 
@@ -85,8 +86,13 @@ def load_model(model: ModelSpec, spec: RunSpec, device: torch.device):
     ``pair.weights=random`` a seeded (``pair.init_seed``) random init of its config.json."""
     dtype = getattr(torch, spec.pair.dtype)
     if spec.pair.weights == "random":
-        torch.manual_seed(spec.pair.init_seed)
-        loaded = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model.path), dtype=dtype)
+        # The very weights the native backend draws for this pair (same seed, dtype and device), so that
+        # backends compared on a random pair run the same models.
+        native = load_native_model(model.path, dtype=dtype, device=device, weights="random",
+                                   seed=spec.pair.init_seed)
+        loaded = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model.path), dtype=dtype).to(device)
+        loaded.load_state_dict(native.state_dict(), strict=True)
+        del native
     else:
         loaded = AutoModelForCausalLM.from_pretrained(model.path, dtype=dtype)
     return loaded.to(device).eval()
