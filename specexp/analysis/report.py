@@ -144,7 +144,7 @@ def write_report(sweep_dir: str | Path, out: str | Path | None = None) -> Path:
     not_ok = df[df["status"] != "ok"]
     devices = ", ".join(sorted(map(str, df["env.device"].dropna().unique()))) if "env.device" in df else "?"
     lines = [
-        f"# Sweep report: {sweep_dir.resolve().name}",
+        f"# Sweep report: {', '.join(sorted(df['sweep_group'].dropna().unique())) or sweep_dir.resolve().name}",
         "",
         f"{len(df)} runs ({len(df) - len(not_ok)} ok) from `{sweep_dir}`; device {devices}.",
         SPEEDUP_NOTE,
