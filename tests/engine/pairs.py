@@ -15,7 +15,7 @@ VOCAB = 24  # small, so even an unrelated random draft sometimes matches the tar
 
 
 def tiny_hf_model(arch: str, hidden: int, layers: int, seed: int, layer_types: list[str] | None = None):
-    from transformers import Lfm2Config, LlamaConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, Lfm2Config, LlamaConfig
 
     common = dict(vocab_size=VOCAB, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, pad_token_id=0,
@@ -55,3 +55,17 @@ def noisy_copy(src: Path, out: Path, scale: float, seed: int) -> Path:
         if (src / f).exists():
             (out / f).write_bytes((src / f).read_bytes())
     return out
+
+
+def build_pairs(root: Path) -> dict[str, tuple[Path, Path]]:
+    """The engine tests' three pair kinds: LFM2 target + unrelated Llama draft, LFM2 + noisy hybrid copy,
+    Llama + noisy copy. Returns {name: (target_dir, draft_dir)}."""
+    lfm2 = save_tiny(tiny_hf_model("lfm2", 48, 4, seed=0, layer_types=["conv", "full_attention", "conv", "conv"]),
+                     root / "lfm2")
+    llama = save_tiny(tiny_hf_model("llama", 48, 2, seed=1), root / "llama")
+    llama_draft = save_tiny(tiny_hf_model("llama", 32, 1, seed=2), root / "llama-draft")
+    return {
+        "lfm2+llama": (lfm2, llama_draft),
+        "lfm2+lfm2": (lfm2, noisy_copy(lfm2, root / "lfm2-noisy", 0.35, seed=3)),
+        "llama+llama": (llama, noisy_copy(llama, root / "llama-noisy", 0.35, seed=4)),
+    }

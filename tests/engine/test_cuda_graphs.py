@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from pairs import VOCAB, build_pairs
 
-from pairs import VOCAB, noisy_copy, save_tiny, tiny_hf_model
 from specexp.engine.config import EngineConfig, SamplingConfig, SpeculatorConfig
 from specexp.engine.runner import NativeEngine
 from specexp.models import load_model
@@ -19,16 +19,7 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def pairs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("gpu-pairs")
-    lfm2 = save_tiny(tiny_hf_model("lfm2", 48, 4, seed=0, layer_types=["conv", "full_attention", "conv", "conv"]),
-                     root / "lfm2")
-    llama = save_tiny(tiny_hf_model("llama", 48, 2, seed=1), root / "llama")
-    llama_draft = save_tiny(tiny_hf_model("llama", 32, 1, seed=2), root / "llama-draft")
-    return {
-        "lfm2+llama": (lfm2, llama_draft),
-        "lfm2+lfm2": (lfm2, noisy_copy(lfm2, root / "lfm2-noisy", 0.35, seed=3)),
-        "llama+llama": (llama, noisy_copy(llama, root / "llama-noisy", 0.35, seed=4)),
-    }
+    return build_pairs(tmp_path_factory.mktemp("gpu-pairs"))
 
 
 def _prompts(n, seed=0):

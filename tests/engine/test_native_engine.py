@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from pairs import VOCAB, build_pairs, save_tiny, tiny_hf_model
 
-from pairs import VOCAB, noisy_copy, save_tiny, tiny_hf_model
 from specexp.engine.config import EngineConfig, EngineConfigError, SamplingConfig, SpeculatorConfig
 from specexp.engine.runner import NativeEngine
 from specexp.models import load_model
@@ -16,16 +16,7 @@ PROMPT_LENS = [3, 11, 6, 17, 1, 9]
 
 @pytest.fixture(scope="module")
 def pair_dirs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("pairs")
-    lfm2 = save_tiny(tiny_hf_model("lfm2", 48, 4, seed=0, layer_types=["conv", "full_attention", "conv", "conv"]),
-                     root / "lfm2")
-    llama = save_tiny(tiny_hf_model("llama", 48, 2, seed=1), root / "llama")
-    llama_draft = save_tiny(tiny_hf_model("llama", 32, 1, seed=2), root / "llama-draft")
-    return {
-        "lfm2+llama": (lfm2, llama_draft),
-        "lfm2+lfm2": (lfm2, noisy_copy(lfm2, root / "lfm2-noisy", 0.35, seed=3)),
-        "llama+llama": (llama, noisy_copy(llama, root / "llama-noisy", 0.35, seed=4)),
-    }
+    return build_pairs(tmp_path_factory.mktemp("pairs"))
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +59,7 @@ def _run(target_dir, draft_dir, prompts, k, max_num_seqs, budget=None, temperatu
 
 @pytest.mark.parametrize("pair", ["lfm2+llama", "lfm2+lfm2", "llama+llama"])
 @pytest.mark.parametrize("max_num_seqs", [1, 4, 16])
-@pytest.mark.parametrize("k", range(0, 9))
+@pytest.mark.parametrize("k", range(9))
 def test_greedy_speculation_is_lossless(pair_dirs, prompts, hf_greedy, pair, max_num_seqs, k):
     target_dir, draft_dir = pair_dirs[pair]
     out = _run(target_dir, draft_dir, prompts, k, max_num_seqs)
@@ -144,7 +135,7 @@ def test_first_speculated_token_follows_the_target_distribution(tmp_path, k):
     from collections import Counter
 
     first_counts = Counter(p[0] for p in pairs)
-    first, n = first_counts.most_common(1)[0]
+    first, _ = first_counts.most_common(1)[0]
     seconds = torch.tensor([p[1] for p in pairs if p[0] == first])
     with torch.no_grad():
         from transformers import AutoModelForCausalLM
@@ -160,7 +151,7 @@ def test_first_speculated_token_follows_the_target_distribution(tmp_path, k):
 
 
 def test_draft_with_other_vocabulary_is_refused(tmp_path, pair_dirs):
-    from transformers import LlamaConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, LlamaConfig
 
     cfg = LlamaConfig(vocab_size=VOCAB + 8, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                       num_attention_heads=4, num_key_value_heads=2)
