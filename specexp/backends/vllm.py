@@ -74,9 +74,12 @@ _GRAPH_LOG = re.compile(
 # ------------------------------------------------------------------------------------ spec -> vLLM kwargs
 
 
-def llm_kwargs(spec: RunSpec, target_dir: str | None = None, draft_dir: str | None = None) -> dict[str, Any]:
+def llm_kwargs(spec: RunSpec, target_dir: str | None = None, draft_dir: str | None = None,
+               max_positions: int | None = None) -> dict[str, Any]:
     """``vllm.LLM(**kwargs)`` for ``spec``. ``target_dir``/``draft_dir`` replace the pair's paths (random
-    weights are materialised elsewhere); at k = 0 there is no ``speculative_config``."""
+    weights are materialised elsewhere); at k = 0 there is no ``speculative_config``. ``max_positions``
+    (the target's ``max_position_embeddings``) caps ``max_model_len``: vLLM refuses a longer one, while
+    ``engine.max_model_len`` is a budget that prompts were already checked against."""
     e, s, options = spec.engine, spec.speculator, spec.backend_options
     target = target_dir or spec.pair.target.path
     kwargs: dict[str, Any] = {
@@ -86,7 +89,7 @@ def llm_kwargs(spec: RunSpec, target_dir: str | None = None, draft_dir: str | No
         "dtype": spec.pair.dtype,
         "seed": e.seed,
         "max_num_seqs": e.max_num_seqs,
-        "max_model_len": e.max_model_len,
+        "max_model_len": min(e.max_model_len, max_positions) if max_positions else e.max_model_len,
         "enforce_eager": e.cudagraph_mode == "none",
         "gpu_memory_utilization": float(options.get("gpu_memory_utilization", DEFAULT_GPU_MEMORY_UTILIZATION)),
         "disable_log_stats": False,
@@ -270,12 +273,17 @@ class LogCapture(logging.Handler):
 
     @contextlib.contextmanager
     def attached(self, logger_name: str = "vllm"):
+        """Within this block, records of ``logger_name`` and its children from INFO up are kept."""
         logger = logging.getLogger(logger_name)
+        level = logger.level
+        if logger.getEffectiveLevel() > logging.INFO:  # VLLM_CONFIGURE_LOGGING=0 leaves it at root's level
+            logger.setLevel(logging.INFO)
         logger.addHandler(self)
         try:
             yield self
         finally:
             logger.removeHandler(self)
+            logger.setLevel(level)
 
 
 # -------------------------------------------------------------------------------- random -> checkpoint
@@ -334,7 +342,7 @@ def check_available(spec: RunSpec):
     if not torch.cuda.is_available():
         raise ConfigError(f"backend vllm needs a CUDA GPU and none is visible: run it on a GPU machine ({INSTALL_HINT})")
     if spec.engine.device != "cuda":
-        raise ConfigError(f"backend vllm runs on CUDA only, engine.device={spec.engine.device}: use engine=gpu")
+        raise ConfigError(f"backend vllm runs on CUDA only, engine.device={spec.engine.device}: use engine=cuda")
     return vllm
 
 
@@ -348,7 +356,7 @@ def run(spec: RunSpec) -> RunResult:
     from specexp.models import load_config
 
     k = spec.speculator.num_speculative_tokens
-    eos_ids = load_config(spec.pair.target.path).eos_token_ids
+    target_config = load_config(spec.pair.target.path)
     log = LogCapture()
     scratch = Path(tempfile.mkdtemp(prefix="specexp-vllm-")) if spec.pair.weights == "random" else None
     try:
@@ -358,15 +366,16 @@ def run(spec: RunSpec) -> RunResult:
             if k > 0:
                 draft_dir = materialize_random_weights(spec.pair.draft, spec, scratch / "draft", spec.engine.device)
         with log.attached():
-            llm = vllm.LLM(**llm_kwargs(spec, target_dir, draft_dir))
+            llm = vllm.LLM(**llm_kwargs(spec, target_dir, draft_dir, target_config.max_position_embeddings))
             first = spec.prompts[0]
-            warmup = {**sampling_params_kwargs(spec, 0, eos_ids),
+            warmup = {**sampling_params_kwargs(spec, 0, target_config.eos_token_ids),
                       "max_tokens": min(WARMUP_NEW_TOKENS, spec.sampling.max_new_tokens)}
             llm.generate([{"prompt_token_ids": list(first.token_ids)}], vllm.SamplingParams(**warmup),
                          use_tqdm=False)
             before = llm.get_metrics()
             prompts = [{"prompt_token_ids": list(p.token_ids)} for p in spec.prompts]
-            params = [vllm.SamplingParams(**sampling_params_kwargs(spec, i, eos_ids)) for i in range(len(prompts))]
+            params = [vllm.SamplingParams(**sampling_params_kwargs(spec, i, target_config.eos_token_ids))
+                      for i in range(len(prompts))]
             start = time.perf_counter()
             outputs = llm.generate(prompts, params, use_tqdm=False)
             duration_s = time.perf_counter() - start

@@ -9,6 +9,7 @@ import logging
 import os
 import sys
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import pytest
 import torch
@@ -101,6 +102,11 @@ def test_materialised_dirs_and_backend_options_replace_the_defaults():
     assert kwargs["speculative_config"]["model"] == "/tmp/d"
     assert kwargs["gpu_memory_utilization"] == 0.8
     assert kwargs["compilation_config"] == {"level": 0}
+
+
+def test_max_model_len_is_capped_at_the_targets_positions():
+    assert backend.llm_kwargs(make_spec(), max_positions=512)["max_model_len"] == 512
+    assert backend.llm_kwargs(make_spec(), max_positions=4096)["max_model_len"] == 1024
 
 
 def test_greedy_sampling_params_carry_no_seed_or_filters():
@@ -289,8 +295,7 @@ def test_an_eager_run_logs_no_capture():
 
 def test_the_log_capture_sees_records_of_vllm_child_loggers():
     capture = backend.LogCapture()
-    child = logging.getLogger("vllm.v1.worker.gpu_model_runner")
-    child.setLevel(logging.INFO)
+    child = logging.getLogger("vllm.v1.worker.gpu_model_runner")  # unconfigured: WARNING from root
     with capture.attached():
         child.info("Graph capturing finished in %.0f secs, took %.2f GiB", 1.2, 0.07)
     child.info("after detaching: not captured")
@@ -374,3 +379,100 @@ def test_every_lfm2_zoo_config_carries_the_fields_vllm_reads():
         hf = AutoConfig.from_pretrained(model_dir)
         assert hf.conv_dim == hf.block_dim == hf.hidden_size, name
         assert load_config(model_dir).hidden_size == config["hidden_size"], name
+
+
+# ----------------------------------------------------------------------------------- run, on a stand-in
+
+
+class FakeLLM:
+    """Stands in for ``vllm.LLM``: logs a capture line, emits the prompt's ids reversed, and counts k-token
+    drafts with 1 accepted token per draft (the warm-up counts too, and must be subtracted)."""
+
+    instances: ClassVar[list] = []
+
+    def __init__(self, **kwargs):
+        self.kwargs, self.calls, self.counts = kwargs, [], [0, 0, 0, []]
+        self.k = (kwargs.get("speculative_config") or {}).get("num_speculative_tokens", 0)
+        logging.getLogger("vllm.v1.worker.gpu_model_runner").info(
+            "Graph capturing finished in %.0f secs, took %.2f GiB", 2.0, 0.5)
+        FakeLLM.instances.append(self)
+
+    def generate(self, prompts, params, use_tqdm=True):
+        params = params if isinstance(params, list) else [params] * len(prompts)
+        self.calls.append((prompts, params))
+        outputs = []
+        for prompt, p in zip(prompts, params):
+            ids = list(reversed(prompt["prompt_token_ids"]))[: p.kwargs["max_tokens"]]
+            drafts = len(ids) // 2 if self.k else 0
+            self.counts[0] += drafts
+            self.counts[1] += drafts * self.k
+            self.counts[2] += drafts
+            per_pos = [drafts] + [0] * (self.k - 1) if self.k else []
+            self.counts[3] = [a + b for a, b in zip(self.counts[3] or [0] * self.k, per_pos)]
+            stats = RequestStateStats(first_token_ts=10.0, last_token_ts=10.0 + 0.01 * (len(ids) - 1),
+                                      first_token_latency=0.02)
+            outputs.append(type("Out", (), {"outputs": [type("C", (), {"token_ids": ids})()], "metrics": stats})())
+        return outputs
+
+    def get_metrics(self):
+        return snapshot(*self.counts[:3], list(self.counts[3]))
+
+
+class FakeSamplingParams:
+    def __init__(self, **kwargs):
+        self.kwargs = kwargs
+
+
+@pytest.fixture
+def fake_vllm(monkeypatch):
+    module = type(sys)("vllm")
+    module.LLM, module.SamplingParams, module.__version__ = FakeLLM, FakeSamplingParams, "0.0-fake"
+    monkeypatch.setitem(sys.modules, "vllm", module)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Fake GPU")
+    FakeLLM.instances = []
+    return module
+
+
+def test_run_maps_a_vllm_run_onto_outputs_and_metrics(fake_vllm, tiny_llama_dir, tmp_path):
+    spec = make_spec(k=3, target=str(tiny_llama_dir), draft=str(tiny_llama_dir), output_dir=str(tmp_path))
+    spec.pair.target.tokenizer_path = str(tiny_llama_dir / "tokenizer.json")
+    spec.prompts = [Prompt("p0", "a", (1, 5, 6, 7, 8, 9)), Prompt("p1", "b", (1, 7, 9, 11))]
+    result = backend.run(spec)
+    llm = FakeLLM.instances[0]
+    assert llm.kwargs["speculative_config"]["num_speculative_tokens"] == 3
+    warmup, measured = llm.calls
+    assert warmup[1][0].kwargs["max_tokens"] == backend.WARMUP_NEW_TOKENS
+    assert [p["prompt_token_ids"] for p in measured[0]] == [[1, 5, 6, 7, 8, 9], [1, 7, 9, 11]]
+    assert [r.output_token_ids for r in result.requests] == [[9, 8, 7, 6, 5, 1], [11, 9, 7, 1]]
+    assert result.requests[0].output_text  # decoded with the target's tokenizer.json
+    m = result.metrics
+    assert m["num_drafts"] == 5 and m["num_draft_tokens"] == 15 and m["num_accepted_tokens"] == 5  # warm-up excluded
+    assert m["acceptance_length"] == pytest.approx(2.0) and m["accepted_per_position"] == [5, 0, 0]
+    assert m["graph_capture_s"] == 2.0 and m["graph_capture_bytes"] == round(0.5 * (1 << 30))
+    assert m["graph_capture_per_size"] is None
+    assert result.requests[0].ttft_ms == pytest.approx(20.0) and result.requests[0].tpot_ms == pytest.approx(10.0)
+    assert m["num_output_tokens"] == 10 and m["output_tokens_per_s"] > 0
+    assert result.steps == [] and result.env["gpu"] == "Fake GPU" and result.env["vllm"] == "0.0-fake"
+    assert "Graph capturing finished" in (tmp_path / "vllm.log").read_text()
+
+
+def test_run_on_a_random_pair_hands_vllm_a_materialised_checkpoint(fake_vllm, tmp_path, monkeypatch):
+    from specexp.models import resolve_model_dir
+
+    seen = {}
+    real = backend.materialize_random_weights
+
+    def on_cpu(model, spec, dest, device="cpu"):
+        seen[dest.name] = real(model, spec, dest, "cpu")
+        assert (dest / "model.safetensors").is_file()
+        return seen[dest.name]
+
+    monkeypatch.setattr(backend, "materialize_random_weights", on_cpu)
+    model_dir = str(resolve_model_dir("configs/tiny-random-lfm2-draft"))
+    spec = make_spec(k=2, weights="random", target=model_dir, draft=model_dir, output_dir=str(tmp_path))
+    spec.pair.dtype = "float32"
+    backend.run(spec)
+    kwargs = FakeLLM.instances[0].kwargs
+    assert kwargs["model"] == seen["target"] and kwargs["speculative_config"]["model"] == seen["draft"]
+    assert not os.path.exists(seen["target"])  # the temporary checkpoint is gone after the run
