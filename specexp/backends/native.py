@@ -43,6 +43,10 @@ def engine_configs(spec: RunSpec) -> tuple[EngineConfig, SpeculatorConfig, Sampl
 def run(spec: RunSpec) -> RunResult:
     """Serve spec.prompts with the native engine; outputs, per-step rows and §4 metrics."""
     engine_cfg, spec_cfg, sampling_cfg = engine_configs(spec)
+    # Bad settings fail here, before any model is loaded.
+    engine_cfg.validate()
+    spec_cfg.validate(engine_cfg.max_model_len)
+    sampling_cfg.validate()
     device = torch.device(engine_cfg.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError("engine.device=cuda but no CUDA GPU is visible: use engine.device=cpu")
