@@ -1,0 +1,50 @@
+"""Graph dispatch (VLLM-NOTES §8 invariant 10): the smallest captured size that holds a uniform batch, else
+eager — checked with the CPU emulation of the graph manager."""
+
+import pytest
+import torch
+
+from specexp.engine.cudagraph import FULL, NONE, BatchExecutionDescriptor, CudaGraphManager, default_capture_sizes
+
+
+def _manager(sizes=(1, 2, 4, 8), tokens_per_req=3):
+    manager = CudaGraphManager("verify", list(sizes), tokens_per_req, torch.device("cpu"))
+    manager.capture(lambda desc: None, lambda desc: None)
+    return manager
+
+
+@pytest.mark.parametrize("num_reqs, expected", [(1, 1), (2, 2), (3, 4), (4, 4), (5, 8), (8, 8)])
+def test_uniform_batch_is_padded_to_the_smallest_captured_size(num_reqs, expected):
+    desc = _manager().dispatch(num_reqs, num_reqs * 3, uniform=True)
+    assert desc == BatchExecutionDescriptor(expected, expected * 3, FULL)
+
+
+@pytest.mark.parametrize(
+    "num_reqs, num_tokens, uniform",
+    [(9, 27, True), (2, 5, True), (2, 6, False)],  # too large; ragged token count; mixed batch
+)
+def test_other_batches_run_eager_and_are_counted(num_reqs, num_tokens, uniform):
+    manager = _manager()
+    desc = manager.dispatch(num_reqs, num_tokens, uniform)
+    assert desc == BatchExecutionDescriptor(num_reqs, num_tokens, NONE)
+    assert (manager.num_eager, manager.num_replays) == (1, 0)
+
+
+def test_a_disabled_manager_never_replays():
+    manager = CudaGraphManager("verify", [1, 2], 1, torch.device("cpu"), enabled=False)
+    manager.capture(lambda desc: None, lambda desc: None)
+    assert manager.dispatch(1, 1, uniform=True).cg_mode == NONE and not manager.graphs
+
+
+def test_capture_runs_largest_size_first_and_replay_calls_the_captured_function():
+    seen = []
+    manager = CudaGraphManager("decode", [1, 4, 2], 1, torch.device("cpu"))
+    manager.capture(lambda desc: seen.append(desc.num_reqs), lambda desc: None)
+    assert seen == [4, 2, 1]  # one warm-up run per size, largest first (the pool is shared)
+    manager.replay(manager.dispatch(3, 3, uniform=True))
+    assert seen[-1] == 4
+
+
+@pytest.mark.parametrize("max_num_reqs, sizes", [(1, [1]), (6, [1, 2, 4, 6]), (16, [1, 2, 4, 8, 16])])
+def test_default_capture_sizes_are_powers_of_two_up_to_max(max_num_reqs, sizes):
+    assert default_capture_sizes(max_num_reqs) == sizes
