@@ -327,6 +327,7 @@ class NativeEngine:
         for r, row in enumerate(rows):
             if row.num_draft_tokens:
                 drafts[r, : row.num_draft_tokens] = torch.tensor(row.request.draft_token_ids[: row.num_draft_tokens])
+        samples = torch.tensor([r.samples for r in rows])
         slots_dev = slots.to(dev, non_blocking=True).long()
         draft_probs = self.req_draft_probs[slots_dev] if self.req_draft_probs is not None else None
         return {
@@ -335,8 +336,9 @@ class NativeEngine:
             "logits_indices": logits_indices.to(dev, non_blocking=True),
             "drafts": drafts.to(dev, non_blocking=True), "num_drafts": num_drafts.to(dev, non_blocking=True),
             "draft_probs": draft_probs,
-            "samples": torch.tensor([r.samples for r in rows]).to(dev, non_blocking=True),
-            "samples_cpu": torch.tensor([r.samples for r in rows]),
+            "samples": samples.to(dev, non_blocking=True),
+            "samples_cpu": samples,
+            "starts": torch.tensor(starts, dtype=torch.int64),
         }
 
     def _verify(self, batch: ScheduledBatch, prep: dict) -> torch.Tensor:
@@ -353,7 +355,7 @@ class NativeEngine:
         cpu = prep["cpu"]
         return VerifiedBatch(
             query_lens=prep["query_lens"],
-            start_positions=torch.tensor([r.start_position for r in batch.rows], dtype=torch.int64),
+            start_positions=prep["starts"],
             is_spec=prep["is_spec"],
             samples=prep["samples_cpu"],
             conv_slots=prep["slots"],

@@ -190,7 +190,7 @@ class AutoRegressiveSpeculator:
 
     def _prepare_decode_capture(self, desc: BatchExecutionDescriptor) -> None:
         num_reqs = desc.num_reqs
-        self._load_decode_rows(num_reqs, num_reqs, None, None, None, None)
+        self._load_decode_rows(num_reqs, num_reqs, None, None, None)
         attn = self.decode_buffers.attention_metadata(num_reqs, num_reqs, self.max_graph_seq_len, 1, num_reqs)
         conv = None
         if self.conv_states:
@@ -309,7 +309,7 @@ class AutoRegressiveSpeculator:
         self._sample_draft(logits, desc.num_reqs, 0)
 
     def _load_decode_rows(self, num_reqs: int, num_reqs_padded: int, block_table, start_plus_valid,
-                          writes, dev_block_table) -> None:
+                          writes) -> None:
         """Decode buffers for rows [0, num_reqs) (None: dummy rows) and padding up to num_reqs_padded:
         one token per row; padded rows at position 0 with seq_len 0 and no KV writes."""
         buffers = self.decode_buffers
@@ -335,7 +335,7 @@ class AutoRegressiveSpeculator:
         dev = self.device
         start = batch.start_positions.to(dev, non_blocking=True)
         # Rows that sampled nothing (mid-prompt chunks) must not write KV.
-        self._load_decode_rows(num_reqs, desc.num_reqs, batch.block_table, start + num_valid, batch.samples, None)
+        self._load_decode_rows(num_reqs, desc.num_reqs, batch.block_table, start + num_valid, batch.samples)
         conv = None
         if self.conv_states:
             slots = batch.conv_slots.to(torch.int64)
