@@ -2,10 +2,13 @@
 
 Runs `python -m specexp run` once per point (each its own process, W&B off) and reads each run's
 result.json:  hf and native at k = 0 and k = 4 with batch 1 (engine.max_num_seqs = 1), and native at
-batch 16. Prints a table and writes JSON.
+batch 16. Prints a table and writes JSON (rewritten after every point, so a run cut short keeps what it
+finished).
 
     python benchmarks/native_vs_hf.py [--pair tiny_lfm2] [--workload code] [--num-prompts 8]
-                                      [--max-new-tokens 64] [--out native_vs_hf.json]
+                                      [--max-new-tokens 64] [--engine cpu|cuda] [--out native_vs_hf.json]
+
+`--engine cuda` runs both backends on the GPU (native with its CUDA graphs, hf eager as transformers runs).
 """
 
 from __future__ import annotations
@@ -43,28 +46,45 @@ def run_point(backend: str, k: int, batch: int, args, runs_dir: Path) -> dict:
     }
 
 
+def native_over_hf(rows: list[dict]) -> float | None:
+    """native / hf output tokens/s at k = 4, batch 1 (None until both points are measured)."""
+    by = {(r["backend"], r["k"], r["batch"]): r.get("output_tokens_per_s") for r in rows}
+    if by.get(("native", 4, 1)) and by.get(("hf", 4, 1)):
+        return by[("native", 4, 1)] / by[("hf", 4, 1)]
+    return None
+
+
+def machine(engine: str) -> dict:
+    """Where the figures come from: host, Python, torch and (engine=cuda) the GPU."""
+    import torch
+
+    info = {"platform": platform.platform(), "processor": platform.processor(), "cpu_count": os.cpu_count(),
+            "python": platform.python_version(), "torch": torch.__version__}
+    if engine == "cuda" and torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name()
+    return info
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pair", default="tiny_lfm2")
     parser.add_argument("--workload", default="code")
     parser.add_argument("--num-prompts", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--engine", default="cpu", choices=["cpu", "cuda"], help="engine config group")
     parser.add_argument("--out", default="native_vs_hf.json")
     args = parser.parse_args()
-    rows = []
+    rows: list[dict] = []
+    ratio = None
     with tempfile.TemporaryDirectory() as tmp:
         for backend, k, batch in POINTS:
             row = run_point(backend, k, batch, args, Path(tmp))
             rows.append(row)
             print(json.dumps(row), flush=True)
-    by = {(r["backend"], r["k"], r["batch"]): r.get("output_tokens_per_s") for r in rows}
-    ratio = None
-    if by.get(("native", 4, 1)) and by.get(("hf", 4, 1)):
-        ratio = by[("native", 4, 1)] / by[("hf", 4, 1)]
-    out = {"machine": {"platform": platform.platform(), "processor": platform.processor(),
-                       "cpu_count": os.cpu_count(), "python": platform.python_version()},
-           "settings": vars(args), "points": rows, "native_over_hf_k4_batch1": ratio}
-    Path(args.out).write_text(json.dumps(out, indent=1))
+            ratio = native_over_hf(rows)
+            Path(args.out).write_text(json.dumps(
+                {"machine": machine(args.engine), "settings": vars(args), "points": rows,
+                 "native_over_hf_k4_batch1": ratio}, indent=1))
     print(f"native / hf tokens/s at k=4, batch 1: {ratio}")
     print(f"wrote {args.out}")
 
