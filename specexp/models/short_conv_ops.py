@@ -193,8 +193,8 @@ def causal_conv1d_spec_update_uniform(
     each, laid out row after row in x[:R*q] (the same results, dense shapes).
 
     x: [N >= R*q, D]; state_indices, num_accepted_tokens: int32[>= R] (rows past R: padding, untouched);
-    conv_state [num_slots, D, S >= W-2+q]. Returns [N, D] (tokens past R*q get zeros). NULL-slot rows
-    (graph padding captured as rows) leave every state untouched.
+    conv_state [num_slots, D, S >= W-2+q]. Returns [N, D]: tokens past R*q and the tokens of NULL-slot rows
+    (graph padding captured as rows) get zeros, and NULL-slot rows leave every state untouched.
     """
     width = weight.shape[1]
     state_indices, num_accepted_tokens = state_indices[:num_rows], num_accepted_tokens[:num_rows]
@@ -217,7 +217,9 @@ def causal_conv1d_spec_update_uniform(
         out = out + bias.to(x.dtype).view(1, dim, 1)
     written = width - 2 + query_len
     new = torch.cat([ext[:, :, 1:].to(states.dtype), states[:, :, written:]], dim=2)
-    conv_state.index_copy_(0, slots, torch.where((slots == NULL_BLOCK_ID).view(-1, 1, 1), states, new))
+    padded = (slots == NULL_BLOCK_ID).view(-1, 1, 1)
+    conv_state.index_copy_(0, slots, torch.where(padded, states, new))
+    out = torch.where(padded, torch.zeros((), dtype=out.dtype, device=out.device), out)  # padded tokens: zeros
     out = out.transpose(1, 2).reshape(num_rows * query_len, dim)
     if num_tokens > out.shape[0]:
         out = torch.cat([out, x.new_zeros(num_tokens - out.shape[0], dim)])

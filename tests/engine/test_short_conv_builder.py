@@ -433,13 +433,23 @@ def test_mixed_steps_through_builder_and_short_conv_match_the_committed_stream(d
 # --------------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_full_graph_replay_matches_eager_for_padded_pure_spec_batches():
+DEVICES = ["cpu", pytest.param("cuda", marks=[
+    pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")])]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_full_graph_replay_matches_eager_for_padded_uniform_spec_batches(device):
     """Capture short_conv once on the capture metadata; each later build rewrites the persistent buffers in
-    place, so replays (with fewer real rows, padded) equal eager runs on fresh metadata."""
-    dev = torch.device("cuda")
-    k, width, dim, max_rows, max_tokens = 3, 4, 8, 4, 16
+    place, so replays of uniform batches (every real row verifying k + 1 tokens, as every full-graph batch of
+    the engine does) with fewer real rows than captured equal eager runs on fresh metadata, padded tokens get
+    zeros, and padded rows touch no state.
+
+    On CUDA the replay is a real graph replay; on CPU it is the call made at capture time again — the captured
+    metadata object (its CPU ints frozen at capture, its device buffers rewritten by each build) — which is
+    exactly what a replay re-executes."""
+    dev = torch.device(device)
+    k, width, dim, max_rows = 3, 4, 8, 4
+    max_tokens = max_rows * (k + 1)
     gen = torch.Generator().manual_seed(0)
     weight = torch.randn(dim, width, generator=gen).to(dev)
     bias = torch.randn(dim, generator=gen).to(dev)
@@ -448,23 +458,32 @@ def test_full_graph_replay_matches_eager_for_padded_pure_spec_batches():
     x_buf = torch.zeros(max_tokens, dim, device=dev)
     captured = builder.build_for_cudagraph_capture(num_reqs=max_rows, num_tokens=max_tokens)
     null_before = state[NULL_BLOCK_ID].clone()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up; capture rows sit on the NULL slot and change nothing
-        short_conv(x_buf, weight, bias, state, captured)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out_buf = short_conv(x_buf, weight, bias, state, captured)
-    batches = [_pure_spec(k, [4, 2, 3], [3, 1, 7], [1, 4, 2]), _pure_spec(k, [1, 4, 4, 4], [2, 5, 6, 8], [3, 3, 1, 4]),
-               _pure_spec(k, [4], [1], [2])]
+    if dev.type == "cuda":
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up; capture rows sit on the NULL slot and change nothing
+            short_conv(x_buf, weight, bias, state, captured)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out_buf = short_conv(x_buf, weight, bias, state, captured)
+        replay = graph.replay
+    else:
+        out_buf = torch.zeros_like(x_buf)
+
+        def replay():
+            out_buf.copy_(short_conv(x_buf, weight, bias, state, captured))
+
+    q = k + 1
+    batches = [_pure_spec(k, [q] * 3, [3, 1, 7], [1, 4, 2]), _pure_spec(k, [q] * 4, [2, 5, 6, 8], [3, 3, 1, 4]),
+               _pure_spec(k, [q], [1], [2])]
     for b in batches:
         eager_state = state.clone()
         x = torch.randn(b.num_tokens, dim, generator=gen).to(dev)
         b.build(builder, num_reqs_padded=max_rows, num_tokens_padded=max_tokens)
         x_buf.fill_(math.nan)  # padded tokens hold anything
         x_buf[: b.num_tokens].copy_(x)
-        graph.replay()
+        replay()
         eager = short_conv(x, weight, bias, eager_state, b.build(_builder(k, device=dev)))
         torch.testing.assert_close(out_buf[: b.num_tokens], eager)
         assert torch.equal(out_buf[b.num_tokens:], torch.zeros_like(out_buf[b.num_tokens:]))
