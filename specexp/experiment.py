@@ -67,7 +67,8 @@ def _check_values(cfg: dict) -> None:
     _choice("pair.dtype", cfg["pair"]["dtype"], specs.DTYPES)
     _choice("engine.device", cfg["engine"]["device"], specs.DEVICES)
     _choice("engine.cudagraph_mode", cfg["engine"]["cudagraph_mode"], specs.CUDAGRAPH_MODES)
-    _choice("speculator.cudagraph_mode", cfg["speculator"]["cudagraph_mode"], specs.CUDAGRAPH_MODES)
+    if cfg["speculator"].get("cudagraph_mode") is not None:  # null: follow engine.cudagraph_mode
+        _choice("speculator.cudagraph_mode", cfg["speculator"]["cudagraph_mode"], specs.CUDAGRAPH_MODES)
     sampling = cfg["sampling"]
     if sampling["temperature"] < 0:
         raise ConfigError(f"sampling.temperature={sampling['temperature']} is not valid: use >= 0 (0 = greedy)")

@@ -48,11 +48,19 @@ class PairSpec:
 
 @dataclass
 class SpeculatorSpec:
-    """``num_speculative_tokens`` (k): draft tokens per verification; 0 = no speculation."""
+    """``num_speculative_tokens`` (k): draft tokens per verification; 0 = no speculation.
+    ``cudagraph_mode``: the draft's graphs, ``None`` = follow ``engine.cudagraph_mode`` (:meth:`draft_graph_mode`)."""
 
     num_speculative_tokens: int = 0
-    cudagraph_mode: str = "none"
+    cudagraph_mode: str | None = None
     options: dict[str, Any] = field(default_factory=dict)
+
+    def draft_graph_mode(self, engine_mode: str) -> str:
+        """The draft's effective CUDA-graph mode: its own when set, else the engine's; never graphs when the
+        engine is eager."""
+        if engine_mode == "none":
+            return "none"
+        return self.cudagraph_mode or engine_mode
 
 
 @dataclass

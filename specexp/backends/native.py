@@ -31,7 +31,7 @@ def engine_configs(spec: RunSpec) -> tuple[EngineConfig, SpeculatorConfig, Sampl
     speculator = SpeculatorConfig(
         num_speculative_tokens=s.num_speculative_tokens, rejection=s.options.get("rejection", "standard"),
         synthetic_acceptance_rate=float(s.options.get("synthetic_acceptance_rate", 0.7)),
-        cudagraph_mode=s.cudagraph_mode,
+        cudagraph_mode=s.draft_graph_mode(e.cudagraph_mode),
     )
     sampling = SamplingConfig(
         temperature=sp.temperature, top_k=sp.top_k, top_p=sp.top_p, max_new_tokens=sp.max_new_tokens,

@@ -103,7 +103,7 @@ def llm_kwargs(spec: RunSpec, target_dir: str | None = None, draft_dir: str | No
             "model": draft_dir or spec.pair.draft.path,
             "num_speculative_tokens": k,
             # the draft is eager when its own mode says so, or when the whole engine is eager
-            "enforce_eager": s.cudagraph_mode == "none" or e.cudagraph_mode == "none",
+            "enforce_eager": s.draft_graph_mode(e.cudagraph_mode) == "none",
         }
     kwargs.update(options.get("llm_kwargs") or {})
     return kwargs

@@ -38,7 +38,7 @@ def _vllm_environment(monkeypatch):
         monkeypatch.delenv(name)
 
 
-def make_spec(k: int = 0, temperature: float = 0.0, engine_graphs: str = "full", draft_graphs: str = "full",
+def make_spec(k: int = 0, temperature: float = 0.0, engine_graphs: str = "full", draft_graphs: str | None = "full",
               top_k: int = 0, ignore_eos: bool = False, weights: str = "trained", target: str = "/m/target",
               draft: str = "/m/draft", backend_options: dict | None = None, output_dir: str = "") -> RunSpec:
     def model(path: str) -> ModelSpec:
@@ -87,6 +87,8 @@ def test_speculation_names_the_draft_model_and_k():
     ("full", "none", False, True),
     ("none", "full", True, True),
     ("none", "none", True, True),
+    ("full", None, False, False),  # the draft follows the engine by default
+    ("none", None, True, True),
 ])
 def test_cudagraph_modes_map_onto_enforce_eager(engine_graphs, draft_graphs, engine_eager, draft_eager):
     kwargs = backend.llm_kwargs(make_spec(k=2, engine_graphs=engine_graphs, draft_graphs=draft_graphs))

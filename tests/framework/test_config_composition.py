@@ -41,9 +41,10 @@ def test_depth_sweep_declares_depths_0_to_8():
     assert cfg.hydra.sweeper.params["speculator.num_speculative_tokens"] == "range(0,9)"
 
 
-def test_backend_compare_sweeps_native_and_hf():
+def test_backend_compare_sweeps_native_hf_and_vllm_on_one_pair():
     cfg = compose_config(["+exp=backend_compare"], return_hydra_config=True)
-    assert set(cfg.hydra.sweeper.params["backend"].split(",")) == {"native", "hf"}
+    assert set(cfg.hydra.sweeper.params["backend"].split(",")) == {"native", "hf", "vllm"}
+    assert cfg.pair.name == "tiny_llama" and cfg.sampling.temperature == 0.0
 
 
 def test_overrides_reach_the_config():
@@ -61,3 +62,23 @@ def test_list_prints_one_line_per_pair_experiment_workload_backend(capsys):
 def test_help_runs_as_a_module():
     out = subprocess.run([sys.executable, "-m", "specexp", "--help"], capture_output=True, text=True, check=True).stdout
     assert "run [+exp=NAME]" in out and "list" in out and "train +zoo=NAME" in out
+
+
+@pytest.mark.parametrize(("overrides", "draft_mode"), [
+    (["engine=cuda"], "full"),                                   # the draft follows the engine by default
+    (["engine=cpu"], "none"),
+    (["engine=cuda", "speculator.cudagraph_mode=none"], "none"),  # an explicit draft mode wins
+    (["engine=cuda", "engine.cudagraph_mode=none", "speculator.cudagraph_mode=full"], "none"),  # never graphs
+])                                                                                              # in an eager engine
+def test_the_native_drafts_graph_mode_follows_the_engine(overrides, draft_mode):
+    from specexp.backends.native import engine_configs
+    from specexp.specs import EngineSpec, SpeculatorSpec, group_spec
+
+    cfg = OmegaConf.to_container(compose_config(["+exp=quickstart", *overrides]), resolve=True)
+    spec = type("Spec", (), {})()
+    spec.engine = group_spec(EngineSpec, cfg["engine"])
+    spec.speculator = group_spec(SpeculatorSpec, cfg["speculator"])
+    spec.sampling = type("S", (), dict(temperature=0.0, top_k=0, top_p=1.0, max_new_tokens=8, ignore_eos=False))()
+    spec.pair = type("P", (), dict(dtype="float32"))()
+    _, speculator, _ = engine_configs(spec)
+    assert speculator.cudagraph_mode == draft_mode
