@@ -112,6 +112,9 @@ def run_point(point: dict, args, runs_dir: Path) -> dict:
         "graph_capture_s": m.get("graph_capture_s"),
         "env": record.get("env"),
         "outputs": {o["prompt_id"]: o["output_token_ids"] for o in outputs},
+        # the prompts themselves: the `code` workload is built from the running interpreter's stdlib, so
+        # another Python version draws other prompts — these let any machine replay exactly these
+        "prompt_token_ids": {o["prompt_id"]: o["prompt_token_ids"] for o in outputs},
     })
     return row
 
