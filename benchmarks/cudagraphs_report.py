@@ -24,11 +24,12 @@ def render(result: dict) -> str:
                   f"({pair['draft_params'] / 1e6:.0f}M), {pair['weights']} weights, {pair['dtype']}.", "",
                   f"Whole capture (k = 4): {_mb(capture['graph_capture_bytes'])} MiB (free-memory delta), "
                   f"{capture['graph_capture_s']:.2f} s; persistent buffers {_mb(capture['persistent_buffer_bytes'])} MiB.",
-                  "", "| manager | batch | capture MiB (free delta) | reserved MiB | capture ms |", "|---|---|---|---|---|"]
+                  "", "| manager | batch | keys | capture MiB (free delta) | reserved MiB | capture ms |",
+                  "|---|---|---|---|---|---|"]
         for manager, summary in capture["managers"].items():
-            for r in sorted(summary["per_size"], key=lambda r: r["num_reqs"]):
-                lines.append(f"| {manager} | {r['num_reqs']} | {_mb(r['capture_bytes'])} | {_mb(r['reserved_bytes'])} "
-                             f"| {1e3 * r['capture_s']:.1f} |")
+            for r in sorted(summary["per_size"], key=lambda r: (r["num_reqs"], r.get("max_seq_len") or 0)):
+                lines.append(f"| {manager} | {r['num_reqs']} | {r.get('max_seq_len') or '-'} "
+                             f"| {_mb(r['capture_bytes'])} | {_mb(r['reserved_bytes'])} | {1e3 * r['capture_s']:.1f} |")
         lines += ["", "| draft decode batch | eager ms/step | graph ms/step | graph speedup |", "|---|---|---|---|"]
         for size, d in pair["draft_decode_step"].items():
             lines.append(f"| {size} | {d['eager_step_ms']:.3f} | {d['graph_step_ms']:.3f} | {d['graph_speedup']:.1f}x |")

@@ -95,8 +95,9 @@ def capture_costs(target, draft, k, max_num_seqs) -> dict:
     summary["persistent_buffer_bytes"] = engine.persistent_buffer_bytes()
     decode = {}
     spec = engine.speculator
+    keys = max(engine.seq_len_buckets)  # the longest key-length bucket: the cost at max_model_len
     for size in engine.capture_sizes:
-        desc = BatchExecutionDescriptor(size, size, FULL)
+        desc = BatchExecutionDescriptor(size, size, FULL, keys)
         spec._prepare_decode_capture(desc)
         eager_ms = cuda_ms(lambda: spec._fused_multi_step_decode(desc), iters=10)
         graph_ms = cuda_ms(lambda: spec.decode_graphs.replay(desc), iters=10)
@@ -112,7 +113,7 @@ def capture_costs(target, draft, k, max_num_seqs) -> dict:
 def target_decode_step(target, copy_bw: float) -> dict:
     """Batch-1 decode step of the target alone (k = 0): graph replay vs eager, and bandwidth."""
     engine = make_engine(target, None, 0, 1, graphs=True)
-    desc = BatchExecutionDescriptor(1, 1, FULL)
+    desc = BatchExecutionDescriptor(1, 1, FULL, min(engine.seq_len_buckets))  # a short context (<= 256 keys)
     engine._prepare_verify_capture(desc)
     graph_ms = cuda_ms(lambda: engine.verify_graphs.replay(desc), iters=30)
     eager_ms = cuda_ms(lambda: engine._verify_graph(desc), iters=10)

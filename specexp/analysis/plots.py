@@ -250,6 +250,8 @@ def graph_memory(df: pd.DataFrame) -> Figure:
         for ax in axes[:2]:
             ax.text(0.5, 0.5, "no per-size data", ha="center", va="center", transform=ax.transAxes)
     for (k, manager), rows in per_size.groupby(["k", "manager"]):
+        # A size captured at several key-length buckets costs their sum; runs of the same k are averaged.
+        rows = rows.groupby(["run_dir", "size"], as_index=False)[["capture_bytes", "capture_s"]].sum()
         rows = rows.groupby("size", as_index=False)[["capture_bytes", "capture_s"]].mean().sort_values("size")
         axes[0].plot(rows["size"], rows["capture_bytes"] / MIB, "o-", ms=3, label=f"{manager} k={k}")
         axes[1].plot(rows["size"], rows["capture_s"], "o-", ms=3, label=f"{manager} k={k}")

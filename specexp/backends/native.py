@@ -20,6 +20,13 @@ from specexp.specs import RunSpec
 WARMUP_NEW_TOKENS = 4
 
 
+def _int_tuple(values) -> tuple | None:
+    """A config list as a tuple (None stays None; the engine's validation names bad entries)."""
+    if values is None:
+        return None
+    return tuple(values) if isinstance(values, (list, tuple)) else (values,)
+
+
 def engine_configs(spec: RunSpec) -> tuple[EngineConfig, SpeculatorConfig, SamplingConfig]:
     """The engine's plain configs from a RunSpec (unknown group keys come through `options`)."""
     e, s, sp = spec.engine, spec.speculator, spec.sampling
@@ -27,6 +34,8 @@ def engine_configs(spec: RunSpec) -> tuple[EngineConfig, SpeculatorConfig, Sampl
         device=e.device, dtype=spec.pair.dtype, max_num_seqs=e.max_num_seqs, max_model_len=e.max_model_len,
         max_num_batched_tokens=e.options.get("max_num_batched_tokens"), block_size=e.block_size,
         num_kv_blocks=e.options.get("num_kv_blocks"), cudagraph_mode=e.cudagraph_mode, seed=e.seed,
+        cudagraph_capture_sizes=_int_tuple(e.options.get("cudagraph_capture_sizes")),
+        cudagraph_seq_len_buckets=_int_tuple(e.options.get("cudagraph_seq_len_buckets")),
     )
     speculator = SpeculatorConfig(
         num_speculative_tokens=s.num_speculative_tokens, rejection=s.options.get("rejection", "standard"),

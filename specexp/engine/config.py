@@ -18,6 +18,9 @@ class EngineConfig:
     max_num_batched_tokens: tokens of one step (prefill chunks are cut to fit); None = max_model_len * 2.
     block_size: tokens per KV-cache block. num_kv_blocks: None = enough for max_num_seqs full requests.
     cudagraph_mode: "none" | "full" (graphs need CUDA; on CPU the engine always runs eager).
+    cudagraph_capture_sizes: row counts to capture (None = 1, 2, 4, ... max_num_seqs).
+    cudagraph_seq_len_buckets: key lengths (tokens) each size is captured at; a step replays the smallest
+    bucket holding its longest row (None = 256, 512, ... and the longest a request can reach).
     """
 
     device: str = "cpu"
@@ -29,6 +32,7 @@ class EngineConfig:
     num_kv_blocks: int | None = None
     cudagraph_mode: str = "none"
     cudagraph_capture_sizes: tuple[int, ...] | None = None
+    cudagraph_seq_len_buckets: tuple[int, ...] | None = None
     seed: int = 0
 
     def validate(self) -> None:
@@ -42,6 +46,11 @@ class EngineConfig:
             raise EngineConfigError(f"engine.cudagraph_mode={self.cudagraph_mode!r}: valid are 'none', 'full'")
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise EngineConfigError(f"engine.dtype={self.dtype!r}: valid are 'float32', 'bfloat16', 'float16'")
+        for name in ("cudagraph_capture_sizes", "cudagraph_seq_len_buckets"):
+            values = getattr(self, name)
+            if values is not None and (not values or any(not isinstance(v, int) or v < 1 for v in values)):
+                raise EngineConfigError(f"engine.{name}={values!r}: must be a non-empty list of integers >= 1 "
+                                        "(or null for the defaults)")
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
             raise EngineConfigError(
                 f"engine.max_num_batched_tokens={self.max_num_batched_tokens}: must be >= 1 (or null)"

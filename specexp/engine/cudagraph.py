@@ -1,9 +1,15 @@
 """CUDA-graph capture and replay of fixed-shape step functions, with per-size capture cost.
 
 A `CudaGraphManager` captures one function (`fn(desc)`, reading only persistent buffers) for a set of
-batch sizes, each a `BatchExecutionDescriptor` of `num_reqs` rows x `tokens_per_req` tokens. At run time a
-uniform batch is padded up to the smallest captured size that holds it and replayed; anything else (mixed
-batches, prefills, batches larger than the largest size) runs eagerly and is counted.
+batch sizes x key-length buckets, each a `BatchExecutionDescriptor` of `num_reqs` rows x `tokens_per_req`
+tokens whose rows have at most `max_seq_len` keys. At run time a uniform batch is padded up to the smallest
+captured size that holds it and replayed with the smallest bucket its longest row fits in; anything else
+(mixed batches, prefills, batches larger than the largest size) runs eagerly and is counted.
+
+Why buckets: attention shapes are fixed at capture, so a graph attends over its bucket's keys whatever the
+rows' real lengths. One graph at `max_model_len` makes every short-context step pay for the longest context
+(e.g. 4096 keys per layer for a 200-token request); buckets 256, 512, ... cap that waste at 2x the real
+length, for more graphs in the same shared pool.
 
 On a CPU device the manager *emulates* graphs (tests only): "capture" runs the warm-up, and "replay"
 calls the function again on the padded persistent buffers — the same padding and buffer-refresh logic,
@@ -28,11 +34,13 @@ NONE, FULL = "none", "full"
 
 @dataclass(frozen=True)
 class BatchExecutionDescriptor:
-    """How one step runs: `num_reqs` rows and `num_tokens` tokens (padded sizes under FULL)."""
+    """How one step runs: `num_reqs` rows and `num_tokens` tokens (padded sizes under FULL); under FULL,
+    `max_seq_len` is the captured key-length bucket (keys per row) the graph attends over (0: unbucketed)."""
 
     num_reqs: int
     num_tokens: int
     cg_mode: str = NONE
+    max_seq_len: int = 0
 
 
 @dataclass
@@ -43,6 +51,7 @@ class CaptureRecord:
     manager: str
     num_reqs: int
     num_tokens: int
+    max_seq_len: int
     capture_bytes: int
     reserved_bytes: int
     capture_s: float
@@ -58,6 +67,17 @@ def default_capture_sizes(max_num_reqs: int) -> list[int]:
     return sizes
 
 
+def default_seq_len_buckets(max_seq_len: int, block_size: int, smallest: int = 256) -> list[int]:
+    """Key-length buckets (tokens, multiples of block_size): smallest, 2x, 4x, ... below max_seq_len, then
+    max_seq_len itself (always the largest)."""
+    step = -(-max(smallest, block_size) // block_size) * block_size
+    buckets = []
+    while step < max_seq_len:
+        buckets.append(step)
+        step *= 2
+    return [*buckets, max_seq_len]
+
+
 def free_device_bytes(device: torch.device) -> int:
     """Free device memory after syncing and returning the allocator's cached blocks (vLLM's measure)."""
     torch.cuda.synchronize(device)
@@ -68,10 +88,12 @@ def free_device_bytes(device: torch.device) -> int:
 
 @dataclass
 class CudaGraphManager:
-    """Captured graphs of one step function (e.g. "draft_decode") by padded batch size.
+    """Captured graphs of one step function (e.g. "draft_decode") by (padded batch size, key-length bucket).
 
     name: label in metrics. capture_sizes: row counts to capture. tokens_per_req: tokens each row runs
     (uniform batches only). enabled: False on CPU or when graphs are off — then every batch is eager.
+    seq_len_buckets: key-length buckets (tokens) to capture each size at; (0,) = one unbucketed graph per
+    size (the function decides its key length).
     """
 
     name: str
@@ -79,71 +101,86 @@ class CudaGraphManager:
     tokens_per_req: int
     device: torch.device
     enabled: bool = True
-    graphs: dict[int, torch.cuda.CUDAGraph] = field(default_factory=dict)
+    seq_len_buckets: tuple[int, ...] = (0,)
+    graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = field(default_factory=dict)
     records: list[CaptureRecord] = field(default_factory=list)
     num_replays: int = 0
     num_eager: int = 0
+    replays_per_graph: dict[tuple[int, int], int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.capture_sizes = sorted(set(self.capture_sizes))
+        self.seq_len_buckets = tuple(sorted(set(self.seq_len_buckets)))
         self.emulated = self.device.type != "cuda"
         self.pool = torch.cuda.graph_pool_handle() if self.enabled and not self.emulated else None
         self._fn: Callable[[BatchExecutionDescriptor], None] | None = None
 
-    def dispatch(self, num_reqs: int, num_tokens: int, uniform: bool) -> BatchExecutionDescriptor:
-        """The smallest captured size holding a uniform batch of num_reqs rows, else eager (NONE)."""
+    def dispatch(self, num_reqs: int, num_tokens: int, uniform: bool, max_seq_len: int = 0
+                 ) -> BatchExecutionDescriptor:
+        """The smallest captured size holding a uniform batch of num_reqs rows, at the smallest bucket holding
+        its longest row (max_seq_len keys, after this step's tokens), else eager (NONE)."""
         if self.enabled and uniform and num_tokens == num_reqs * self.tokens_per_req:
+            bucket = next((b for b in self.seq_len_buckets if b >= max_seq_len), None)
             for size in self.capture_sizes:
-                if size >= num_reqs and size in self.graphs:
+                if bucket is not None and size >= num_reqs and (size, bucket) in self.graphs:
                     self.num_replays += 1
-                    return BatchExecutionDescriptor(size, size * self.tokens_per_req, FULL)
+                    self.replays_per_graph[(size, bucket)] = self.replays_per_graph.get((size, bucket), 0) + 1
+                    return BatchExecutionDescriptor(size, size * self.tokens_per_req, FULL, bucket)
         self.num_eager += 1
         return BatchExecutionDescriptor(num_reqs, num_tokens, NONE)
 
     def capture(self, fn: Callable[[BatchExecutionDescriptor], None],
                 prepare: Callable[[BatchExecutionDescriptor], None], progress: Callable[[str], None] | None = None
                 ) -> None:
-        """Capture fn for every size (largest first). prepare(desc) fills the persistent buffers with an
-        inert dummy batch of that size (writes nothing to any request's caches) before warm-up and capture."""
+        """Capture fn for every (size, bucket), largest first. prepare(desc) fills the persistent buffers with
+        an inert dummy batch of that size (writes nothing to any request's caches) before warm-up and capture."""
         if not self.enabled:
             return
         self._fn = fn
         for size in sorted(self.capture_sizes, reverse=True):
-            desc = BatchExecutionDescriptor(size, size * self.tokens_per_req, FULL)
-            prepare(desc)
-            fn(desc)  # warm-up: lazy initialisation, autotuning and workspace allocation happen outside capture
-            if self.emulated:
-                self.graphs[size] = None
-                continue
-            torch.cuda.synchronize(self.device)
-            free_before = free_device_bytes(self.device)
-            reserved_before = torch.cuda.memory_reserved(self.device)
-            graph = torch.cuda.CUDAGraph()
-            start = time.perf_counter()
-            with torch.cuda.graph(graph, pool=self.pool):
-                fn(desc)
-            torch.cuda.synchronize(self.device)
-            capture_s = time.perf_counter() - start
-            self.graphs[size] = graph
-            self.records.append(CaptureRecord(
-                self.name, size, desc.num_tokens, capture_bytes=free_before - free_device_bytes(self.device),
-                reserved_bytes=torch.cuda.memory_reserved(self.device) - reserved_before, capture_s=capture_s,
-            ))
-            if progress is not None:
-                progress(f"{self.name} size {size}")
+            for bucket in sorted(self.seq_len_buckets, reverse=True):
+                self._capture_one(fn, prepare, BatchExecutionDescriptor(size, size * self.tokens_per_req, FULL, bucket),
+                                  progress)
+
+    def _capture_one(self, fn, prepare, desc: BatchExecutionDescriptor, progress) -> None:
+        size, key = desc.num_reqs, (desc.num_reqs, desc.max_seq_len)
+        prepare(desc)
+        fn(desc)  # warm-up: lazy initialisation, autotuning and workspace allocation happen outside capture
+        if self.emulated:
+            self.graphs[key] = None
+            return
+        torch.cuda.synchronize(self.device)
+        free_before = free_device_bytes(self.device)
+        reserved_before = torch.cuda.memory_reserved(self.device)
+        graph = torch.cuda.CUDAGraph()
+        start = time.perf_counter()
+        with torch.cuda.graph(graph, pool=self.pool):
+            fn(desc)
+        torch.cuda.synchronize(self.device)
+        capture_s = time.perf_counter() - start
+        self.graphs[key] = graph
+        self.records.append(CaptureRecord(
+            self.name, size, desc.num_tokens, desc.max_seq_len,
+            capture_bytes=free_before - free_device_bytes(self.device),
+            reserved_bytes=torch.cuda.memory_reserved(self.device) - reserved_before, capture_s=capture_s,
+        ))
+        if progress is not None:
+            progress(f"{self.name} size {size} keys {desc.max_seq_len}")
 
     def replay(self, desc: BatchExecutionDescriptor) -> None:
         if self.emulated:
             self._fn(desc)
         else:
-            self.graphs[desc.num_reqs].replay()
+            self.graphs[(desc.num_reqs, desc.max_seq_len)].replay()
 
     def summary(self) -> dict:
-        """Per-size records plus totals (bytes, seconds) and replay/eager counts."""
+        """Per-(size, bucket) capture records plus totals (bytes, seconds) and replay/eager counts
+        (`replays_per_graph` keyed "ROWSxKEYS")."""
         return {
             "capture_bytes": sum(r.capture_bytes for r in self.records),
             "capture_s": sum(r.capture_s for r in self.records),
             "num_replays": self.num_replays,
             "num_eager": self.num_eager,
+            "replays_per_graph": {f"{rows}x{keys}": n for (rows, keys), n in sorted(self.replays_per_graph.items())},
             "per_size": [vars(r) for r in self.records],
         }

@@ -19,6 +19,7 @@ from specexp.engine.cudagraph import (
     BatchExecutionDescriptor,
     CudaGraphManager,
     default_capture_sizes,
+    default_seq_len_buckets,
     free_device_bytes,
 )
 from specexp.engine.inputs import InputBuffers, build_step_inputs, uniform_dummy_inputs
@@ -128,6 +129,12 @@ class NativeEngine:
             s for s in (engine.cudagraph_capture_sizes or default_capture_sizes(engine.max_num_seqs))
             if s <= engine.max_num_seqs
         ) or [engine.max_num_seqs]
+        # Key-length buckets: every bucket above the longest reachable row is that longest row.
+        max_graph_seq_len = self.max_blocks_per_req * engine.block_size
+        self.seq_len_buckets = sorted({
+            min(b, max_graph_seq_len)
+            for b in (engine.cudagraph_seq_len_buckets or default_seq_len_buckets(max_graph_seq_len, engine.block_size))
+        } | {max_graph_seq_len})
         self.conv_builder = ShortConvMetadataBuilder(
             num_spec_tokens=self.k, use_full_cuda_graph=self.use_graphs, max_num_seqs=engine.max_num_seqs,
             max_capture_size=None, device=self.device,
@@ -135,12 +142,12 @@ class NativeEngine:
         self.buffers = InputBuffers(engine.max_num_seqs, self.max_num_tokens, self.max_blocks_per_req, self.device)
         # Target verify graphs: uniform batches of k+1 tokens a row (1 without speculation).
         self.verify_graphs = CudaGraphManager("target_verify", self.capture_sizes, self.k + 1, self.device,
-                                              enabled=self.use_graphs)
+                                              enabled=self.use_graphs, seq_len_buckets=tuple(self.seq_len_buckets))
         self.verify_logits = (
             torch.zeros(engine.max_num_seqs * (self.k + 1), target.config.vocab_size, device=self.device)
             if self.use_graphs else None
         )
-        self._verify_graph_ctx: dict[int, ForwardContext] = {}
+        self._verify_graph_ctx: dict[tuple[int, int], ForwardContext] = {}  # by (rows, key-length bucket)
         self.rejection = RejectionSampler(
             temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
             mode=speculator.rejection, synthetic_acceptance_rate=speculator.synthetic_acceptance_rate,
@@ -155,7 +162,7 @@ class NativeEngine:
                 max_blocks_per_req=self.max_blocks_per_req, temperature=sampling.temperature,
                 device=self.device, dtype=self.dtype, generator=self.generator,
                 use_cuda_graphs=self.use_graphs and speculator.cudagraph_mode == FULL,
-                capture_sizes=self.capture_sizes,
+                capture_sizes=self.capture_sizes, seq_len_buckets=self.seq_len_buckets,
             )
             if not sampling.greedy:
                 # Draft probabilities of each request's pending drafts, by conv slot (a request's stable id).
@@ -201,20 +208,19 @@ class NativeEngine:
     def _prepare_verify_capture(self, desc: BatchExecutionDescriptor) -> None:
         cpu = uniform_dummy_inputs(desc.num_reqs, self.k + 1, self.max_blocks_per_req)
         self.buffers.load(cpu)
-        attn = self.buffers.attention_metadata(
-            desc.num_reqs, desc.num_tokens, self.max_blocks_per_req * self.cfg.block_size, self.k + 1,
-            desc.num_tokens)
+        attn = self.buffers.attention_metadata(desc.num_reqs, desc.num_tokens, desc.max_seq_len, self.k + 1,
+                                               desc.num_tokens)
         conv = None
         if self.conv_states:
             conv = self.conv_builder.build_for_cudagraph_capture(num_reqs=desc.num_reqs, num_tokens=desc.num_tokens)
-        self._verify_graph_ctx[desc.num_reqs] = ForwardContext(
+        self._verify_graph_ctx[(desc.num_reqs, desc.max_seq_len)] = ForwardContext(
             attn=attn, conv=conv, kv_caches=self.kv_caches, conv_states=self.conv_states)
 
     def _verify_graph(self, desc: BatchExecutionDescriptor) -> None:
         """The captured verify: every token of a uniform batch is scored into `verify_logits`."""
         num_tokens = desc.num_tokens
         hidden = self.target(self.buffers.input_ids[:num_tokens], self.buffers.positions[:num_tokens],
-                             self._verify_graph_ctx[desc.num_reqs])
+                             self._verify_graph_ctx[(desc.num_reqs, desc.max_seq_len)])
         self.verify_logits[:num_tokens].copy_(self.target.compute_logits(hidden))
 
     def persistent_buffer_bytes(self) -> int:
@@ -251,7 +257,8 @@ class NativeEngine:
         if not batch.rows:
             raise RuntimeError("scheduler produced an empty step while requests are waiting")
         uniform = all(not r.is_prefill and r.num_draft_tokens == self.k for r in batch.rows)
-        desc = self.verify_graphs.dispatch(batch.num_reqs, batch.num_tokens, uniform)
+        max_seq_len = max(r.request.num_computed_tokens + r.num_query_tokens for r in batch.rows)
+        desc = self.verify_graphs.dispatch(batch.num_reqs, batch.num_tokens, uniform, max_seq_len)
         prep = self._prepare_target_inputs(batch, desc)
         timer.mark("verify")
         if desc.cg_mode == FULL:

@@ -103,6 +103,7 @@ class AutoRegressiveSpeculator:
         generator: torch.Generator | None,
         use_cuda_graphs: bool = False,
         capture_sizes: list[int] | None = None,
+        seq_len_buckets: list[int] | None = None,
     ) -> None:
         self.model = draft_model
         self.k = num_speculative_tokens
@@ -132,11 +133,14 @@ class AutoRegressiveSpeculator:
         )
         self.last_token_indices = torch.zeros(max_num_reqs, dtype=torch.int64, device=device)
         sizes = capture_sizes or [max_num_reqs]
-        self.prefill_graphs = CudaGraphManager("draft_prefill", sizes, self.k + 2, device, enabled=use_cuda_graphs)
-        self.decode_graphs = CudaGraphManager("draft_decode", sizes, 1, device, enabled=use_cuda_graphs and self.k > 1)
-        # Forward contexts (views of the persistent buffers) of the captured sizes.
-        self._prefill_graph_ctx: dict[int, ForwardContext] = {}
-        self._decode_graph_ctx: dict[int, ForwardContext] = {}
+        buckets = tuple(seq_len_buckets or [self.max_graph_seq_len])
+        self.prefill_graphs = CudaGraphManager("draft_prefill", sizes, self.k + 2, device, enabled=use_cuda_graphs,
+                                               seq_len_buckets=buckets)
+        self.decode_graphs = CudaGraphManager("draft_decode", sizes, 1, device, enabled=use_cuda_graphs and self.k > 1,
+                                              seq_len_buckets=buckets)
+        # Forward contexts (views of the persistent buffers) of the captured (rows, key-length bucket) pairs.
+        self._prefill_graph_ctx: dict[tuple[int, int], ForwardContext] = {}
+        self._decode_graph_ctx: dict[tuple[int, int], ForwardContext] = {}
         self._prefill_ctx: ForwardContext | None = None
         self._decode_ctx: ForwardContext | None = None
 
@@ -181,21 +185,20 @@ class AutoRegressiveSpeculator:
         cpu = uniform_dummy_inputs(num_reqs, self.k + 2, self.prefill_buffers.block_table.shape[1])
         self.prefill_buffers.load(cpu)
         self.last_token_indices[:num_reqs].copy_(cpu.query_start_loc[:-1].to(self.device))
-        attn = self.prefill_buffers.attention_metadata(
-            num_reqs, num_tokens, self.max_graph_seq_len, self.k + 2, num_tokens)
+        attn = self.prefill_buffers.attention_metadata(num_reqs, num_tokens, desc.max_seq_len, self.k + 2, num_tokens)
         conv = None
         if self.conv_states:
             conv = self.prefill_conv_builder.build_for_cudagraph_capture(num_reqs=num_reqs, num_tokens=num_tokens)
-        self._prefill_graph_ctx[num_reqs] = self._prefill_ctx = self._ctx(attn, conv)
+        self._prefill_graph_ctx[(num_reqs, desc.max_seq_len)] = self._prefill_ctx = self._ctx(attn, conv)
 
     def _prepare_decode_capture(self, desc: BatchExecutionDescriptor) -> None:
         num_reqs = desc.num_reqs
         self._load_decode_rows(num_reqs, num_reqs, None, None, None)
-        attn = self.decode_buffers.attention_metadata(num_reqs, num_reqs, self.max_graph_seq_len, 1, num_reqs)
+        attn = self.decode_buffers.attention_metadata(num_reqs, num_reqs, desc.max_seq_len, 1, num_reqs)
         conv = None
         if self.conv_states:
             conv = self.decode_conv_builder.build_for_cudagraph_capture(num_reqs=num_reqs, num_tokens=num_reqs)
-        self._decode_graph_ctx[num_reqs] = self._decode_ctx = self._ctx(attn, conv)
+        self._decode_graph_ctx[(num_reqs, desc.max_seq_len)] = self._decode_ctx = self._ctx(attn, conv)
 
     # ------------------------------------------------------------------ propose
     def propose(self, batch: VerifiedBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -203,7 +206,10 @@ class AutoRegressiveSpeculator:
         views of persistent buffers valid until the next call."""
         num_reqs = batch.query_lens.numel()
         uniform = bool(batch.is_spec.all()) and bool((batch.query_lens == self.k + 1).all())
-        prefill_desc = self.prefill_graphs.dispatch(num_reqs, int(batch.query_lens.sum()) + num_reqs, uniform)
+        # Keys of the longest row: the whole q+1-slot region (prefill); + k-1 decode steps past its new token.
+        max_region_end = int((batch.start_positions + batch.query_lens).max()) + 1
+        prefill_desc = self.prefill_graphs.dispatch(num_reqs, int(batch.query_lens.sum()) + num_reqs, uniform,
+                                                    max_region_end)
         num_valid = self._prepare_prefill_inputs(batch, prefill_desc)
         self.on_prefill_begin(num_reqs)
         if prefill_desc.cg_mode == FULL:
@@ -212,7 +218,8 @@ class AutoRegressiveSpeculator:
             self._prefill(prefill_desc)
         self.on_prefill_end(num_reqs)
         if self.k > 1:
-            decode_desc = self.decode_graphs.dispatch(num_reqs, num_reqs, uniform=True)
+            decode_desc = self.decode_graphs.dispatch(num_reqs, num_reqs, uniform=True,
+                                                      max_seq_len=max_region_end + self.k - 1)
             self._prepare_decode_inputs(batch, num_valid, decode_desc)
             self.on_multi_step_decode_begin(num_reqs)
             if decode_desc.cg_mode == FULL:
@@ -266,7 +273,7 @@ class AutoRegressiveSpeculator:
         self.last_token_indices[:num_reqs].copy_(region_qsl[:-1].to(dev, non_blocking=True) + num_valid)
         self.last_token_indices[num_reqs : desc.num_reqs].zero_()
         if desc.cg_mode == FULL:
-            self._prefill_ctx = self._prefill_graph_ctx[desc.num_reqs]
+            self._prefill_ctx = self._prefill_graph_ctx[(desc.num_reqs, desc.max_seq_len)]
             if self.conv_states:  # refresh the persistent conv buffers the graph reads
                 self._build_prefill_conv(batch, cpu, desc.num_reqs)
             return num_valid
@@ -352,7 +359,7 @@ class AutoRegressiveSpeculator:
                 num_reqs_padded=desc.num_reqs if desc.cg_mode == FULL else None,
             )
         if desc.cg_mode == FULL:
-            self._decode_ctx = self._decode_graph_ctx[desc.num_reqs]
+            self._decode_ctx = self._decode_graph_ctx[(desc.num_reqs, desc.max_seq_len)]
             return
         # CPU upper bound of the last decode step's seq_len (num_valid <= q).
         max_seq_len = int((batch.start_positions + batch.query_lens).max()) + self.k

@@ -71,7 +71,7 @@ def test_graph_memory_is_recorded_per_size(pairs):
     assert summary["graph_capture_bytes"] > 0 and summary["graph_capture_s"] > 0
     for name in ("target_verify", "draft_prefill", "draft_decode"):
         sizes = [r["num_reqs"] for r in summary["managers"][name]["per_size"]]
-        assert sorted(sizes) == [1, 2, 4, 8]
+        assert sorted(set(sizes)) == [1, 2, 4, 8]
 
 
 def test_sampling_with_graphs_is_reproducible(pairs):

@@ -4,7 +4,14 @@ eager — checked with the CPU emulation of the graph manager."""
 import pytest
 import torch
 
-from specexp.engine.cudagraph import FULL, NONE, BatchExecutionDescriptor, CudaGraphManager, default_capture_sizes
+from specexp.engine.cudagraph import (
+    FULL,
+    NONE,
+    BatchExecutionDescriptor,
+    CudaGraphManager,
+    default_capture_sizes,
+    default_seq_len_buckets,
+)
 
 
 def _manager(sizes=(1, 2, 4, 8), tokens_per_req=3):
@@ -48,3 +55,36 @@ def test_capture_runs_largest_size_first_and_replay_calls_the_captured_function(
 @pytest.mark.parametrize("max_num_reqs, sizes", [(1, [1]), (6, [1, 2, 4, 6]), (16, [1, 2, 4, 8, 16])])
 def test_default_capture_sizes_are_powers_of_two_up_to_max(max_num_reqs, sizes):
     assert default_capture_sizes(max_num_reqs) == sizes
+
+
+@pytest.mark.parametrize("max_seq_len, bucket", [(1, 16), (16, 16), (17, 64), (64, 64), (65, 200), (200, 200)])
+def test_a_batch_replays_the_smallest_key_length_bucket_holding_its_longest_row(max_seq_len, bucket):
+    manager = CudaGraphManager("verify", [1, 4], 2, torch.device("cpu"), seq_len_buckets=(200, 16, 64))
+    manager.capture(lambda desc: None, lambda desc: None)
+    desc = manager.dispatch(3, 6, uniform=True, max_seq_len=max_seq_len)
+    assert desc == BatchExecutionDescriptor(4, 8, FULL, bucket)
+    assert manager.replays_per_graph == {(4, bucket): 1}
+    assert manager.summary()["replays_per_graph"] == {f"4x{bucket}": 1}
+
+
+def test_a_row_longer_than_every_bucket_runs_eager():
+    manager = CudaGraphManager("verify", [1], 1, torch.device("cpu"), seq_len_buckets=(16,))
+    manager.capture(lambda desc: None, lambda desc: None)
+    assert manager.dispatch(1, 1, uniform=True, max_seq_len=17).cg_mode == NONE
+    assert (manager.num_eager, manager.num_replays) == (1, 0)
+
+
+def test_every_size_is_captured_at_every_bucket_largest_first():
+    seen = []
+    manager = CudaGraphManager("decode", [1, 2], 1, torch.device("cpu"), seq_len_buckets=(32, 8))
+    manager.capture(lambda desc: seen.append((desc.num_reqs, desc.max_seq_len)), lambda desc: None)
+    assert seen == [(2, 32), (2, 8), (1, 32), (1, 8)]
+    assert set(manager.graphs) == {(2, 32), (2, 8), (1, 32), (1, 8)}
+
+
+@pytest.mark.parametrize("max_seq_len, block_size, buckets", [
+    (4096, 16, [256, 512, 1024, 2048, 4096]), (4105, 16, [256, 512, 1024, 2048, 4096, 4105]),
+    (100, 16, [100]), (600, 100, [300, 600]),
+])
+def test_default_seq_len_buckets_double_from_256_in_whole_blocks(max_seq_len, block_size, buckets):
+    assert default_seq_len_buckets(max_seq_len, block_size) == buckets

@@ -166,6 +166,8 @@ def test_draft_with_other_vocabulary_is_refused(tmp_path, pair_dirs):
         (dict(max_num_seqs=0), {}, "max_num_seqs=0"),
         ({}, dict(num_speculative_tokens=-1), "num_speculative_tokens=-1"),
         (dict(max_model_len=8), dict(num_speculative_tokens=7), "leaves room for at most 6"),
+        (dict(cudagraph_seq_len_buckets=(256, 0)), {}, r"cudagraph_seq_len_buckets=\(256, 0\): must be a non-empty"),
+        (dict(cudagraph_capture_sizes=()), {}, r"cudagraph_capture_sizes=\(\): must be a non-empty"),
     ],
 )
 def test_bad_engine_settings_are_refused_with_the_value(pair_dirs, engine_kw, spec_kw, match):
@@ -177,9 +179,10 @@ def test_bad_engine_settings_are_refused_with_the_value(pair_dirs, engine_kw, sp
 @pytest.mark.parametrize("pair", ["lfm2+llama", "lfm2+lfm2", "llama+llama"])
 @pytest.mark.parametrize("k", [0, 1, 3, 8])
 def test_padded_graph_execution_matches_eager(pair_dirs, prompts, pair, k):
-    """FULL-graph execution emulated on the CPU: batches padded up to captured sizes (2, 8) and run through
-    the persistent buffers captured at start-up give the eager tokens — padded rows never change real
-    ones, and no replay reads stale metadata while requests join, finish (EOS) and leave."""
+    """FULL-graph execution emulated on the CPU: batches padded up to captured sizes (2, 8) and key-length
+    buckets (8, 16, 24 and the longest) and run through the persistent buffers captured at start-up give
+    the eager tokens — padded rows never change real ones, a bucket never hides a key its rows need, and no
+    replay reads stale metadata while requests join, finish (EOS) and leave."""
     target_dir, draft_dir = pair_dirs[pair]
     target, draft = load_model(target_dir), load_model(draft_dir)
     many = [p for p in prompts for _ in range(3)]
@@ -188,7 +191,7 @@ def test_padded_graph_execution_matches_eager(pair_dirs, prompts, pair, k):
         engine = NativeEngine(
             target, draft,
             EngineConfig(max_num_seqs=8, max_model_len=64, block_size=4, cudagraph_mode=mode,
-                         cudagraph_capture_sizes=(2, 8)),
+                         cudagraph_capture_sizes=(2, 8), cudagraph_seq_len_buckets=(8, 16, 24)),
             SpeculatorConfig(num_speculative_tokens=k, cudagraph_mode=mode),
             SamplingConfig(max_new_tokens=MAX_NEW, ignore_eos=False), eos_token_ids=[2],
             emulate_graphs_on_cpu=True,
@@ -199,7 +202,12 @@ def test_padded_graph_execution_matches_eager(pair_dirs, prompts, pair, k):
     engine, padded = run("full")
     assert [r.output_token_ids for r in padded.requests] == [r.output_token_ids for r in eager.requests]
     assert engine.verify_graphs.num_replays > 0
+    managers = [engine.verify_graphs]
     if k > 0:
         assert engine.speculator.prefill_graphs.num_replays > 0
+        managers.append(engine.speculator.prefill_graphs)
     if k > 1:
         assert engine.speculator.decode_graphs.num_replays > 0
+        managers.append(engine.speculator.decode_graphs)
+    replayed_buckets = {keys for m in managers for _, keys in m.replays_per_graph}
+    assert len(replayed_buckets) >= 2, f"only buckets {replayed_buckets} were replayed"
