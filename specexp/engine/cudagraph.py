@@ -68,11 +68,12 @@ def default_capture_sizes(max_num_reqs: int) -> list[int]:
 
 
 def default_seq_len_buckets(max_seq_len: int, block_size: int, smallest: int = 256) -> list[int]:
-    """Key-length buckets (tokens, multiples of block_size): smallest, 2x, 4x, ... below max_seq_len, then
-    max_seq_len itself (always the largest)."""
+    """Key-length buckets (tokens, multiples of block_size): smallest, 2x, 4x, ... then max_seq_len itself
+    (always the largest); a doubling within 25% of max_seq_len is left out (it would cost a capture per
+    size and save almost nothing: 4096 beside 4105)."""
     step = -(-max(smallest, block_size) // block_size) * block_size
     buckets = []
-    while step < max_seq_len:
+    while step * 5 < max_seq_len * 4:
         buckets.append(step)
         step *= 2
     return [*buckets, max_seq_len]

@@ -83,8 +83,8 @@ def test_every_size_is_captured_at_every_bucket_largest_first():
 
 
 @pytest.mark.parametrize("max_seq_len, block_size, buckets", [
-    (4096, 16, [256, 512, 1024, 2048, 4096]), (4105, 16, [256, 512, 1024, 2048, 4096, 4105]),
-    (100, 16, [100]), (600, 100, [300, 600]),
+    (4096, 16, [256, 512, 1024, 2048, 4096]), (4105, 16, [256, 512, 1024, 2048, 4105]),
+    (6000, 16, [256, 512, 1024, 2048, 4096, 6000]), (100, 16, [100]), (300, 16, [300]), (600, 100, [300, 600]),
 ])
 def test_default_seq_len_buckets_double_from_256_in_whole_blocks(max_seq_len, block_size, buckets):
     assert default_seq_len_buckets(max_seq_len, block_size) == buckets
