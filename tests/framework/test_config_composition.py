@@ -65,20 +65,21 @@ def test_help_runs_as_a_module():
 
 
 @pytest.mark.parametrize(("overrides", "draft_mode"), [
-    (["engine=cuda"], "full"),                                   # the draft follows the engine by default
+    (["engine=cuda"], "full"),  # the draft follows the engine by default
     (["engine=cpu"], "none"),
-    (["engine=cuda", "speculator.cudagraph_mode=none"], "none"),  # an explicit draft mode wins
-    (["engine=cuda", "engine.cudagraph_mode=none", "speculator.cudagraph_mode=full"], "none"),  # never graphs
-])                                                                                              # in an eager engine
+    (["engine=cuda", "speculator.cudagraph_mode=none"], "none"),  # an explicit draft mode wins...
+    (["engine=cuda", "engine.cudagraph_mode=none", "speculator.cudagraph_mode=full"], "none"),  # ...not over eager
+])
 def test_the_native_drafts_graph_mode_follows_the_engine(overrides, draft_mode):
+    from types import SimpleNamespace
+
     from specexp.backends.native import engine_configs
-    from specexp.specs import EngineSpec, SpeculatorSpec, group_spec
+    from specexp.specs import EngineSpec, SamplingSpec, SpeculatorSpec, group_spec
 
     cfg = OmegaConf.to_container(compose_config(["+exp=quickstart", *overrides]), resolve=True)
-    spec = type("Spec", (), {})()
-    spec.engine = group_spec(EngineSpec, cfg["engine"])
-    spec.speculator = group_spec(SpeculatorSpec, cfg["speculator"])
-    spec.sampling = type("S", (), dict(temperature=0.0, top_k=0, top_p=1.0, max_new_tokens=8, ignore_eos=False))()
-    spec.pair = type("P", (), dict(dtype="float32"))()
+    spec = SimpleNamespace(
+        engine=group_spec(EngineSpec, cfg["engine"]), speculator=group_spec(SpeculatorSpec, cfg["speculator"]),
+        sampling=group_spec(SamplingSpec, cfg["sampling"]), pair=SimpleNamespace(dtype=cfg["pair"]["dtype"]),
+    )
     _, speculator, _ = engine_configs(spec)
     assert speculator.cudagraph_mode == draft_mode
