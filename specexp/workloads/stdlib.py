@@ -8,13 +8,20 @@
 Each snippet is dedented and stripped of trailing whitespace (so the model continues with the newline
 and indentation it would have written itself). Prompts are ordered round-robin over the held-out files
 (the first of each file, then the second of each, ...) so any prefix of the list spans many files.
-Everything depends only on the interpreter's stdlib and the shipped tokenizer: deterministic for a given
-Python version (:func:`specexp.zoo.corpus.interpreter_tag` names it).
+
+The source blocks are **frozen**: ``data/stdlib_blocks.json.gz`` holds the held-out files' def/class and
+docstring/comment blocks as one interpreter's stdlib had them (its ``python`` field; written by
+``python -m specexp.workloads.freeze_stdlib``), so every machine — whatever its Python version, whose
+stdlib differs — serves the same prompts. Cutting to ``input_len`` tokens happens at load time, with the
+target's tokenizer. ``build_prompts(..., stdlib_root=DIR)`` reads a live stdlib instead.
 """
 
 from __future__ import annotations
 
 import ast
+import functools
+import gzip
+import json
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +31,10 @@ from specexp.zoo.corpus import SourceFile, split_files
 WORKLOADS = ("code", "prose")
 MIN_COMMENT_LINES = 3
 MIN_DOCSTRING_LINES = 3
+FROZEN_BLOCKS = Path(__file__).parent / "data" / "stdlib_blocks.json.gz"
+# Lines kept of each block: a prompt is never the whole block, so 101 lines give the live cut exactly for any
+# input_len those 100 lines exceed (~1000 tokens).
+MAX_BLOCK_LINES = 101
 
 
 @dataclass(frozen=True)
@@ -82,7 +93,9 @@ def _prose_blocks(tree: ast.AST, lines: list[str]) -> list[tuple[str, int, int]]
     return sorted(blocks, key=lambda b: b[1])
 
 
-def _file_prompts(name: str, source: SourceFile, input_len: int, count_tokens) -> list[SourcePrompt]:
+def file_blocks(name: str, source: SourceFile) -> list[tuple[int, str, str]]:
+    """``(first_line, category, text)`` of each ``name`` block of one source file, in source order; text is
+    the block's first :data:`MAX_BLOCK_LINES` lines (line ends kept). [] when the file does not parse."""
     text = source.read_text()
     try:
         tree = ast.parse(text)
@@ -90,11 +103,37 @@ def _file_prompts(name: str, source: SourceFile, input_len: int, count_tokens) -
         return []
     lines = text.splitlines(keepends=True)
     blocks = _code_blocks(tree) if name == "code" else _prose_blocks(tree, lines)
+    return [(first, category, "".join(lines[first - 1 : min(last, first - 1 + MAX_BLOCK_LINES)]))
+            for category, first, last in blocks]
+
+
+def live_blocks(name: str, stdlib_root: Path | None = None) -> list[tuple[str, list[tuple[int, str, str]]]]:
+    """``[(file rel_path, file_blocks)]`` of the held-out files of a live stdlib (default: this interpreter's)."""
+    return [(f.rel_path, file_blocks(name, f)) for f in split_files(stdlib_root)[1]]
+
+
+@functools.lru_cache(maxsize=1)
+def _frozen() -> dict:
+    with gzip.open(FROZEN_BLOCKS, "rt", encoding="utf-8") as f:
+        return json.load(f)
+
+
+def frozen_blocks(name: str) -> list[tuple[str, list[tuple[int, str, str]]]]:
+    """The shipped blocks of workload ``name``, shaped as :func:`live_blocks`."""
+    return [(rel, [tuple(b) for b in blocks]) for rel, blocks in _frozen()[name]]
+
+
+def frozen_python_version() -> str:
+    """The Python version whose stdlib the shipped blocks come from."""
+    return _frozen()["python"]
+
+
+def _file_prompts(name: str, rel_path: str, blocks, input_len: int, count_tokens) -> list[SourcePrompt]:
     prompts = []
-    for category, first, last in blocks:
-        snippet = _take_lines(lines[first - 1 : last], input_len, count_tokens)
+    for first, category, text in blocks:
+        snippet = _take_lines(text.splitlines(keepends=True), input_len, count_tokens)
         if snippet is not None:
-            prompts.append(SourcePrompt(f"{name}/{source.rel_path}:{first}", category, snippet))
+            prompts.append(SourcePrompt(f"{name}/{rel_path}:{first}", category, snippet))
     return prompts
 
 
@@ -102,7 +141,8 @@ def build_prompts(name: str, input_len: int = 128, num_prompts: int | None = Non
                   tokenizer=None, stdlib_root: Path | None = None) -> list[SourcePrompt]:
     """The ``name`` workload (``code`` | ``prose``): at most ``num_prompts`` prompts of at most
     ``input_len`` tokens each, counted with ``tokenizer`` (a ``tokenizers.Tokenizer``; default the zoo's)
-    without special tokens."""
+    without special tokens. Blocks come from the shipped frozen file, or from the live stdlib at
+    ``stdlib_root`` when given."""
     if name not in WORKLOADS:
         raise ValueError(f"unknown stdlib workload {name!r}: expected one of {WORKLOADS}")
     if tokenizer is None:
@@ -113,7 +153,8 @@ def build_prompts(name: str, input_len: int = 128, num_prompts: int | None = Non
     def count_tokens(text: str) -> int:
         return len(tokenizer.encode(text, add_special_tokens=False).ids)
 
-    per_file = [_file_prompts(name, f, input_len, count_tokens) for f in split_files(stdlib_root)[1]]
+    files = live_blocks(name, stdlib_root) if stdlib_root is not None else frozen_blocks(name)
+    per_file = [_file_prompts(name, rel, blocks, input_len, count_tokens) for rel, blocks in files]
     ordered = [p for depth in range(max(map(len, per_file), default=0)) for ps in per_file if depth < len(ps)
                for p in [ps[depth]]]
     return ordered[:num_prompts] if num_prompts is not None else ordered

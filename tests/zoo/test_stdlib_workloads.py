@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import platform
+
 import pytest
 
+from specexp.workloads import stdlib
 from specexp.workloads.stdlib import build_prompts
 from specexp.zoo.corpus import is_held_out
 from specexp.zoo.tokenizer import load_tokenizer
@@ -35,3 +38,37 @@ def test_code_prompts_start_at_a_def_or_class():
     for p in build_prompts("code", input_len=128, num_prompts=64):
         first_code_line = next(line for line in p.text.splitlines() if not line.startswith("@"))
         assert first_code_line.lstrip().startswith(("def ", "async def ", "class ")), p.id
+
+
+def test_the_shipped_blocks_serve_without_reading_any_stdlib(monkeypatch):
+    """Every machine serves the same prompts, whatever its Python (and its stdlib)."""
+    expected = build_prompts("code", input_len=96, num_prompts=40)
+
+    def no_stdlib(*args, **kwargs):
+        raise AssertionError("the frozen workload read a live stdlib")
+
+    monkeypatch.setattr(stdlib, "split_files", no_stdlib)
+    assert build_prompts("code", input_len=96, num_prompts=40) == expected
+
+
+@pytest.mark.skipif(platform.python_version() != stdlib.frozen_python_version(),
+                    reason="the live stdlib is another version than the frozen blocks'")
+@pytest.mark.parametrize("name", ["code", "prose"])
+@pytest.mark.parametrize("input_len", [16, 128, 512])
+def test_frozen_blocks_cut_exactly_as_the_live_stdlib_they_were_frozen_from(name, input_len):
+    from specexp.zoo.corpus import stdlib_root
+
+    tokenizer = load_tokenizer()
+    assert build_prompts(name, input_len, None, tokenizer) == build_prompts(
+        name, input_len, None, tokenizer, stdlib_root=stdlib_root())
+
+
+def test_freezing_is_deterministic(tmp_path):
+    from specexp.workloads.freeze_stdlib import freeze
+    from specexp.zoo.corpus import stdlib_root
+
+    freeze(tmp_path / "a.json.gz", stdlib_root())
+    freeze(tmp_path / "b.json.gz", stdlib_root())
+    assert (tmp_path / "a.json.gz").read_bytes() == (tmp_path / "b.json.gz").read_bytes()
+    if platform.python_version() == stdlib.frozen_python_version():
+        assert (tmp_path / "a.json.gz").read_bytes() == stdlib.FROZEN_BLOCKS.read_bytes()
