@@ -216,5 +216,6 @@ def main() -> None:
 
 if __name__ == "__main__":
     start = time.perf_counter()
-    main()
+    with torch.inference_mode():  # as the engine runs (its own entry points are inference_mode too)
+        main()
     print(f"total {time.perf_counter() - start:.0f} s")

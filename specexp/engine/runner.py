@@ -177,6 +177,7 @@ class NativeEngine:
             self.capture()
 
     # ------------------------------------------------------------------ CUDA graphs
+    @torch.inference_mode()
     def capture(self, progress=None) -> None:
         """Capture every graph once, at start-up: target verify, draft prefill, draft decode.
 
@@ -232,6 +233,7 @@ class NativeEngine:
         return total
 
     # ------------------------------------------------------------------ public
+    @torch.inference_mode()
     def generate(self, prompts: list[list[int]], max_new_tokens: int | None = None,
                  on_step=None) -> EngineOutput:
         """Serve all prompts (arriving together) to completion. prompts: token ids per request."""
@@ -249,6 +251,7 @@ class NativeEngine:
                             self.persistent_buffer_bytes(), self.graph_summary())
 
     # ------------------------------------------------------------------ step
+    @torch.inference_mode()
     def step(self) -> StepRecord:
         timer = self.timer
         t_start = time.perf_counter()

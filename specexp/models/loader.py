@@ -200,7 +200,8 @@ def load_model(
     weights: str = "trained",
     seed: int = 0,
 ) -> CausalLM:
-    """The native model of a checkpoint, in eval mode.
+    """The native model of a checkpoint, in eval mode with no parameter requiring grad (an inference model:
+    no op of its forward records autograd history).
 
     weights: "trained" (read *.safetensors) or "random" (seeded init, no weight files needed).
     device "meta" builds the module without any storage (for parameter counts).
@@ -212,6 +213,7 @@ def load_model(
     config.name_or_path = str(path_or_name)
     files = weight_files(model_dir) if weights == "trained" else []
     model = build_model(config, as_dtype(dtype), device)
+    model.requires_grad_(False)
     if torch.device(device).type == "meta":
         return model.eval()
     if weights == "random":
