@@ -63,17 +63,27 @@ class RotaryEmbedding(nn.Module):
         self.inv_freq = rope_inv_freq(self.rope, self.head_dim).to(self.inv_freq.device)
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """positions: int64[T] -> (cos, sin), each [T, head_dim] in `dtype`."""
+        """positions: int64[T] -> (cos, signed_sin), each [T, head_dim] in `dtype`: cos = [cos f, cos f]
+        and signed_sin = [-sin f, sin f], rotate-half's sign folded in (see :func:`apply_rope`)."""
         freqs = positions.to(torch.float32).unsqueeze(-1) * self.inv_freq.float()
-        emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos().to(dtype), emb.sin().to(dtype)
+        return torch.cat((freqs, freqs), dim=-1).cos().to(dtype), torch.cat((-freqs, freqs), dim=-1).sin().to(dtype)
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate-half rotary embedding. x: [T, heads, head_dim]; cos/sin: [T, head_dim]."""
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half rotary embedding, transformers' `x * cos + rotate_half(x) * sin` with rotate_half's sign
+    moved into signed_sin (the same values: a sign flip is exact). x: [T, heads, head_dim]; cos/signed_sin:
+    [T, head_dim] from :class:`RotaryEmbedding`."""
     half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos.unsqueeze(1) + rotated * sin.unsqueeze(1)
+    swapped = torch.cat((x[..., half:], x[..., :half]), dim=-1)
+    return x * cos.unsqueeze(1) + swapped * signed_sin.unsqueeze(1)
+
+
+def apply_rope_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`apply_rope` on queries [T, Hq, D] and keys [T, Hkv, D] in one pass (one set of kernels for
+    both); returns views ([T, Hq, D], [T, Hkv, D]) of one [T, Hq + Hkv, D] tensor."""
+    qk = apply_rope(torch.cat((q, k), dim=1), cos, signed_sin)
+    return qk[:, : q.shape[1]], qk[:, q.shape[1]:]
 
 
 class GatedMLP(nn.Module):

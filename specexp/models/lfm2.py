@@ -22,7 +22,7 @@ from torch import nn
 from specexp.models.attention import AttentionPlan, attend
 from specexp.models.causal_lm import CausalLM
 from specexp.models.config import ModelConfig
-from specexp.models.layers import RMSNorm, RotaryEmbedding, apply_rope
+from specexp.models.layers import RMSNorm, RotaryEmbedding, apply_rope_qk
 from specexp.models.metadata import AttentionMetadata, ShortConvMetadata
 from specexp.models.short_conv_ops import short_conv
 
@@ -51,7 +51,7 @@ class Lfm2Attention(nn.Module):
         k = self.k_layernorm(self.k_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim))
         v = self.v_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
         cos, sin = rope
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k = apply_rope_qk(q, k, cos, sin)
         return self.out_proj(attend(q, k, v, positions, kv_cache, meta, self.scale))
 
 

@@ -12,7 +12,7 @@ from torch import nn
 from specexp.models.attention import AttentionPlan, attend
 from specexp.models.causal_lm import CausalLM
 from specexp.models.config import ModelConfig
-from specexp.models.layers import GatedMLP, RMSNorm, RotaryEmbedding, apply_rope
+from specexp.models.layers import GatedMLP, RMSNorm, RotaryEmbedding, apply_rope_qk
 from specexp.models.metadata import AttentionMetadata
 
 
@@ -52,7 +52,7 @@ class LlamaAttention(nn.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         cos, sin = rope
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k = apply_rope_qk(q, k, cos, sin)
         return self.o_proj(attend(q, k, v, positions, kv_cache, meta, self.scale))
 
 
