@@ -25,7 +25,11 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [..., dim] -> [..., dim] (weight's dtype promotion, as transformers)."""
-        # One fused kernel for the fp32 normalisation (same arithmetic as the unfused form).
+        if x.dtype == self.weight.dtype == torch.float32:
+            # One fused op: (x * rstd) * weight, the unfused form's arithmetic in the same order.
+            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+        # Half precision: normalise in fp32, cast back, then scale by the weight — transformers' rounding
+        # (one rounding before the weight multiply), which a fused fp32 scale would not reproduce.
         x32 = F.rms_norm(x.to(torch.float32), (x.shape[-1],), eps=self.eps)
         return self.weight * x32.to(x.dtype)
 
