@@ -13,6 +13,19 @@ def _mb(num_bytes: float | None) -> str:
     return "-" if num_bytes is None else f"{num_bytes / 2**20:.1f}"
 
 
+def _kernel_lines(kernels: dict | None, top: int = 8) -> list[str]:
+    """The target decode step's kernel breakdown (gpu_cudagraphs.kernel_breakdown), when measured."""
+    if not kernels or "top" not in kernels:
+        return []
+    lines = [f"Its kernels (one eager step, profiled): {kernels['launches_per_step']:.0f} launches, "
+             f"{kernels['kernel_ms_per_step']:.3f} ms of kernel time; the top {top}:", "",
+             "| kernel | launches/step | ms/step |", "|---|---|---|"]
+    for r in kernels["top"][:top]:
+        name = r["name"].replace("|", "\\|")
+        lines.append(f"| `{name[:90]}` | {r['launches_per_step']:.0f} | {r['ms_per_step']:.3f} |")
+    return [*lines, ""]
+
+
 def render(result: dict) -> str:
     lines = [f"Machine: {result['machine']['gpu']}, torch {result['machine']['torch']}, "
              f"Python {result['machine']['python']}. Measured copy bandwidth (read + write): "
@@ -37,8 +50,9 @@ def render(result: dict) -> str:
         lines += ["", f"Target decode step, batch 1: graph {t['graph_ms']:.3f} ms, eager {t['eager_ms']:.2f} ms; "
                   f"weights {t['weight_bytes'] / 1e9:.2f} GB -> {t['achieved_bytes_per_s'] / 1e12:.2f} TB/s = "
                   f"{100 * t['fraction_of_copy_bandwidth']:.0f}% of the measured copy bandwidth. "
-                  f"Cost ratio c (draft step / target step, graphs) = {pair['cost_ratio_c']:.3f}.", "",
-                  "| k | acceptance rate | acceptance length | tokens/s | speedup | theory speedup | step ms p50 "
+                  f"Cost ratio c (draft step / target step, graphs) = {pair['cost_ratio_c']:.3f}.", ""]
+        lines += _kernel_lines(t.get("kernels"))
+        lines += ["| k | acceptance rate | acceptance length | tokens/s | speedup | theory speedup | step ms p50 "
                   "| draft ms p50 | verify ms p50 |", "|---|---|---|---|---|---|---|---|---|"]
         for r in pair["end_to_end"]:
             theory = r.get("theory_speedup")

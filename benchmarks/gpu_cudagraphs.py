@@ -117,12 +117,40 @@ def target_decode_step(target, copy_bw: float) -> dict:
     engine._prepare_verify_capture(desc)
     graph_ms = cuda_ms(lambda: engine.verify_graphs.replay(desc), iters=30)
     eager_ms = cuda_ms(lambda: engine._verify_graph(desc), iters=10)
+    kernels = kernel_breakdown(lambda: engine._verify_graph(desc))
     weights = model_bytes(target)
     achieved = weights / (graph_ms / 1e3)
     del engine
     torch.cuda.empty_cache()
     return {"graph_ms": graph_ms, "eager_ms": eager_ms, "weight_bytes": weights,
-            "achieved_bytes_per_s": achieved, "fraction_of_copy_bandwidth": achieved / copy_bw}
+            "achieved_bytes_per_s": achieved, "fraction_of_copy_bandwidth": achieved / copy_bw,
+            "kernels": kernels}
+
+
+def kernel_breakdown(fn, steps: int = 5, top: int = 20) -> dict:
+    """GPU kernels of one eager step (the graph replays the same kernels): launches per step, summed kernel
+    ms per step, and the `top` kernels by time ({name, launches_per_step, ms_per_step}). Where the step's time
+    goes — weight-streaming GEMVs or many small kernels — is what the bandwidth figure alone cannot say."""
+    from torch.profiler import ProfilerActivity, profile
+
+    try:
+        fn()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(steps):
+                fn()
+            torch.cuda.synchronize()
+        rows = []
+        for event in prof.key_averages():
+            us = getattr(event, "device_time_total", None) or getattr(event, "cuda_time_total", 0.0)
+            if us > 0 and str(getattr(event, "device_type", "")).endswith("CUDA"):
+                rows.append({"name": event.key[:160], "launches_per_step": event.count / steps,
+                             "ms_per_step": us / 1e3 / steps})
+    except Exception as e:  # noqa: BLE001 - the breakdown is extra information, never a reason to stop
+        return {"error": f"{type(e).__name__}: {e}"}
+    rows.sort(key=lambda r: -r["ms_per_step"])
+    return {"launches_per_step": sum(r["launches_per_step"] for r in rows),
+            "kernel_ms_per_step": sum(r["ms_per_step"] for r in rows), "top": rows[:top]}
 
 
 def end_to_end(target, draft, ks, prompts, rates, synthetic: bool) -> list[dict]:
