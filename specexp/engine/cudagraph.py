@@ -149,7 +149,13 @@ class CudaGraphManager:
         fn(desc)  # warm-up: lazy initialisation, autotuning and workspace allocation happen outside capture
         if self.emulated:
             self.graphs[key] = None
-            return
+        else:
+            self._record_capture(fn, desc)
+        if progress is not None:
+            progress(f"{self.name} size {size} keys {desc.max_seq_len}")
+
+    def _record_capture(self, fn, desc: BatchExecutionDescriptor) -> None:
+        """Capture fn(desc) into a CUDA graph in the shared pool, recording its memory and time."""
         torch.cuda.synchronize(self.device)
         free_before = free_device_bytes(self.device)
         reserved_before = torch.cuda.memory_reserved(self.device)
@@ -159,14 +165,17 @@ class CudaGraphManager:
             fn(desc)
         torch.cuda.synchronize(self.device)
         capture_s = time.perf_counter() - start
-        self.graphs[key] = graph
+        self.graphs[(desc.num_reqs, desc.max_seq_len)] = graph
         self.records.append(CaptureRecord(
-            self.name, size, desc.num_tokens, desc.max_seq_len,
+            self.name, desc.num_reqs, desc.num_tokens, desc.max_seq_len,
             capture_bytes=free_before - free_device_bytes(self.device),
             reserved_bytes=torch.cuda.memory_reserved(self.device) - reserved_before, capture_s=capture_s,
         ))
-        if progress is not None:
-            progress(f"{self.name} size {size} keys {desc.max_seq_len}")
+
+    @property
+    def num_graphs_to_capture(self) -> int:
+        """(size, bucket) pairs `capture` will capture (0 when disabled)."""
+        return len(self.capture_sizes) * len(self.seq_len_buckets) if self.enabled else 0
 
     def replay(self, desc: BatchExecutionDescriptor) -> None:
         if self.emulated:

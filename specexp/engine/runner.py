@@ -181,14 +181,28 @@ class NativeEngine:
     def capture(self, progress=None) -> None:
         """Capture every graph once, at start-up: target verify, draft prefill, draft decode.
 
-        Records the free-memory delta of the whole capture (vLLM's figure) and each manager's per-size costs."""
+        Records the free-memory delta of the whole capture (vLLM's figure) and each manager's per-size costs.
+        progress(label) is called after each graph; None on a GPU = a progress bar on stderr."""
         cuda = self.device.type == "cuda"
+        bar = None
+        if progress is None and cuda:
+            from tqdm.auto import tqdm
+
+            total = sum(m.num_graphs_to_capture for m in self.graph_managers())
+            bar = tqdm(total=total, desc="capturing CUDA graphs", unit="graph", leave=False)
+
+            def progress(label: str) -> None:
+                bar.set_postfix_str(label, refresh=False)
+                bar.update(1)
+
         free_before = free_device_bytes(self.device) if cuda else None
         start = time.perf_counter()
         self.verify_graphs.capture(self._verify_graph, self._prepare_verify_capture, progress)
         if self.speculator is not None:
             self.speculator.capture(progress)
         capture_s = time.perf_counter() - start
+        if bar is not None:
+            bar.close()
         self.graph_capture = {
             "graph_capture_bytes": free_before - free_device_bytes(self.device) if cuda else None,
             "graph_capture_s": capture_s if cuda else None,

@@ -88,3 +88,12 @@ def test_every_size_is_captured_at_every_bucket_largest_first():
 ])
 def test_default_seq_len_buckets_double_from_256_in_whole_blocks(max_seq_len, block_size, buckets):
     assert default_seq_len_buckets(max_seq_len, block_size) == buckets
+
+
+def test_capture_reports_progress_once_per_graph():
+    labels = []
+    manager = CudaGraphManager("verify", [1, 2], 1, torch.device("cpu"), seq_len_buckets=(8, 16))
+    assert manager.num_graphs_to_capture == 4
+    manager.capture(lambda desc: None, lambda desc: None, labels.append)
+    assert labels == ["verify size 2 keys 16", "verify size 2 keys 8", "verify size 1 keys 16", "verify size 1 keys 8"]
+    assert CudaGraphManager("off", [1, 2], 1, torch.device("cpu"), enabled=False).num_graphs_to_capture == 0
