@@ -77,6 +77,7 @@ def test_the_native_drafts_graph_mode_follows_the_engine(overrides, draft_mode):
     from specexp.specs import EngineSpec, SamplingSpec, SpeculatorSpec, group_spec
 
     cfg = OmegaConf.to_container(compose_config(["+exp=quickstart", *overrides]), resolve=True)
+    assert cfg["speculator"]["cudagraph_mode"] in ("none", "full")  # records keep DESIGN.md §6's values
     spec = SimpleNamespace(
         engine=group_spec(EngineSpec, cfg["engine"]), speculator=group_spec(SpeculatorSpec, cfg["speculator"]),
         sampling=group_spec(SamplingSpec, cfg["sampling"]), pair=SimpleNamespace(dtype=cfg["pair"]["dtype"]),
