@@ -18,7 +18,8 @@ USAGE = """\
 usage: python -m specexp <command> [args]
 
 commands:
-  run [+exp=NAME] [key=value ...] [-m]   run one experiment; -m runs a sweep (one process per job)
+  run [+exp=NAME] [key=value ...] [-m]   run one experiment; -m runs a sweep (one process per job);
+                                         an experiment that declares a sweep always runs as one
   list                                   list pairs, experiments, workloads and backends
   train +zoo=NAME [key=value ...]        train a demo model of the zoo (specexp.zoo.recipe)
   report SWEEP_DIR [--out DIR]           summarise a sweep (specexp.analysis.report)
@@ -26,7 +27,7 @@ commands:
 examples:
   python -m specexp run +exp=quickstart
   python -m specexp run +exp=quickstart backend=hf speculator.num_speculative_tokens=2
-  python -m specexp run -m +exp=depth_sweep workload.num_prompts=2
+  python -m specexp run +exp=depth_sweep workload.num_prompts=2    # k = 0..8: it declares that sweep
   python -m specexp run --cfg job +exp=quickstart     # print the composed config, run nothing
 
 Config groups live in the config directory (SPECEXP_CONF_DIR overrides it); runs are written to
@@ -134,10 +135,46 @@ def train_task(cfg) -> None:
     return recipe.main(cfg)
 
 
+_MULTIRUN_FLAGS = ("-m", "--multirun")
+_NO_RUN_FLAGS = ("--cfg", "-c", "--info", "-i", "--help", "-h", "--hydra-help", "--resolve", "-p", "--package")
+
+
+def declared_sweep(args: list[str]) -> str | None:
+    """The experiment named by a ``+exp=NAME`` in ``args`` when its yaml declares ``hydra.sweeper.params``
+    (it is a sweep by definition: e.g. ``depth_sweep``, ``backend_compare``), else None."""
+    for arg in args:
+        match = re.fullmatch(r"\+{1,2}exp=(?P<name>[\w.-]+)", arg)
+        if not match:
+            continue
+        path = conf_dir() / "exp" / f"{match['name']}.yaml"
+        if not path.is_file():
+            return None
+        from omegaconf import OmegaConf
+
+        params = OmegaConf.select(OmegaConf.load(path), "hydra.sweeper.params")
+        return match["name"] if params else None
+    return None
+
+
+def run_args(args: list[str]) -> list[str]:
+    """``args`` for Hydra: a run of an experiment that declares a sweep becomes a multirun (``-m``), unless it
+    already is or only prints (``--cfg``, ``--info``, help). A swept key set on the command line still wins
+    (``+exp=depth_sweep speculator.num_speculative_tokens=3`` is one job)."""
+    if any(a in _MULTIRUN_FLAGS for a in args) or any(a.split("=")[0] in _NO_RUN_FLAGS for a in args):
+        return list(args)
+    name = declared_sweep(args)
+    if name is None:
+        return list(args)
+    print(f"specexp: experiment '{name}' declares a sweep: running it as a multirun (-m), one process per job",
+          file=sys.stderr)
+    return ["-m", *args]
+
+
 def _cmd_run(args: list[str]) -> int:
     from specexp import experiment
 
     check_group_choices(args)
+    args = run_args(args)
     experiment.SWEEP_JOBS.clear()
     _run_hydra("config", experiment.hydra_task, args)
     jobs = experiment.SWEEP_JOBS

@@ -82,3 +82,16 @@ def test_ctrl_c_records_an_interrupted_run(tmp_path, tiny_llama_dir, tiny_llama_
     assert proc.returncode in (130, -signal.SIGINT), err
     record = json.loads((run_dir / "result.json").read_text())
     assert record["status"] == "interrupted" and "KeyboardInterrupt" in record["error"]
+
+
+def test_an_experiment_that_declares_a_sweep_runs_as_one_without_m(cli, tmp_path, tiny_llama_dir,
+                                                                   tiny_llama_draft_dir):
+    """`run +exp=backend_compare` (as the issue writes it) sweeps its backends; a swept key set on the
+    command line still wins."""
+    sweep_dir = tmp_path / "compare"
+    proc = cli("run", "+exp=backend_compare", "engine=cpu", "backend=native,hf", "tracking=disabled",
+               *tiny_pair(tiny_llama_dir, tiny_llama_draft_dir), f"hydra.sweep.dir={sweep_dir}")
+    assert proc.returncode == 0, proc.stderr
+    assert "declares a sweep" in proc.stderr and "sweep: 2 jobs, 2 ok" in proc.stdout
+    backends = {json.loads(p.read_text())["config"]["backend"]["name"] for p in sweep_dir.glob("*/result.json")}
+    assert backends == {"native", "hf"}

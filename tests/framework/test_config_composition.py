@@ -84,3 +84,17 @@ def test_the_native_drafts_graph_mode_follows_the_engine(overrides, draft_mode):
     )
     _, speculator, _ = engine_configs(spec)
     assert speculator.cudagraph_mode == draft_mode
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    (["+exp=depth_sweep"], ["-m", "+exp=depth_sweep"]),
+    (["+exp=backend_compare", "engine=cpu"], ["-m", "+exp=backend_compare", "engine=cpu"]),
+    (["+exp=quickstart"], ["+exp=quickstart"]),                           # declares no sweep
+    (["-m", "+exp=depth_sweep"], ["-m", "+exp=depth_sweep"]),             # already a multirun
+    (["--cfg", "job", "+exp=depth_sweep"], ["--cfg", "job", "+exp=depth_sweep"]),  # prints only
+    (["pair=tiny_llama"], ["pair=tiny_llama"]),
+])
+def test_experiments_that_declare_a_sweep_run_as_multiruns(args, expected):
+    from specexp.cli import run_args
+
+    assert run_args(args) == expected
