@@ -1,4 +1,5 @@
-"""Building blocks shared by the native models: RMSNorm, rotary embeddings, the SiLU-gated MLP.
+"""Building blocks shared by the native models: RMSNorm, rotary embeddings, the q/k/v attention core, the
+SiLU-gated MLP.
 
 The arithmetic follows transformers' Llama/LFM2 modules operation for operation (same casts, same order),
 so fp32 results agree to rounding. Every op is shape-static and sync-free (CUDA-graph capturable).
@@ -12,6 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specexp.models.attention import AttentionPlan, attend
+from specexp.models.metadata import AttentionMetadata
 from specexp.models.config import RopeConfig
 
 
@@ -88,6 +91,39 @@ def apply_rope_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, signed_si
     both); returns views ([T, Hq, D], [T, Hkv, D]) of one [T, Hq + Hkv, D] tensor."""
     qk = apply_rope(torch.cat((q, k), dim=1), cos, signed_sin)
     return qk[:, : q.shape[1]], qk[:, q.shape[1]:]
+
+
+class QKVAttention(nn.Module):
+    """The attention core both architectures share: q/k/v projections (transformers' `q_proj`/`k_proj`/
+    `v_proj`), optional per-head q/k norms, RoPE and paged attention. Subclasses register their output
+    projection and norms under their checkpoint's names (after these, so parameter order is unchanged) and
+    apply the output projection to :meth:`attend_heads`."""
+
+    def __init__(self, config, qkv_bias: bool):
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_kv_heads
+        self.head_dim = config.head_dim
+        self.scale = config.head_dim**-0.5
+        hidden, kv_dim = config.hidden_size, self.num_kv_heads * self.head_dim
+        self.q_dim = self.num_heads * self.head_dim
+        self.q_proj = nn.Linear(hidden, self.q_dim, bias=qkv_bias)
+        self.k_proj = nn.Linear(hidden, kv_dim, bias=qkv_bias)
+        self.v_proj = nn.Linear(hidden, kv_dim, bias=qkv_bias)
+
+    def attend_heads(self, x: torch.Tensor, positions: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+                     kv_cache: torch.Tensor, meta: AttentionMetadata | AttentionPlan, q_norm: nn.Module | None = None,
+                     k_norm: nn.Module | None = None) -> torch.Tensor:
+        """x: [T, hidden] -> [T, Hq * D], the heads before the output projection; writes this step's K/V into
+        kv_cache. q_norm/k_norm: per-head norms applied before RoPE (None: none)."""
+        num_tokens = x.shape[0]
+        q = self.q_proj(x).view(num_tokens, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
+        if q_norm is not None:
+            q, k = q_norm(q), k_norm(k)
+        q, k = apply_rope_qk(q, k, *rope)
+        return attend(q, k, v, positions, kv_cache, meta, self.scale)
 
 
 class GatedMLP(nn.Module):

@@ -19,40 +19,27 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specexp.models.attention import AttentionPlan, attend
+from specexp.models.attention import AttentionPlan
 from specexp.models.causal_lm import CausalLM
 from specexp.models.config import ModelConfig
-from specexp.models.layers import RMSNorm, RotaryEmbedding, apply_rope_qk
+from specexp.models.layers import QKVAttention, RMSNorm, RotaryEmbedding
 from specexp.models.metadata import AttentionMetadata, ShortConvMetadata
 from specexp.models.short_conv_ops import short_conv
 
 
-class Lfm2Attention(nn.Module):
+class Lfm2Attention(QKVAttention):
     """q/k/v projections, per-head q/k RMSNorm, rope, paged attention, out_proj (no biases)."""
 
     def __init__(self, config: ModelConfig):
-        super().__init__()
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_kv_heads
-        self.head_dim = config.head_dim
-        self.scale = config.head_dim**-0.5
-        hidden, q_dim, kv_dim = config.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        self.q_proj = nn.Linear(hidden, q_dim, bias=False)
-        self.k_proj = nn.Linear(hidden, kv_dim, bias=False)
-        self.v_proj = nn.Linear(hidden, kv_dim, bias=False)
-        self.out_proj = nn.Linear(q_dim, hidden, bias=False)
+        super().__init__(config, qkv_bias=False)
+        self.out_proj = nn.Linear(self.q_dim, config.hidden_size, bias=False)
         self.q_layernorm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.k_layernorm = RMSNorm(self.head_dim, config.rms_norm_eps)
 
     def forward(self, x, positions, rope, kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """x: [T, hidden] -> [T, hidden]; writes this step's K/V into kv_cache."""
-        num_tokens = x.shape[0]
-        q = self.q_layernorm(self.q_proj(x).view(num_tokens, self.num_heads, self.head_dim))
-        k = self.k_layernorm(self.k_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim))
-        v = self.v_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
-        cos, sin = rope
-        q, k = apply_rope_qk(q, k, cos, sin)
-        return self.out_proj(attend(q, k, v, positions, kv_cache, meta, self.scale))
+        return self.out_proj(
+            self.attend_heads(x, positions, rope, kv_cache, meta, self.q_layernorm, self.k_layernorm))
 
 
 class DepthwiseConvWeights(nn.Module):

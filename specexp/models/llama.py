@@ -9,27 +9,19 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from specexp.models.attention import AttentionPlan, attend
+from specexp.models.attention import AttentionPlan
 from specexp.models.causal_lm import CausalLM
 from specexp.models.config import ModelConfig
-from specexp.models.layers import GatedMLP, RMSNorm, RotaryEmbedding, apply_rope_qk
+from specexp.models.layers import GatedMLP, QKVAttention, RMSNorm, RotaryEmbedding
 from specexp.models.metadata import AttentionMetadata
 
 
-class LlamaAttention(nn.Module):
+class LlamaAttention(QKVAttention):
     """q/k/v projections (+ optional per-head q/k norm), rope, paged attention, o_proj."""
 
     def __init__(self, config: ModelConfig):
-        super().__init__()
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_kv_heads
-        self.head_dim = config.head_dim
-        self.scale = config.head_dim**-0.5
-        hidden, q_dim, kv_dim = config.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        self.q_proj = nn.Linear(hidden, q_dim, bias=config.qkv_bias)
-        self.k_proj = nn.Linear(hidden, kv_dim, bias=config.qkv_bias)
-        self.v_proj = nn.Linear(hidden, kv_dim, bias=config.qkv_bias)
-        self.o_proj = nn.Linear(q_dim, hidden, bias=config.o_bias)
+        super().__init__(config, qkv_bias=config.qkv_bias)
+        self.o_proj = nn.Linear(self.q_dim, config.hidden_size, bias=config.o_bias)
         if config.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
@@ -45,15 +37,7 @@ class LlamaAttention(nn.Module):
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         """x: [T, hidden] -> [T, hidden]; writes this step's K/V into kv_cache."""
-        num_tokens = x.shape[0]
-        q = self.q_proj(x).view(num_tokens, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        cos, sin = rope
-        q, k = apply_rope_qk(q, k, cos, sin)
-        return self.o_proj(attend(q, k, v, positions, kv_cache, meta, self.scale))
+        return self.o_proj(self.attend_heads(x, positions, rope, kv_cache, meta, self.q_norm, self.k_norm))
 
 
 class LlamaDecoderLayer(nn.Module):
