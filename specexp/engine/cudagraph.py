@@ -34,8 +34,9 @@ NONE, FULL = "none", "full"
 
 @dataclass(frozen=True)
 class BatchExecutionDescriptor:
-    """How one step runs: `num_reqs` rows and `num_tokens` tokens (padded sizes under FULL); under FULL,
-    `max_seq_len` is the captured key-length bucket (keys per row) the graph attends over (0: unbucketed)."""
+    """How one step runs: `num_reqs` rows and `num_tokens` tokens (padded sizes under FULL) attending over
+    `max_seq_len` keys per row — under FULL the captured key-length bucket (0: unbucketed), under NONE the
+    step's own longest row, as passed to `dispatch`."""
 
     num_reqs: int
     num_tokens: int
@@ -119,7 +120,7 @@ class CudaGraphManager:
     def dispatch(self, num_reqs: int, num_tokens: int, uniform: bool, max_seq_len: int = 0
                  ) -> BatchExecutionDescriptor:
         """The smallest captured size holding a uniform batch of num_reqs rows, at the smallest bucket holding
-        its longest row (max_seq_len keys, after this step's tokens), else eager (NONE)."""
+        its longest row (max_seq_len keys, after this step's tokens), else eager (NONE, at max_seq_len)."""
         if self.enabled and uniform and num_tokens == num_reqs * self.tokens_per_req:
             bucket = next((b for b in self.seq_len_buckets if b >= max_seq_len), None)
             for size in self.capture_sizes:
@@ -128,7 +129,7 @@ class CudaGraphManager:
                     self.replays_per_graph[(size, bucket)] = self.replays_per_graph.get((size, bucket), 0) + 1
                     return BatchExecutionDescriptor(size, size * self.tokens_per_req, FULL, bucket)
         self.num_eager += 1
-        return BatchExecutionDescriptor(num_reqs, num_tokens, NONE)
+        return BatchExecutionDescriptor(num_reqs, num_tokens, NONE, max_seq_len)
 
     def capture(self, fn: Callable[[BatchExecutionDescriptor], None],
                 prepare: Callable[[BatchExecutionDescriptor], None], progress: Callable[[str], None] | None = None
@@ -176,6 +177,13 @@ class CudaGraphManager:
     def num_graphs_to_capture(self) -> int:
         """(size, bucket) pairs `capture` will capture (0 when disabled)."""
         return len(self.capture_sizes) * len(self.seq_len_buckets) if self.enabled else 0
+
+    def execute(self, desc: BatchExecutionDescriptor, fn: Callable[[BatchExecutionDescriptor], None]) -> None:
+        """Run one step as `dispatch` decided: replay its graph under FULL, else `fn(desc)` eagerly."""
+        if desc.cg_mode == FULL:
+            self.replay(desc)
+        else:
+            fn(desc)
 
     def replay(self, desc: BatchExecutionDescriptor) -> None:
         if self.emulated:

@@ -320,7 +320,7 @@ class NativeEngine:
         self.buffers.load(cpu, desc.num_reqs, desc.num_tokens)
         num_reqs, num_tokens = cpu.num_reqs, cpu.num_tokens
         attn = self.buffers.attention_metadata(
-            num_reqs, num_tokens, max_seq_len=int(cpu.seq_lens.max()), max_query_len=cpu.max_query_len,
+            num_reqs, num_tokens, max_seq_len=desc.max_seq_len, max_query_len=cpu.max_query_len,
             num_actual_tokens=num_tokens,
         )
         query_lens = torch.tensor([r.num_query_tokens for r in rows], dtype=torch.int64)

@@ -212,20 +212,14 @@ class AutoRegressiveSpeculator:
                                                     max_region_end)
         num_valid = self._prepare_prefill_inputs(batch, prefill_desc)
         self.on_prefill_begin(num_reqs)
-        if prefill_desc.cg_mode == FULL:
-            self.prefill_graphs.replay(prefill_desc)
-        else:
-            self._prefill(prefill_desc)
+        self.prefill_graphs.execute(prefill_desc, self._prefill)
         self.on_prefill_end(num_reqs)
         if self.k > 1:
             decode_desc = self.decode_graphs.dispatch(num_reqs, num_reqs, uniform=True,
                                                       max_seq_len=max_region_end + self.k - 1)
             self._prepare_decode_inputs(batch, num_valid, decode_desc)
             self.on_multi_step_decode_begin(num_reqs)
-            if decode_desc.cg_mode == FULL:
-                self.decode_graphs.replay(decode_desc)
-            else:
-                self._fused_multi_step_decode(decode_desc)
+            self.decode_graphs.execute(decode_desc, self._fused_multi_step_decode)
             self.on_multi_step_decode_end(num_reqs)
         probs = self.draft_probs[:num_reqs] if self.draft_probs is not None else None
         return self.draft_tokens[:num_reqs], probs
@@ -278,7 +272,7 @@ class AutoRegressiveSpeculator:
                 self._build_prefill_conv(batch, cpu, desc.num_reqs)
             return num_valid
         attn = buffers.attention_metadata(
-            num_reqs, cpu.num_tokens, max_seq_len=int(cpu.seq_lens.max()), max_query_len=cpu.max_query_len,
+            num_reqs, cpu.num_tokens, max_seq_len=desc.max_seq_len, max_query_len=cpu.max_query_len,
             num_actual_tokens=cpu.num_tokens,
         )
         conv = None
@@ -361,9 +355,8 @@ class AutoRegressiveSpeculator:
         if desc.cg_mode == FULL:
             self._decode_ctx = self._decode_graph_ctx[(desc.num_reqs, desc.max_seq_len)]
             return
-        # CPU upper bound of the last decode step's seq_len (num_valid <= q).
-        max_seq_len = int((batch.start_positions + batch.query_lens).max()) + self.k
-        attn = self.decode_buffers.attention_metadata(num_reqs, num_reqs, max_seq_len, 1, num_reqs)
+        # desc.max_seq_len: propose's CPU upper bound of the last decode step's seq_len (num_valid <= q).
+        attn = self.decode_buffers.attention_metadata(num_reqs, num_reqs, desc.max_seq_len, 1, num_reqs)
         self._decode_ctx = self._ctx(attn, conv)
 
     def _fused_multi_step_decode(self, desc: BatchExecutionDescriptor) -> None:

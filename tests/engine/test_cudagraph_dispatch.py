@@ -97,3 +97,17 @@ def test_capture_reports_progress_once_per_graph():
     manager.capture(lambda desc: None, lambda desc: None, labels.append)
     assert labels == ["verify size 2 keys 16", "verify size 2 keys 8", "verify size 1 keys 16", "verify size 1 keys 8"]
     assert CudaGraphManager("off", [1, 2], 1, torch.device("cpu"), enabled=False).num_graphs_to_capture == 0
+
+
+def test_eager_steps_carry_their_own_key_length_and_execute_runs_them_eagerly():
+    manager = CudaGraphManager("verify", [1], 1, torch.device("cpu"), seq_len_buckets=(16,))
+    replayed = []
+    manager.capture(lambda desc: replayed.append(desc), lambda desc: None)
+    replayed.clear()
+    eager = manager.dispatch(2, 2, uniform=True, max_seq_len=40)  # too many rows for any graph
+    assert eager == BatchExecutionDescriptor(2, 2, NONE, 40)
+    ran = []
+    manager.execute(eager, ran.append)
+    assert ran == [eager] and not replayed
+    manager.execute(manager.dispatch(1, 1, uniform=True, max_seq_len=9), ran.append)
+    assert ran == [eager] and replayed == [BatchExecutionDescriptor(1, 1, FULL, 16)]  # the (emulated) replay
