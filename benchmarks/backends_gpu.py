@@ -67,29 +67,59 @@ def plan(pairs: list[str], backends: list[str], ks: list[int]) -> list[dict]:
     return unique
 
 
-def run_point(point: dict, args, runs_dir: Path) -> dict:
-    name = point["name"]
+def point_overrides(point: dict, args) -> list[str]:
+    """The `specexp run` overrides of one point (without its name, run directory or depth)."""
     overrides = [
         f"pair={point['pair']}", f"pair.dtype={args.dtype}", f"engine={args.engine}", "engine.max_num_seqs=1",
         f"engine.cudagraph_mode={'full' if point['graphs'] else 'none'}", "workload=code",
         f"workload.num_prompts={args.num_prompts}", "sampling=greedy",
-        f"sampling.max_new_tokens={args.max_new_tokens}", f"backend={point['backend']}",
-        f"speculator.num_speculative_tokens={point['k']}", "tracking=disabled", f"name={name}",
-        f"hydra.run.dir={runs_dir / name}",
+        f"sampling.max_new_tokens={args.max_new_tokens}", f"backend={point['backend']}", "tracking=disabled",
     ]
     if point["backend"] == "vllm":
         overrides.append(f"backend.gpu_memory_utilization={args.gpu_memory_utilization}")
-    start = time.perf_counter()
+    return overrides
+
+
+def launch(overrides: list[str], runs_dir: Path, timeout_s: float) -> tuple[int | None, str]:
+    """Run `python -m specexp run OVERRIDES` in its own process: (return code or None on timeout, log)."""
     try:
         proc = subprocess.run([sys.executable, "-m", "specexp", "run", *overrides], capture_output=True, text=True,
-                              cwd=ROOT, env={**os.environ, "SPECEXP_RUNS_DIR": str(runs_dir)},
-                              timeout=args.point_timeout_s)
-        returncode, log = proc.returncode, (proc.stderr or "") + (proc.stdout or "")
+                              cwd=ROOT, env={**os.environ, "SPECEXP_RUNS_DIR": str(runs_dir)}, timeout=timeout_s)
+        return proc.returncode, (proc.stderr or "") + (proc.stdout or "")
     except subprocess.TimeoutExpired as e:
-        returncode = None
-        log = _text(e.stderr) + _text(e.stdout) + f"\nkilled after {args.point_timeout_s} s"
-    row = {**point, "overrides": overrides, "returncode": returncode, "wall_s": time.perf_counter() - start}
-    result_path = runs_dir / name / "result.json"
+        return None, _text(e.stderr) + _text(e.stdout) + f"\nkilled after {timeout_s} s"
+
+
+def run_point(point: dict, args, runs_dir: Path) -> dict:
+    """One point in its own process (vLLM points: vLLM keeps GPU memory until its process ends)."""
+    name = point["name"]
+    overrides = [*point_overrides(point, args), f"speculator.num_speculative_tokens={point['k']}", f"name={name}",
+                 f"hydra.run.dir={runs_dir / name}"]
+    start = time.perf_counter()
+    returncode, log = launch(overrides, runs_dir, args.point_timeout_s)
+    return collect(point, overrides, runs_dir / name, returncode, log, time.perf_counter() - start)
+
+
+def run_depth_sweep(points: list[dict], args, runs_dir: Path) -> list[dict]:
+    """Points that differ only in k (same pair, native or hf backend, graph mode) as one `specexp run -m`
+    process: one interpreter start and import instead of one per point. Each job still builds its own
+    engine, warms up and is timed on its own; `wall_s` is the sweep's wall time shared out evenly."""
+    first = points[0]
+    sweep_dir = runs_dir / f"{first['pair']}_{first['backend']}_{'graphs' if first['graphs'] else 'eager'}"
+    ks = ",".join(str(p["k"]) for p in points)
+    overrides = ["-m", *point_overrides(first, args), f"speculator.num_speculative_tokens={ks}",
+                 f"name={first['pair']}_{first['backend']}", f"hydra.sweep.dir={sweep_dir}",
+                 "hydra.sweep.subdir=k${speculator.num_speculative_tokens}"]
+    start = time.perf_counter()
+    returncode, log = launch(overrides, runs_dir, args.point_timeout_s * len(points))
+    wall_s = (time.perf_counter() - start) / len(points)
+    return [collect(p, overrides, sweep_dir / f"k{p['k']}", returncode, log, wall_s) for p in points]
+
+
+def collect(point: dict, overrides: list[str], run_dir: Path, returncode: int | None, log: str, wall_s: float) -> dict:
+    """The point's row from its run directory (result.json, outputs.jsonl), or its status and error."""
+    row = {**point, "overrides": overrides, "returncode": returncode, "wall_s": wall_s}
+    result_path = run_dir / "result.json"
     record = json.loads(result_path.read_text()) if result_path.exists() else None
     if record is None or record.get("status") != "ok":
         row["status"] = record["status"] if record else ("timeout" if returncode is None else "crashed")
@@ -97,7 +127,7 @@ def run_point(point: dict, args, runs_dir: Path) -> dict:
         row["log_tail"] = log[-3000:]
         return row
     m = record["metrics"]
-    outputs = [json.loads(line) for line in (runs_dir / name / "outputs.jsonl").read_text().splitlines() if line]
+    outputs = [json.loads(line) for line in (run_dir / "outputs.jsonl").read_text().splitlines() if line]
     row.update({
         "status": "ok", "error": None,
         "acceptance_length": m.get("acceptance_length"),
@@ -117,6 +147,24 @@ def run_point(point: dict, args, runs_dir: Path) -> dict:
         "prompt_token_ids": {o["prompt_id"]: o["prompt_token_ids"] for o in outputs},
     })
     return row
+
+
+def batches(points: list[dict]) -> list[list[dict]]:
+    """Points in plan order, grouped for running: each vLLM point alone (one process per run); native and hf
+    points of one (pair, backend, graph mode) together as one depth sweep, placed where the group's first
+    point falls in the plan."""
+    groups: dict[tuple, list[dict]] = {}
+    order: list[list[dict]] = []
+    for p in points:
+        if p["backend"] == "vllm":
+            order.append([p])
+            continue
+        key = (p["pair"], p["backend"], p["graphs"])
+        if key not in groups:
+            groups[key] = []
+            order.append(groups[key])
+        groups[key].append(p)
+    return order
 
 
 def _text(data) -> str:
@@ -172,18 +220,21 @@ def main() -> None:
     print(f"{len(todo)} points to run ({len(done)} already done)", flush=True)
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
-        for point in todo:
+        for batch in batches(todo):
             if args.deadline_s is not None and time.perf_counter() - start > args.deadline_s:
                 print("deadline reached; the rest stays for --resume", flush=True)
                 break
-            row = run_point(point, args, Path(tmp))
-            result["points"].append(row)
+            rows = run_point(batch[0], args, Path(tmp)) if len(batch) == 1 else None
+            rows = [rows] if rows is not None else run_depth_sweep(batch, args, Path(tmp))
+            for row in rows:
+                result["points"].append(row)
+                summary = {key: row.get(key) for key in ("name", "status", "acceptance_length",
+                                                         "output_tokens_per_s", "tpot_ms_p50",
+                                                         "graph_capture_bytes", "wall_s")}
+                if row["status"] != "ok":
+                    summary["error"] = row["error"]
+                print(json.dumps(summary), flush=True)
             Path(args.out).write_text(json.dumps(result, indent=1))
-            summary = {key: row.get(key) for key in ("name", "status", "acceptance_length", "output_tokens_per_s",
-                                                     "tpot_ms_p50", "graph_capture_bytes", "wall_s")}
-            if row["status"] != "ok":
-                summary["error"] = row["error"]
-            print(json.dumps(summary), flush=True)
     Path(args.out).write_text(json.dumps(result, indent=1))
     print(f"wrote {args.out}")
 

@@ -9,7 +9,7 @@ Measures, per pair (trained demo pairs when present, and real-size random-weight
      acceptance rates (random pairs) or real greedy acceptance (demo pairs), next to Leviathan's speedup
      (1 - a^(k+1)) / ((1 - a)(k c + 1)) with the measured cost ratio c.
 
-    python benchmarks/gpu_cudagraphs.py --out results.json [--quick]
+    python benchmarks/gpu_cudagraphs.py --out results.json [--quick] [--pairs A,B] [--sections capture,step,e2e]
 
 Prints each figure as it is measured and rewrites the JSON after every section, so a run cut short keeps
 what it finished.
@@ -187,20 +187,28 @@ def add_theory(rows: list[dict], c: float) -> None:
             r["theory_speedup"] = (1 - a ** (k + 1)) / ((1 - a) * (k * c + 1))
 
 
-def bench_pair(name, target_path, draft_path, weights, dtype, quick, copy_bw) -> dict:
+SECTIONS = ("capture", "step", "e2e")
+
+
+def bench_pair(name, target_path, draft_path, weights, dtype, quick, copy_bw, sections=SECTIONS) -> dict:
     print(f"== {name} ({weights}, {dtype})", flush=True)
     target = load_model(ZOO / target_path, dtype=dtype, device="cuda", weights=weights, seed=0)
     draft = load_model(ZOO / draft_path, dtype=dtype, device="cuda", weights=weights, seed=1)
     out = {"target": target_path, "draft": draft_path, "weights": weights, "dtype": str(dtype),
            "target_params": sum(p.numel() for p in target.parameters()),
            "draft_params": sum(p.numel() for p in draft.parameters())}
-    out.update(capture_costs(target, draft, k=4, max_num_seqs=16 if quick else 64))
+    if "capture" in sections:
+        out.update(capture_costs(target, draft, k=4, max_num_seqs=16 if quick else 64))
+    if "step" not in sections and "e2e" not in sections:
+        return out
     out["target_decode_step"] = target_decode_step(target, copy_bw)
     out["draft_decode_step_batch1"] = target_decode_step(draft, copy_bw)
     c = out["draft_decode_step_batch1"]["graph_ms"] / out["target_decode_step"]["graph_ms"]
     out["cost_ratio_c"] = c
     print(f"  target step {out['target_decode_step']['graph_ms']:.3f} ms "
           f"({100 * out['target_decode_step']['fraction_of_copy_bandwidth']:.0f}% of copy bw), c={c:.3f}", flush=True)
+    if "e2e" not in sections:
+        return out
     gen = torch.Generator().manual_seed(0)
     vocab = target.config.vocab_size
     prompts = [torch.randint(3, vocab, (64,), generator=gen).tolist() for _ in range(2 if quick else 4)]
@@ -218,7 +226,13 @@ def main() -> None:
     parser.add_argument("--out", default="gpu_cudagraphs.json")
     parser.add_argument("--quick", action="store_true", help="fewer sizes and depths")
     parser.add_argument("--pairs", default="all", help="comma-separated pair names, or 'all'")
+    parser.add_argument("--sections", default=",".join(SECTIONS),
+                        help=f"comma-separated subset of {','.join(SECTIONS)} (e2e needs the step's cost ratio)")
     args = parser.parse_args()
+    sections = tuple(args.sections.split(","))
+    unknown = sorted(set(sections) - set(SECTIONS))
+    if unknown:
+        parser.error(f"--sections: unknown {unknown}; valid: {', '.join(SECTIONS)}")
     assert torch.cuda.is_available(), "needs a CUDA GPU"
     result = {"machine": {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
                           "python": platform.python_version()}, "pairs": {}, "errors": {}}
@@ -233,7 +247,7 @@ def main() -> None:
             continue
         try:
             result["pairs"][name] = bench_pair(name, t, d, weights, dtype, args.quick,
-                                               result["copy_bandwidth_bytes_per_s"])
+                                               result["copy_bandwidth_bytes_per_s"], sections)
         except Exception:  # noqa: BLE001 - keep the other pairs' figures
             result["errors"][name] = traceback.format_exc()
             print(result["errors"][name], flush=True)
