@@ -28,7 +28,8 @@ POINTS = [("hf", 0, 1), ("native", 0, 1), ("hf", 4, 1), ("native", 4, 1), ("nati
 def run_point(backend: str, k: int, batch: int, args, runs_dir: Path) -> dict:
     name = f"{backend}_k{k}_b{batch}"
     cmd = [
-        sys.executable, "-m", "specexp", "run", f"pair={args.pair}", f"workload={args.workload}",
+        sys.executable, "-m", "specexp", "run", f"pair={args.pair}", f"engine={args.engine}",
+        f"workload={args.workload}",
         f"workload.num_prompts={args.num_prompts}", f"sampling.max_new_tokens={args.max_new_tokens}",
         f"backend={backend}", f"speculator.num_speculative_tokens={k}", f"engine.max_num_seqs={batch}",
         "tracking.wandb.mode=disabled", f"name={name}", f"hydra.run.dir={runs_dir / name}",
