@@ -14,8 +14,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from specexp.models.attention import AttentionPlan, attend
-from specexp.models.metadata import AttentionMetadata
 from specexp.models.config import RopeConfig
+from specexp.models.metadata import AttentionMetadata
+from specexp.models.stacked import StackedLinear
 
 
 class RMSNorm(nn.Module):
@@ -85,14 +86,6 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> 
     return x * cos.unsqueeze(1) + swapped * signed_sin.unsqueeze(1)
 
 
-def apply_rope_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`apply_rope` on queries [T, Hq, D] and keys [T, Hkv, D] in one pass (one set of kernels for
-    both); returns views ([T, Hq, D], [T, Hkv, D]) of one [T, Hq + Hkv, D] tensor."""
-    qk = apply_rope(torch.cat((q, k), dim=1), cos, signed_sin)
-    return qk[:, : q.shape[1]], qk[:, q.shape[1]:]
-
-
 class QKVAttention(nn.Module):
     """The attention core both architectures share: q/k/v projections (transformers' `q_proj`/`k_proj`/
     `v_proj`), optional per-head q/k norms, RoPE and paged attention. Subclasses register their output
@@ -110,19 +103,23 @@ class QKVAttention(nn.Module):
         self.q_proj = nn.Linear(hidden, self.q_dim, bias=qkv_bias)
         self.k_proj = nn.Linear(hidden, kv_dim, bias=qkv_bias)
         self.v_proj = nn.Linear(hidden, kv_dim, bias=qkv_bias)
+        self.qkv = StackedLinear([self.q_proj, self.k_proj, self.v_proj])  # one GEMM; q/k/v params kept
 
     def attend_heads(self, x: torch.Tensor, positions: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                      kv_cache: torch.Tensor, meta: AttentionMetadata | AttentionPlan, q_norm: nn.Module | None = None,
                      k_norm: nn.Module | None = None) -> torch.Tensor:
         """x: [T, hidden] -> [T, Hq * D], the heads before the output projection; writes this step's K/V into
         kv_cache. q_norm/k_norm: per-head norms applied before RoPE (None: none)."""
-        num_tokens = x.shape[0]
-        q = self.q_proj(x).view(num_tokens, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
+        num_tokens, num_q, num_kv = x.shape[0], self.num_heads, self.num_kv_heads
+        weight, bias = self.qkv.weights()
+        qkv = F.linear(x, weight, bias)  # [T, (Hq + 2 Hkv) * D]: q, k and v heads side by side
+        split = (num_q + num_kv) * self.head_dim
+        qk = qkv[:, :split].view(num_tokens, num_q + num_kv, self.head_dim)  # q and k heads, adjacent
+        v = qkv[:, split:].view(num_tokens, num_kv, self.head_dim)
         if q_norm is not None:
-            q, k = q_norm(q), k_norm(k)
-        q, k = apply_rope_qk(q, k, *rope)
+            qk = torch.cat((q_norm(qk[:, :num_q]), k_norm(qk[:, num_q:])), dim=1)
+        qk = apply_rope(qk, *rope)  # queries and keys rotated in one pass
+        q, k = qk[:, :num_q], qk[:, num_q:]
         return attend(q, k, v, positions, kv_cache, meta, self.scale)
 
 
@@ -134,7 +131,9 @@ class GatedMLP(nn.Module):
         self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
         self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
+        self.gate_up = StackedLinear([self.gate_proj, self.up_proj])  # one GEMM; gate/up params kept
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [T, hidden] -> [T, hidden]."""
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up(x)
+        return self.down_proj(F.silu(gate) * up)

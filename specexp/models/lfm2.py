@@ -25,6 +25,7 @@ from specexp.models.config import ModelConfig
 from specexp.models.layers import QKVAttention, RMSNorm, RotaryEmbedding
 from specexp.models.metadata import AttentionMetadata, ShortConvMetadata
 from specexp.models.short_conv_ops import short_conv
+from specexp.models.stacked import StackedLinear
 
 
 class Lfm2Attention(QKVAttention):
@@ -77,9 +78,11 @@ class Lfm2FeedForward(nn.Module):
         self.w1 = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.w3 = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.w2 = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.w1_w3 = StackedLinear([self.w1, self.w3])  # one GEMM; w1/w3 params kept
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        gate, up = self.w1_w3(x)
+        return self.w2(F.silu(gate) * up)
 
 
 class Lfm2DecoderLayer(nn.Module):

@@ -28,6 +28,7 @@ from specexp.models.config import ModelConfig
 from specexp.models.layers import RMSNorm, RotaryEmbedding
 from specexp.models.lfm2 import DepthwiseConvWeights, Lfm2ForCausalLM
 from specexp.models.llama import LlamaForCausalLM
+from specexp.models.stacked import restack_all
 
 MODEL_CLASSES: dict[str, type[CausalLM]] = {"llama": LlamaForCausalLM, "lfm2": Lfm2ForCausalLM}
 ZOO_DIR = Path(__file__).resolve().parents[1] / "zoo"
@@ -220,6 +221,7 @@ def load_model(
         init_random_(model, seed)
     else:
         load_weights_(model, files)
+    restack_all(model)  # q/k/v and gate/up as single GEMMs from the first forward on
     return model.eval()
 
 
