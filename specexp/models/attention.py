@@ -66,15 +66,22 @@ def _plan_tensors(meta: AttentionMetadata, positions: torch.Tensor, num_tokens: 
     max_keys = num_blocks * block_size
     slots = meta.slot_mapping[:num_tokens].to(torch.int64)
     padding = slots < 0
-    starts = meta.query_start_loc[:num_rows].to(torch.int64)
-    token_of_slot = (starts.unsqueeze(1) + torch.arange(max_query_len, device=device)).clamp(0, max(num_tokens - 1, 0))
-    q_pos = positions[token_of_slot]  # [R, Q]
+    uniform = is_uniform(meta, num_tokens)
+    if uniform:  # row r's queries are tokens r*Q .. r*Q + Q - 1: the padded layout is the flat one
+        token_of_slot = row = index_in_row = None
+        q_pos = positions[:num_tokens].view(num_rows, max_query_len)
+    else:
+        starts = meta.query_start_loc[:num_rows].to(torch.int64)
+        token_of_slot = (starts.unsqueeze(1) + torch.arange(max_query_len, device=device)).clamp(
+            0, max(num_tokens - 1, 0))
+        q_pos = positions[token_of_slot]  # [R, Q]
+        row, index_in_row = _token_rows(meta, num_tokens, device)
     key_pos = torch.arange(max_keys, device=device)
     visible = (key_pos <= q_pos.unsqueeze(-1)) & (key_pos < meta.seq_lens.to(torch.int64).view(-1, 1, 1))
     visible = visible | (key_pos == 0)  # one key always visible: no empty softmax row (see module doc)
     mask = visible.unsqueeze(1).expand(num_rows, group, max_query_len, max_keys)
-    row, index_in_row = _token_rows(meta, num_tokens, device)
     return {
+        "uniform": uniform,
         "write_index": torch.where(padding, torch.zeros_like(slots), slots),
         "padding": padding,
         "blocks": meta.block_table[:, :num_blocks].to(torch.int64).reshape(-1),
@@ -83,6 +90,17 @@ def _plan_tensors(meta: AttentionMetadata, positions: torch.Tensor, num_tokens: 
         "row": row,
         "index_in_row": index_in_row,
     }
+
+
+def is_uniform(meta: AttentionMetadata, num_tokens: int) -> bool:
+    """Whether every row of the batch holds exactly `max_query_len` queries, row r at tokens [r*Q, (r+1)*Q).
+
+    CPU ints only (shape-static, fixed at graph capture). T == R * Q holds exactly then: an eager batch has
+    no padding (T = sum of query lengths <= R * Q, equal only if every row has Q), and padding only ever
+    extends a uniform graph batch with whole padded rows of Q tokens each (real tokens a multiple of Q).
+    """
+    q = max(meta.max_query_len, 1)
+    return num_tokens == meta.block_table.shape[0] * q and meta.num_actual_tokens % q == 0
 
 
 def write_kv_cache(kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor,
@@ -138,18 +156,20 @@ def paged_attention(
     max_query_len = max(meta.max_query_len, 1)
     max_keys = t["mask"].shape[-1]
 
-    # Dense keys/values of each row: [R, S, Hkv, D].
-    keys = kv_cache[0].index_select(0, t["blocks"]).view(num_rows, max_keys, num_kv_heads, head_dim)
-    values = kv_cache[1].index_select(0, t["blocks"]).view(num_rows, max_keys, num_kv_heads, head_dim)
+    # Dense keys and values of each row, gathered together: [2, R, S, Hkv, D].
+    kv = kv_cache.index_select(1, t["blocks"]).view(2, num_rows, max_keys, num_kv_heads, head_dim)
+    keys, values = kv[0], kv[1]
 
     # Padded queries, with the G query heads of each KV head folded into the query axis: [R, Hkv, G * Q, D].
-    q = query[t["token_of_slot"]]  # [R, Q, Hq, D]
+    q = query.view(num_rows, max_query_len, num_heads, head_dim) if t["uniform"] else query[t["token_of_slot"]]
     q = q.view(num_rows, max_query_len, num_kv_heads, group, head_dim).permute(0, 2, 3, 1, 4)
     q = q.reshape(num_rows, num_kv_heads, group * max_query_len, head_dim)
     out = F.scaled_dot_product_attention(
         q, keys.transpose(1, 2).to(q.dtype), values.transpose(1, 2).to(q.dtype), attn_mask=t["mask"], scale=scale
     )
     out = out.view(num_rows, num_kv_heads, group, max_query_len, head_dim).permute(0, 3, 1, 2, 4)
+    if t["uniform"]:
+        return out.reshape(num_tokens, num_heads * head_dim)
     out = out.reshape(num_rows, max_query_len, num_heads * head_dim)
     return out[t["row"], t["index_in_row"]]
 

@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from specexp.models.attention import attend, paged_attention, write_kv_cache
+from specexp.models import attention
+from specexp.models.attention import attend, is_uniform, paged_attention, write_kv_cache
 from specexp.models.metadata import AttentionMetadata
 
 
@@ -23,7 +24,7 @@ def naive_attention(q, k, v, scale):
 
 
 def build_batch(query_lens, context_lens, num_heads, num_kv_heads, head_dim, block_size=4, num_blocks=40,
-                pad_rows=0, pad_tokens=0, seed=0):
+                pad_rows=0, pad_tokens=0, seed=0, max_query_len=None):
     """Random paged cache + metadata for rows with given (new queries, cached context) lengths."""
     gen = torch.Generator().manual_seed(seed)
     kv_cache = torch.randn(2, num_blocks, block_size, num_kv_heads, head_dim, generator=gen)
@@ -55,7 +56,7 @@ def build_batch(query_lens, context_lens, num_heads, num_kv_heads, head_dim, blo
         slot_mapping=torch.tensor(slots, dtype=torch.int64),
         token_req_indices=torch.tensor(token_rows, dtype=torch.int64),
         max_seq_len=max_blocks * block_size,
-        max_query_len=max(query_lens) + 2,
+        max_query_len=max(query_lens) + 2 if max_query_len is None else max_query_len,
         num_actual_tokens=num_real,
     )
     num_tokens = num_real + pad_tokens
@@ -113,3 +114,35 @@ def test_op_has_static_shapes_and_no_host_reads():
     out = attend(to_meta(q), to_meta(k), to_meta(v), to_meta(positions), to_meta(kv_cache), meta_md, scale=0.3)
     assert out.shape == (q.shape[0], 32) and out.device.type == "meta"
     assert paged_attention(to_meta(q), to_meta(positions), to_meta(kv_cache), meta_md, 0.3).shape == out.shape
+
+
+@pytest.mark.parametrize("queries_per_row,pad_rows", [(1, 0), (1, 3), (4, 0), (4, 2)])
+def test_uniform_batches_skip_the_query_gather_and_agree_with_it(monkeypatch, queries_per_row, pad_rows):
+    """Every row Q queries (a decode or verify batch, graph-padded with whole rows of Q tokens): the op reads
+    queries in place instead of gathering them, with the same result as the gathering path and the naive one."""
+    query_lens, context_lens = [queries_per_row] * 3, [5, 0, 17]
+    kv_cache, meta, q, k, v, positions, rows = build_batch(
+        query_lens, context_lens, 4, 2, 8, pad_rows=pad_rows, pad_tokens=pad_rows * queries_per_row,
+        max_query_len=queries_per_row)
+    assert is_uniform(meta, q.shape[0])
+    out = attend(q, k, v, positions, kv_cache.clone(), meta, scale=0.3)
+    monkeypatch.setattr(attention, "is_uniform", lambda meta, num_tokens: False)
+    gathered = attend(q, k, v, positions, kv_cache.clone(), meta, scale=0.3)
+    real = meta.num_actual_tokens
+    torch.testing.assert_close(out[:real], gathered[:real], rtol=0, atol=0)
+    assert torch.isfinite(out).all()
+    start = 0
+    written = kv_cache.clone()
+    write_kv_cache(written, k, v, meta.slot_mapping)
+    for blocks, nq, nc in zip(rows, query_lens, context_lens):
+        dense = written[:, blocks].reshape(2, -1, 2, 8)[:, : nq + nc]
+        torch.testing.assert_close(out[start:start + nq], naive_attention(q[start:start + nq], dense[0], dense[1], 0.3),
+                                   atol=1e-5, rtol=1e-5)
+        start += nq
+
+
+def test_ragged_batches_are_not_uniform():
+    _, meta, q, *_ = build_batch([4, 2, 4], [1, 1, 1], 4, 2, 8, max_query_len=4)
+    assert not is_uniform(meta, q.shape[0])
+    _, meta, q, *_ = build_batch([4, 4], [1, 1], 4, 2, 8, pad_tokens=4, max_query_len=4)  # padding, no padded row
+    assert not is_uniform(meta, q.shape[0])
