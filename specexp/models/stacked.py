@@ -36,6 +36,7 @@ class StackedLinear:
         self.sizes = [lin.out_features for lin in linears]
         self.weight: torch.Tensor | None = None
         self.bias: torch.Tensor | None = None
+        self._ptrs: tuple[int, ...] | None = None  # each part's data_ptr right after the last restack
 
     def weights(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(weight [sum(out), in], bias [sum(out)] or None), re-stacked first if a parameter was re-allocated."""
@@ -49,20 +50,12 @@ class StackedLinear:
         return list(torch.nn.functional.linear(x, weight, bias).split(self.sizes, dim=-1))
 
     def _intact(self) -> bool:
-        if self.weight is None:
-            return False
-        for tensors, stacked in ((self._parts("weight"), self.weight), (self._parts("bias"), self.bias)):
-            if stacked is None:
-                continue
-            if stacked.device.type == "meta":
-                return False
-            offset = stacked.data_ptr()
-            row_bytes = stacked.element_size() * (stacked.shape[1] if stacked.dim() == 2 else 1)
-            for part, size in zip(tensors, self.sizes, strict=True):
-                if part.dtype != stacked.dtype or part.device != stacked.device or part.data_ptr() != offset:
-                    return False
-                offset += size * row_bytes
-        return True
+        # Each part still starts where restack() put it. Sound by pointers alone: this object holds the stacked
+        # storage, so no re-allocated parameter can land inside it.
+        return self._ptrs is not None and self._ptrs == self._part_ptrs()
+
+    def _part_ptrs(self) -> tuple[int, ...]:
+        return tuple(p.data_ptr() for p in (*self._parts("weight"), *self._parts("bias")) if p is not None)
 
     def _parts(self, name: str) -> list[torch.Tensor]:
         return [getattr(lin, name) for lin in self.linears]
@@ -73,6 +66,8 @@ class StackedLinear:
         with torch.inference_mode(False), torch.no_grad():
             self.weight = self._rehome(self._parts("weight"))
             self.bias = self._rehome(self._parts("bias")) if self.linears[0].bias is not None else None
+        # meta tensors have no storage (every pointer 0): never "intact", re-stacked once materialised
+        self._ptrs = None if self.weight.device.type == "meta" else self._part_ptrs()
 
     def _rehome(self, params: list[torch.Tensor]) -> torch.Tensor:
         stacked = torch.cat([p.detach() for p in params])
