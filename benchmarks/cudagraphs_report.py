@@ -26,6 +26,14 @@ def _kernel_lines(kernels: dict | None, top: int = 8) -> list[str]:
     return [*lines, ""]
 
 
+def _yes_no(flag) -> str:
+    return "-" if flag is None else ("yes" if flag else "no")
+
+
+def _fmt(value) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
 def render(result: dict) -> str:
     lines = [f"Machine: {result['machine']['gpu']}, torch {result['machine']['torch']}, "
              f"Python {result['machine']['python']}. Measured copy bandwidth (read + write): "
@@ -52,15 +60,17 @@ def render(result: dict) -> str:
                   f"{100 * t['fraction_of_copy_bandwidth']:.0f}% of the measured copy bandwidth. "
                   f"Cost ratio c (draft step / target step, graphs) = {pair['cost_ratio_c']:.3f}.", ""]
         lines += _kernel_lines(t.get("kernels"))
-        lines += ["| k | acceptance rate | acceptance length | tokens/s | speedup | theory speedup | step ms p50 "
-                  "| draft ms p50 | verify ms p50 |", "|---|---|---|---|---|---|---|---|---|"]
+        lines += ["| k | acceptance rate | acceptance length | tokens/s (median of runs) | speedup | theory speedup "
+                  "| within 15% | step ms p50 | draft ms p50 | verify ms p50 | host ms p50 |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in pair["end_to_end"]:
             theory = r.get("theory_speedup")
             lines.append(
                 f"| {r['k']} | {r['acceptance_rate'] if r['acceptance_rate'] is not None else 'real'} "
                 f"| {r['acceptance_length']:.2f} | {r['output_tokens_per_s']:.1f} | {r['speedup']:.2f} "
-                f"| {'-' if theory is None else f'{theory:.2f}'} | {r['step_ms_p50']:.2f} | {r['draft_ms_p50']:.2f} "
-                f"| {r['verify_ms_p50']:.2f} |")
+                f"| {'-' if theory is None else f'{theory:.2f}'} | {_yes_no(r.get('within_15pct_of_theory'))} "
+                f"| {r['step_ms_p50']:.2f} | {r['draft_ms_p50']:.2f} | {r['verify_ms_p50']:.2f} "
+                f"| {_fmt(r.get('schedule_ms_p50'))} |")
         lines.append("")
     for name, err in result.get("errors", {}).items():
         lines += [f"## {name}: failed", "", "```", err.strip().splitlines()[-1], "```", ""]
