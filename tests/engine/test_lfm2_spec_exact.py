@@ -21,11 +21,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "models"))  # the models engineer's tiny checkpoints
 from checkpoints import CASES, build_checkpoint
+from harness import paged_step
 
 from specexp.engine.short_conv import ShortConvMetadataBuilder
 from specexp.models import (
-    NULL_BLOCK_ID,
-    AttentionMetadata,
     ForwardContext,
     allocate_conv_states,
     allocate_kv_caches,
@@ -73,27 +72,9 @@ class SpecRunner:
             if rid not in self.requests:
                 self.requests[rid] = RequestState(self.free_slots.pop())
         states = [self.requests[rid] for rid, _, _ in rows]
-        lengths = [len(tokens) for _, tokens, _ in rows]
-        qsl = [0]
-        for n in lengths:
-            qsl.append(qsl[-1] + n)
-        ids, positions, kv_slots, token_rows, seq_lens, table = [], [], [], [], [], []
-        for r, ((_, tokens, _), state) in enumerate(zip(rows, states)):
-            ids += tokens
-            positions += range(state.num_computed, state.num_computed + len(tokens))
-            kv_slots += self._kv_slots(state, len(tokens))
-            token_rows += [r] * len(tokens)
-            seq_lens.append(state.num_computed + len(tokens))
-            table.append(state.blocks + [NULL_BLOCK_ID] * (self.max_blocks - len(state.blocks)))
-        num_tokens = qsl[-1]
-        attn = AttentionMetadata(
-            query_start_loc=torch.tensor(qsl + [num_tokens] * pad_rows, dtype=torch.int32),
-            seq_lens=torch.tensor(seq_lens + [0] * pad_rows, dtype=torch.int32),
-            block_table=torch.tensor(table + [[NULL_BLOCK_ID] * self.max_blocks] * pad_rows, dtype=torch.int32),
-            slot_mapping=torch.tensor(kv_slots + [-1] * pad_tokens, dtype=torch.int64),
-            token_req_indices=torch.tensor(token_rows + [0] * pad_tokens, dtype=torch.int64),
-            max_seq_len=max(seq_lens), max_query_len=max(lengths), num_actual_tokens=num_tokens,
-        )
+        ids, positions, qsl, attn = paged_step([tokens for _, tokens, _ in rows], states, self._kv_slots,
+                                               self.max_blocks, pad_rows=pad_rows, pad_tokens=pad_tokens)
+        qsl, num_tokens = qsl[: len(rows) + 1], qsl[len(rows)]
         padded = {"num_reqs_padded": len(rows) + pad_rows, "num_tokens_padded": num_tokens + pad_tokens}
         conv = self.builder.build(
             query_start_loc_cpu=torch.tensor(qsl, dtype=torch.int32),
@@ -106,7 +87,7 @@ class SpecRunner:
         if pad_rows or pad_tokens:
             assert conv.spec_state_indices_tensor.data_ptr() == self.builder._graph.spec_state_indices.data_ptr()
         ctx = ForwardContext(attn=attn, conv=conv, kv_caches=self.kv_caches, conv_states=self.conv_states)
-        hidden = self.model(torch.tensor(ids + [0] * pad_tokens), torch.tensor(positions + [0] * pad_tokens), ctx)
+        hidden = self.model(torch.tensor(ids), torch.tensor(positions), ctx)
         logits = self.model.compute_logits(hidden[:num_tokens]).float()
         return [logits[qsl[r]: qsl[r + 1]] for r in range(len(rows))]
 

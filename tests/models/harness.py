@@ -58,6 +58,48 @@ def _offsets(lengths: list[int]) -> list[int]:
     return out
 
 
+def paged_step(token_lists: list[list[int]], states: list, kv_slots_for, max_blocks_per_req: int, *,
+               pad_rows: int = 0, pad_tokens: int = 0, max_seq_len: int | None = None,
+               max_query_len: int | None = None) -> tuple[list[int], list[int], list[int], AttentionMetadata]:
+    """The flat inputs and paged attention metadata of one step, as the engine builds them.
+
+    token_lists: each row's new tokens, continuing `states[r]` (`.blocks`, `.num_computed`);
+    kv_slots_for(state, n): the flat KV slots of the state's next n positions (allocating blocks).
+    Graph-style padding: `pad_rows` rows that own no token (seq_len 0, NULL blocks) and `pad_tokens`
+    tokens (id 0, position 0, slot -1) past the real ones. Returns (input_ids, positions, query_start_loc
+    with padded rows, metadata), the lists padded too.
+    """
+    lengths = [len(tokens) for tokens in token_lists]
+    qsl = _offsets(lengths)
+    num_real = qsl[-1]
+    input_ids, positions, slot_mapping, token_rows, seq_lens, block_table = [], [], [], [], [], []
+    for row, (tokens, state) in enumerate(zip(token_lists, states, strict=True)):
+        input_ids += tokens
+        positions += range(state.num_computed, state.num_computed + len(tokens))
+        slot_mapping += kv_slots_for(state, len(tokens))
+        token_rows += [row] * len(tokens)
+        seq_lens.append(state.num_computed + len(tokens))
+        block_table.append(state.blocks + [NULL_BLOCK_ID] * (max_blocks_per_req - len(state.blocks)))
+    qsl += [num_real] * pad_rows
+    seq_lens += [0] * pad_rows
+    block_table += [[NULL_BLOCK_ID] * max_blocks_per_req] * pad_rows
+    input_ids += [0] * pad_tokens
+    positions += [0] * pad_tokens
+    slot_mapping += [-1] * pad_tokens
+    token_rows += [0] * pad_tokens
+    attn = AttentionMetadata(
+        query_start_loc=_int32(qsl),
+        seq_lens=_int32(seq_lens),
+        block_table=torch.tensor(block_table, dtype=torch.int32),
+        slot_mapping=torch.tensor(slot_mapping, dtype=torch.int64),
+        token_req_indices=torch.tensor(token_rows, dtype=torch.int64),
+        max_seq_len=max_seq_len or max(seq_lens),
+        max_query_len=max_query_len or max(lengths),
+        num_actual_tokens=num_real,
+    )
+    return input_ids, positions, qsl, attn
+
+
 class PagedRunner:
     """Owns one model's caches and the per-request block lists / conv slots of a test."""
 
@@ -96,37 +138,9 @@ class PagedRunner:
         """The flat inputs and ForwardContext of one step over `batch` (allocates blocks/slots as needed)."""
         rows = [r for r in batch if len(r[1]) == 1] + [r for r in batch if len(r[1]) > 1]  # decodes first
         states = [self._state(rid) for rid, _ in rows]
-        lengths = [len(tokens) for _, tokens in rows]
-        qsl = _offsets(lengths)
-        num_real = qsl[-1]
-
-        input_ids, positions, slot_mapping, token_rows, seq_lens, block_table = [], [], [], [], [], []
-        for row, ((_, tokens), state) in enumerate(zip(rows, states)):
-            input_ids += tokens
-            positions += range(state.num_computed, state.num_computed + len(tokens))
-            slot_mapping += self._slots_for(state, len(tokens))
-            token_rows += [row] * len(tokens)
-            seq_lens.append(state.num_computed + len(tokens))
-            block_table.append(state.blocks + [NULL_BLOCK_ID] * (self.max_blocks_per_req - len(state.blocks)))
-        # Graph-style padding: rows that own nothing, tokens that write nothing.
-        qsl += [num_real] * pad_rows
-        seq_lens += [0] * pad_rows
-        block_table += [[NULL_BLOCK_ID] * self.max_blocks_per_req] * pad_rows
-        input_ids += [0] * pad_tokens
-        positions += [0] * pad_tokens
-        slot_mapping += [-1] * pad_tokens
-        token_rows += [0] * pad_tokens
-
-        attn = AttentionMetadata(
-            query_start_loc=_int32(qsl),
-            seq_lens=_int32(seq_lens),
-            block_table=torch.tensor(block_table, dtype=torch.int32),
-            slot_mapping=torch.tensor(slot_mapping, dtype=torch.int64),
-            token_req_indices=torch.tensor(token_rows, dtype=torch.int64),
-            max_seq_len=max_seq_len or max(seq_lens),
-            max_query_len=max_query_len or max(lengths),
-            num_actual_tokens=num_real,
-        )
+        input_ids, positions, qsl, attn = paged_step(
+            [tokens for _, tokens in rows], states, self._slots_for, self.max_blocks_per_req, pad_rows=pad_rows,
+            pad_tokens=pad_tokens, max_seq_len=max_seq_len, max_query_len=max_query_len)
         ctx = ForwardContext(
             attn=attn, conv=self._conv_metadata(rows, states, qsl, pad_rows),
             kv_caches=self.kv_caches, conv_states=self.conv_states,
