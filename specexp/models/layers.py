@@ -19,6 +19,18 @@ from specexp.models.metadata import AttentionMetadata
 from specexp.models.stacked import StackedLinear
 
 
+def add_linear_(residual: torch.Tensor, x: torch.Tensor, linear: nn.Linear) -> torch.Tensor:
+    """residual += linear(x), in place, and returned: the GEMM accumulates into the residual stream (beta = 1),
+    one kernel where `residual + linear(x)` takes a GEMM and an add. residual [T, out], x [T, in].
+
+    Rounding: the product is added to the residual before it is rounded to the residual's dtype (fp32: the
+    same up to summation order; half precision: one rounding fewer than transformers' `h + proj(x)`).
+    """
+    if linear.bias is not None:
+        residual.add_(linear.bias)
+    return residual.addmm_(x, linear.weight.t())
+
+
 class RMSNorm(nn.Module):
     """y = weight * (x / sqrt(mean(x^2) + eps)), normalised in fp32 then cast back before the weight."""
 
@@ -32,8 +44,12 @@ class RMSNorm(nn.Module):
         if x.dtype == self.weight.dtype == torch.float32:
             # One fused op: (x * rstd) * weight, the unfused form's arithmetic in the same order.
             return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
-        # Half precision: normalise in fp32, cast back, then scale by the weight — transformers' rounding
-        # (one rounding before the weight multiply), which a fused fp32 scale would not reproduce.
+        # Half precision: normalise in fp32, round to x's dtype, then scale by the weight — transformers'
+        # rounding (one rounding before the weight multiply), which a fused fp32 scale would not reproduce.
+        # rms_norm on a half tensor computes in fp32 and rounds once: the same values as normalising
+        # `x.float()` and casting back, without the two cast kernels.
+        if x.dtype in (torch.float16, torch.bfloat16):
+            return self.weight * F.rms_norm(x, (x.shape[-1],), eps=self.eps)
         x32 = F.rms_norm(x.to(torch.float32), (x.shape[-1],), eps=self.eps)
         return self.weight * x32.to(x.dtype)
 
@@ -133,7 +149,7 @@ class GatedMLP(nn.Module):
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
         self.gate_up = StackedLinear([self.gate_proj, self.up_proj])  # one GEMM; gate/up params kept
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x: [T, hidden] -> [T, hidden]."""
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """residual + mlp(x), accumulated into residual in place (:func:`add_linear_`); x, residual [T, hidden]."""
         gate, up = self.gate_up(x)
-        return self.down_proj(F.silu(gate) * up)
+        return add_linear_(residual, F.silu(gate) * up, self.down_proj)

@@ -22,7 +22,7 @@ from torch import nn
 from specexp.models.attention import AttentionPlan
 from specexp.models.causal_lm import CausalLM
 from specexp.models.config import ModelConfig
-from specexp.models.layers import QKVAttention, RMSNorm, RotaryEmbedding
+from specexp.models.layers import QKVAttention, RMSNorm, RotaryEmbedding, add_linear_
 from specexp.models.metadata import AttentionMetadata, ShortConvMetadata
 from specexp.models.short_conv_ops import short_conv
 from specexp.models.stacked import StackedLinear
@@ -37,10 +37,12 @@ class Lfm2Attention(QKVAttention):
         self.q_layernorm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.k_layernorm = RMSNorm(self.head_dim, config.rms_norm_eps)
 
-    def forward(self, x, positions, rope, kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        """x: [T, hidden] -> [T, hidden]; writes this step's K/V into kv_cache."""
-        return self.out_proj(
-            self.attend_heads(x, positions, rope, kv_cache, meta, self.q_layernorm, self.k_layernorm))
+    def forward(self, x, positions, rope, kv_cache: torch.Tensor, meta: AttentionMetadata,
+                residual: torch.Tensor) -> torch.Tensor:
+        """residual + attention(x), accumulated into residual in place; x, residual [T, hidden]. Writes this
+        step's K/V into kv_cache."""
+        heads = self.attend_heads(x, positions, rope, kv_cache, meta, self.q_layernorm, self.k_layernorm)
+        return add_linear_(residual, heads, self.out_proj)
 
 
 class DepthwiseConvWeights(nn.Module):
@@ -62,12 +64,14 @@ class Lfm2ShortConv(nn.Module):
         self.conv = DepthwiseConvWeights(hidden, config.conv_L_cache, config.conv_bias)
         self.out_proj = nn.Linear(hidden, hidden, bias=config.conv_bias)
 
-    def forward(self, h: torch.Tensor, conv_state: torch.Tensor, meta: ShortConvMetadata) -> torch.Tensor:
-        """h: [T, hidden] -> [T, hidden]; conv_state [num_slots, hidden, state_len] updated in place."""
+    def forward(self, h: torch.Tensor, conv_state: torch.Tensor, meta: ShortConvMetadata,
+                residual: torch.Tensor) -> torch.Tensor:
+        """residual + short_conv(h), accumulated into residual in place; h, residual [T, hidden];
+        conv_state [num_slots, hidden, state_len] updated in place."""
         b, c, x = self.in_proj(h).chunk(3, dim=-1)
         weight = self.conv.weight.view(self.conv.weight.shape[0], -1)  # [hidden, L_cache]
         conv_out = short_conv(b * x, weight, self.conv.bias, conv_state, meta)
-        return self.out_proj(c * conv_out)
+        return add_linear_(residual, c * conv_out, self.out_proj)
 
 
 class Lfm2FeedForward(nn.Module):
@@ -80,9 +84,10 @@ class Lfm2FeedForward(nn.Module):
         self.w2 = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
         self.w1_w3 = StackedLinear([self.w1, self.w3])  # one GEMM; w1/w3 params kept
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """residual + feed_forward(x), accumulated into residual in place; x, residual [T, hidden]."""
         gate, up = self.w1_w3(x)
-        return self.w2(F.silu(gate) * up)
+        return add_linear_(residual, F.silu(gate) * up, self.w2)
 
 
 class Lfm2DecoderLayer(nn.Module):
@@ -101,10 +106,10 @@ class Lfm2DecoderLayer(nn.Module):
         """cache: this layer's KV cache (attention) or conv-state cache (conv); plan: the forward's
         shared attention indices."""
         if self.is_attention:
-            h = h + self.self_attn(self.operator_norm(h), positions, rope, cache, plan)
+            h = self.self_attn(self.operator_norm(h), positions, rope, cache, plan, residual=h)
         else:
-            h = h + self.conv(self.operator_norm(h), cache, ctx.conv)
-        return h + self.feed_forward(self.ffn_norm(h))
+            h = self.conv(self.operator_norm(h), cache, ctx.conv, residual=h)
+        return self.feed_forward(self.ffn_norm(h), residual=h)
 
 
 class Lfm2Model(nn.Module):

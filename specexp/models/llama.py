@@ -12,7 +12,7 @@ from torch import nn
 from specexp.models.attention import AttentionPlan
 from specexp.models.causal_lm import CausalLM
 from specexp.models.config import ModelConfig
-from specexp.models.layers import GatedMLP, QKVAttention, RMSNorm, RotaryEmbedding
+from specexp.models.layers import GatedMLP, QKVAttention, RMSNorm, RotaryEmbedding, add_linear_
 from specexp.models.metadata import AttentionMetadata
 
 
@@ -35,9 +35,12 @@ class LlamaAttention(QKVAttention):
         rope: tuple[torch.Tensor, torch.Tensor],
         kv_cache: torch.Tensor,
         meta: AttentionMetadata,
+        residual: torch.Tensor,
     ) -> torch.Tensor:
-        """x: [T, hidden] -> [T, hidden]; writes this step's K/V into kv_cache."""
-        return self.o_proj(self.attend_heads(x, positions, rope, kv_cache, meta, self.q_norm, self.k_norm))
+        """residual + attention(x), accumulated into residual in place; x, residual [T, hidden]. Writes this
+        step's K/V into kv_cache."""
+        heads = self.attend_heads(x, positions, rope, kv_cache, meta, self.q_norm, self.k_norm)
+        return add_linear_(residual, heads, self.o_proj)
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -49,8 +52,9 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, h, positions, rope, kv_cache, meta):
-        h = h + self.self_attn(self.input_layernorm(h), positions, rope, kv_cache, meta)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        """h [T, hidden], the residual stream, updated in place and returned."""
+        h = self.self_attn(self.input_layernorm(h), positions, rope, kv_cache, meta, residual=h)
+        return self.mlp(self.post_attention_layernorm(h), residual=h)
 
 
 class LlamaModel(nn.Module):
