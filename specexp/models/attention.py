@@ -3,9 +3,12 @@
 How it works (one layer, R rows, T flat tokens, block size P):
 
 1. `write_kv_cache`: token t's key/value go to flat slot `slot_mapping[t]` of the cache viewed as
-   `[2, num_blocks * P, Hkv, D]`, with one `index_copy_`. Slot -1 (padding) is redirected to slot 0 — inside
-   the NULL block (NULL_BLOCK_ID = 0), which no request reads — and writes back the value already there,
-   so padding changes nothing and no device-to-host read is needed to drop it.
+   `[2, num_blocks * P, Hkv, D]`, one `index_copy_` for keys and one for values. Slot -1 (padding) is
+   redirected to the NULL block's (NULL_BLOCK_ID = 0) last slot, `P - 1`: no device-to-host read is needed
+   to drop padding, and no row reads that slot unmasked — real rows only reach NULL blocks past their
+   seq_len (masked), padded rows read key 0 (slot 0; with P = 1 that is the same slot, and a padded row's
+   output is ignored anyway). Padded tokens' keys/values are finite (token 0 at position 0), so the masked
+   reads stay finite too.
 2. `paged_attention`: each row gathers its first `ceil(max_seq_len / P)` blocks into dense keys/values
    `[R, S, Hkv, D]`; each row's queries are gathered into a padded `[R, max_query_len, Hq, D]` (slot i of
    row r holds token `query_start_loc[r] + i`); one batched SDPA call; every token then reads its output
@@ -82,8 +85,7 @@ def _plan_tensors(meta: AttentionMetadata, positions: torch.Tensor, num_tokens: 
     mask = visible.unsqueeze(1).expand(num_rows, group, max_query_len, max_keys)
     return {
         "uniform": uniform,
-        "write_index": torch.where(padding, torch.zeros_like(slots), slots),
-        "padding": padding,
+        "write_index": torch.where(padding, padding_slot(block_size), slots),
         "blocks": meta.block_table[:, :num_blocks].to(torch.int64).reshape(-1),
         "token_of_slot": token_of_slot,
         "mask": mask.reshape(num_rows, 1, group * max_query_len, max_keys),
@@ -103,12 +105,18 @@ def is_uniform(meta: AttentionMetadata, num_tokens: int) -> bool:
     return num_tokens == meta.block_table.shape[0] * q and meta.num_actual_tokens % q == 0
 
 
+def padding_slot(block_size: int) -> int:
+    """The flat KV slot padded tokens (slot -1) write to: the NULL block's last slot (see the module doc)."""
+    return block_size - 1
+
+
 def write_kv_cache(kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor,
                    plan: dict[str, torch.Tensor] | None = None) -> None:
     """Store each token's key/value at its slot.
 
     kv_cache: [2, num_blocks, block_size, Hkv, D] (updated in place); key/value: [T, Hkv, D];
-    slot_mapping: int64[T], -1 = write nothing. plan: precomputed `write_index`/`padding` (optional).
+    slot_mapping: int64[T], -1 = padding (lands in the NULL block's scratch slot, :func:`padding_slot`,
+    which no row reads unmasked). plan: the precomputed `write_index` (optional).
     """
     num_tokens = key.shape[0]
     if num_tokens == 0:
@@ -116,13 +124,11 @@ def write_kv_cache(kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     flat = kv_cache.view(2, -1, *kv_cache.shape[3:])  # [2, num_blocks * block_size, Hkv, D]
     if plan is None:
         slots = slot_mapping[:num_tokens].to(torch.int64)
-        padding = slots < 0
-        index = torch.where(padding, torch.zeros_like(slots), slots)
+        index = torch.where(slots < 0, padding_slot(kv_cache.shape[2]), slots)
     else:
-        index, padding = plan["write_index"], plan["padding"]
-    new = torch.stack((key, value)).to(kv_cache.dtype)  # [2, T, Hkv, D]
-    new = torch.where(padding.view(1, -1, 1, 1), flat.index_select(1, index), new)
-    flat.index_copy_(1, index, new)
+        index = plan["write_index"]
+    flat[0].index_copy_(0, index, key.to(kv_cache.dtype))
+    flat[1].index_copy_(0, index, value.to(kv_cache.dtype))
 
 
 def _token_rows(meta: AttentionMetadata, num_tokens: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from specexp.models import attention
-from specexp.models.attention import attend, is_uniform, paged_attention, write_kv_cache
+from specexp.models.attention import attend, is_uniform, paged_attention, padding_slot, write_kv_cache
 from specexp.models.metadata import AttentionMetadata
 
 
@@ -83,15 +83,27 @@ def test_paged_attention_equals_naive_attention_per_request(num_heads, num_kv_he
         start += nq
 
 
-def test_slot_minus_one_writes_nothing():
-    kv_cache = torch.randn(2, 4, 2, 1, 3)
+def test_slot_minus_one_writes_only_the_null_blocks_scratch_slot():
+    kv_cache = torch.randn(2, 4, 2, 1, 3)  # 4 blocks of 2 slots; block 0 is NULL, its slot 1 the scratch
     before = kv_cache.clone()
     key, value = torch.ones(3, 1, 3), 2 * torch.ones(3, 1, 3)
     write_kv_cache(kv_cache, key, value, torch.tensor([5, -1, -1]))
     flat, flat_before = kv_cache.view(2, 8, 1, 3), before.view(2, 8, 1, 3)
     assert (flat[0, 5] == 1).all() and (flat[1, 5] == 2).all()
-    others = [i for i in range(8) if i != 5]
-    assert torch.equal(flat[:, others], flat_before[:, others])
+    assert padding_slot(2) == 1 and (flat[0, 1] == 1).all()  # padding landed in the scratch slot
+    others = [i for i in range(8) if i not in (1, 5)]
+    assert torch.equal(flat[:, others], flat_before[:, others])  # key 0 of the NULL block untouched
+
+
+def test_padding_writes_never_reach_a_real_rows_output():
+    """Padded tokens write into the NULL block; real rows read NULL blocks only past their seq_len (masked),
+    so their outputs equal those of the same batch without any padding."""
+    kv_cache, meta, q, k, v, positions, _ = build_batch([3, 1], [2, 5], 4, 2, 8, pad_rows=2, pad_tokens=3)
+    kv_clean, meta_clean, *_ = build_batch([3, 1], [2, 5], 4, 2, 8)
+    real = meta.num_actual_tokens
+    padded = attend(q, k * 1e3, v * 1e3, positions, kv_cache, meta, scale=0.3)  # loud padding K/V
+    clean = attend(q[:real], k[:real] * 1e3, v[:real] * 1e3, positions[:real], kv_clean, meta_clean, scale=0.3)
+    torch.testing.assert_close(padded[:real], clean)
 
 
 def test_padded_rows_stay_finite_over_nonfinite_null_block():
