@@ -24,7 +24,7 @@ from specexp.models.causal_lm import CausalLM
 from specexp.models.config import ModelConfig
 from specexp.models.layers import QKVAttention, RMSNorm, RotaryEmbedding, add_linear_
 from specexp.models.metadata import AttentionMetadata, ShortConvMetadata
-from specexp.models.short_conv_ops import short_conv
+from specexp.models.short_conv_ops import ConvPlan, short_conv
 from specexp.models.stacked import StackedLinear
 
 
@@ -64,7 +64,7 @@ class Lfm2ShortConv(nn.Module):
         self.conv = DepthwiseConvWeights(hidden, config.conv_L_cache, config.conv_bias)
         self.out_proj = nn.Linear(hidden, hidden, bias=config.conv_bias)
 
-    def forward(self, h: torch.Tensor, conv_state: torch.Tensor, meta: ShortConvMetadata,
+    def forward(self, h: torch.Tensor, conv_state: torch.Tensor, meta: ShortConvMetadata | ConvPlan,
                 residual: torch.Tensor) -> torch.Tensor:
         """residual + short_conv(h), accumulated into residual in place; h, residual [T, hidden];
         conv_state [num_slots, hidden, state_len] updated in place."""
@@ -102,13 +102,15 @@ class Lfm2DecoderLayer(nn.Module):
         self.operator_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.ffn_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, h, positions, rope, cache: torch.Tensor, ctx, plan: AttentionPlan | None) -> torch.Tensor:
-        """cache: this layer's KV cache (attention) or conv-state cache (conv); plan: the forward's
-        shared attention indices."""
+    def forward(self, h, positions, rope, cache: torch.Tensor, plan: AttentionPlan | None,
+                conv_plan: ConvPlan | None) -> torch.Tensor:
+        """h [T, hidden], the residual stream, updated in place and returned. cache: this layer's KV cache
+        (attention) or conv-state cache (conv); plan / conv_plan: the forward's shared attention / conv
+        indices."""
         if self.is_attention:
             h = self.self_attn(self.operator_norm(h), positions, rope, cache, plan, residual=h)
         else:
-            h = self.conv(self.operator_norm(h), cache, ctx.conv, residual=h)
+            h = self.conv(self.operator_norm(h), cache, conv_plan, residual=h)
         return self.feed_forward(self.ffn_norm(h), residual=h)
 
 
@@ -131,9 +133,11 @@ class Lfm2Model(nn.Module):
         h = self.embed_tokens(input_ids)
         rope = self.rotary_emb(positions, h.dtype) if ctx.kv_caches else None
         plan = AttentionPlan(ctx.attn, positions) if ctx.kv_caches else None  # shared by every layer
+        conv_plan = ConvPlan(ctx.conv) if ctx.conv_states else None  # likewise, for the conv layers
         kv_caches, conv_states = iter(ctx.kv_caches), iter(ctx.conv_states)
         for layer in self.layers:
-            h = layer(h, positions, rope, next(kv_caches if layer.is_attention else conv_states), ctx, plan)
+            cache = next(kv_caches if layer.is_attention else conv_states)
+            h = layer(h, positions, rope, cache, plan, conv_plan)
         return self.embedding_norm(h)
 
 

@@ -179,6 +179,36 @@ def causal_conv1d_spec_update(
     return out
 
 
+class ConvPlan:
+    """Per-forward cache of what every short-conv layer derives from the step's metadata alone (the uniform
+    path's slots, window columns and padding mask), so the first conv layer of a forward computes it and the
+    others reuse it. Each model forward builds a fresh plan (as `AttentionPlan`): a captured graph recomputes
+    it from the persistent metadata at every replay, and no plan outlives its step."""
+
+    def __init__(self, meta: ShortConvMetadata) -> None:
+        self.meta = meta
+        self._uniform: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+
+    def uniform_indices(self, width: int, state_len: int, device: torch.device
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """:func:`uniform_indices` of this step's spec rows, for conv width W and state length S."""
+        key = (width, state_len)
+        if key not in self._uniform:
+            meta = self.meta
+            self._uniform[key] = uniform_indices(meta.spec_state_indices_tensor, meta.num_accepted_tokens,
+                                                 meta.num_spec_decodes, width, state_len, device)
+        return self._uniform[key]
+
+
+def uniform_indices(state_indices: torch.Tensor, num_accepted_tokens: torch.Tensor, num_rows: int, width: int,
+                    state_len: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """For the first R = num_rows rows: (slots int64[R], window columns int64[R, W-1] — num_accepted - 1 ..
+    num_accepted + W - 3, clamped into [0, S) — and padded bool[R, 1, 1], true for NULL-slot rows)."""
+    slots = state_indices[:num_rows].to(torch.int64)
+    cols = (num_accepted_tokens[:num_rows].to(torch.int64) - 1).unsqueeze(1) + torch.arange(width - 1, device=device)
+    return slots, cols.clamp(0, state_len - 1), (slots == NULL_BLOCK_ID).view(-1, 1, 1)
+
+
 def causal_conv1d_spec_update_uniform(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -188,23 +218,27 @@ def causal_conv1d_spec_update_uniform(
     num_accepted_tokens: torch.Tensor,
     query_len: int,
     num_rows: int,
+    indices: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """`causal_conv1d_spec_update` for the first `num_rows` (R) rows, of exactly `query_len` (q) tokens
     each, laid out row after row in x[:R*q] (the same results, dense shapes).
 
     x: [N >= R*q, D]; state_indices, num_accepted_tokens: int32[>= R] (rows past R: padding, untouched);
-    conv_state [num_slots, D, S >= W-2+q]. Returns [N, D]: tokens past R*q and the tokens of NULL-slot rows
-    (graph padding captured as rows) get zeros, and NULL-slot rows leave every state untouched.
+    conv_state [num_slots, D, S >= W-2+q]. indices: :func:`uniform_indices` of these rows, precomputed (a
+    forward's :class:`ConvPlan`), else computed here. Returns [N, D]: tokens past R*q and the tokens of
+    NULL-slot rows (graph padding captured as rows) get zeros, and NULL-slot rows leave every state
+    untouched.
     """
     width = weight.shape[1]
-    state_indices, num_accepted_tokens = state_indices[:num_rows], num_accepted_tokens[:num_rows]
     num_tokens, dim = x.shape
     if num_rows == 0:
         return torch.zeros_like(x)
-    slots = state_indices.to(torch.int64)
+    if indices is None:
+        indices = uniform_indices(state_indices, num_accepted_tokens, num_rows, width, conv_state.shape[2],
+                                  x.device)
+    slots, cols, padded = indices
     states = conv_state[slots]  # [R, D, S]
-    cols = (num_accepted_tokens.to(torch.int64) - 1).unsqueeze(1) + torch.arange(width - 1, device=x.device)
-    windows = torch.gather(states, 2, cols.clamp(0, states.shape[2] - 1).unsqueeze(1).expand(-1, dim, -1))
+    windows = torch.gather(states, 2, cols.unsqueeze(1).expand(-1, dim, -1))
     ext = torch.cat([windows.to(x.dtype), x[: num_rows * query_len].view(num_rows, query_len, dim).transpose(1, 2)],
                     dim=2)  # [R, D, W-1+q]
     # W shifted multiply-adds (W = L_cache is 3 or 4): cheap everywhere, where a depthwise conv1d is slow
@@ -217,7 +251,6 @@ def causal_conv1d_spec_update_uniform(
         out = out + bias.to(x.dtype).view(1, dim, 1)
     written = width - 2 + query_len
     new = torch.cat([ext[:, :, 1:].to(states.dtype), states[:, :, written:]], dim=2)
-    padded = (slots == NULL_BLOCK_ID).view(-1, 1, 1)
     conv_state.index_copy_(0, slots, torch.where(padded, states, new))
     out = torch.where(padded, torch.zeros((), dtype=out.dtype, device=out.device), out)  # padded tokens: zeros
     out = out.transpose(1, 2).reshape(num_rows * query_len, dim)
@@ -240,13 +273,16 @@ def short_conv(
     weight: torch.Tensor,
     bias: torch.Tensor | None,
     conv_state: torch.Tensor,
-    meta: ShortConvMetadata,
+    meta: ShortConvMetadata | ConvPlan,
 ) -> torch.Tensor:
     """Apply the short conv of one layer to a whole step's batch, routing spec and non-spec rows.
 
     x: [T, D] (T may include graph padding past meta.num_actual_tokens); weight [D, W]; conv_state
-    [num_slots, D, S]. Returns [T, D]; padded tokens get zeros.
+    [num_slots, D, S]; meta: the step's metadata, or the forward's ConvPlan (shared by its conv layers).
+    Returns [T, D]; padded tokens get zeros.
     """
+    plan = meta if isinstance(meta, ConvPlan) else ConvPlan(meta)
+    meta = plan.meta
     num_spec_tokens = meta.num_spec_decode_tokens
     has_spec = meta.num_spec_decodes > 0
     has_non_spec = meta.num_decodes + meta.num_prefills > 0
@@ -256,7 +292,7 @@ def short_conv(
     if uniform_len is not None:
         return causal_conv1d_spec_update_uniform(
             x, weight, bias, conv_state, meta.spec_state_indices_tensor, meta.num_accepted_tokens, uniform_len,
-            meta.num_spec_decodes,
+            meta.num_spec_decodes, plan.uniform_indices(weight.shape[1], conv_state.shape[2], x.device),
         )
     if has_spec and not has_non_spec and meta.spec_token_indx is None:
         return causal_conv1d_spec_update(
