@@ -90,7 +90,8 @@ class InputBuffers:
     """Device tensors of a step, allocated once at their maximum sizes and refreshed in place.
 
     A step (or a graph replay) reads the first `num_tokens_padded` / `num_reqs_padded` entries; entries
-    past the real ones are padding: slot -1 (writes nothing), row 0, seq_len 0, flat query_start_loc tail.
+    past the real ones are padding: slot -1 (its K/V land in the NULL block's scratch slot, which no row
+    reads), row 0, seq_len 0, flat query_start_loc tail.
     """
 
     def __init__(self, max_num_reqs: int, max_num_tokens: int, max_blocks_per_req: int, device: torch.device):
@@ -150,7 +151,7 @@ class InputBuffers:
 
 def uniform_dummy_inputs(num_reqs: int, tokens_per_req: int, max_blocks_per_req: int) -> StepInputsCPU:
     """An inert uniform batch for graph capture: rows of `tokens_per_req` tokens at positions 0.., every
-    slot -1 (no KV write) and every block id NULL."""
+    slot -1 (no request's KV touched) and every block id NULL."""
     num_tokens = num_reqs * tokens_per_req
     token_req = torch.arange(num_reqs).repeat_interleave(tokens_per_req)
     return StepInputsCPU(

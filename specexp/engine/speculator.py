@@ -312,7 +312,7 @@ class AutoRegressiveSpeculator:
     def _load_decode_rows(self, num_reqs: int, num_reqs_padded: int, block_table, start_plus_valid,
                           writes) -> None:
         """Decode buffers for rows [0, num_reqs) (None: dummy rows) and padding up to num_reqs_padded:
-        one token per row; padded rows at position 0 with seq_len 0 and no KV writes."""
+        one token per row; padded rows at position 0 with seq_len 0, writing no request's KV."""
         buffers = self.decode_buffers
         buffers.query_start_loc[: num_reqs_padded + 1].copy_(
             torch.arange(num_reqs_padded + 1, dtype=torch.int32), non_blocking=True)

@@ -28,8 +28,8 @@ class AttentionMetadata:
     seq_lens:        int32[R]      tokens of the row visible after this step's writes (context + queries);
                                     0 for a padded row.
     block_table:     int32[R, B]   KV block ids of each row, B >= ceil(max_seq_len / block_size).
-    slot_mapping:    int64[T]      flat KV slot each token writes (`block * block_size + offset`); -1 writes
-                                    nothing (padded tokens).
+    slot_mapping:    int64[T]      flat KV slot each token writes (`block * block_size + offset`); -1: a
+                                    padded token, written to the NULL block's scratch slot, which no row reads.
     token_req_indices: int64[T]    row of each token; padded tokens point at row 0 (their slot is -1 and their
                                     outputs are ignored).
     max_seq_len:     int (CPU)     upper bound of seq_lens; the attention op reads that many key positions
