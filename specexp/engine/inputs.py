@@ -47,14 +47,6 @@ class StepInputsCPU:
         return int(lens.max()) if lens.numel() else 0
 
 
-def block_table_cpu(block_ids: list[list[int]], width: int) -> torch.Tensor:
-    """int32[R, width], each row's block ids then zeros (the NULL block)."""
-    table = torch.zeros(len(block_ids), width, dtype=torch.int32)
-    for r, ids in enumerate(block_ids):
-        table[r, : len(ids)] = torch.tensor(ids[:width], dtype=torch.int32)
-    return table
-
-
 def slot_mapping_cpu(block_table: torch.Tensor, token_req: torch.Tensor, positions: torch.Tensor,
                      block_size: int) -> torch.Tensor:
     """int64[T]: KV slot of each token, `block_table[row, pos // bs] * bs + pos % bs`."""
@@ -66,23 +58,36 @@ def build_step_inputs(
     token_ids: list[list[int]], start_positions: list[int], block_ids: list[list[int]], block_size: int,
     max_blocks_per_req: int,
 ) -> StepInputsCPU:
-    """Flatten rows: row r runs tokens `token_ids[r]` at positions `start_positions[r] + i`."""
-    query_lens = torch.tensor([len(t) for t in token_ids], dtype=torch.int64)
-    query_start_loc = torch.zeros(len(token_ids) + 1, dtype=torch.int32)
-    query_start_loc[1:] = torch.cumsum(query_lens, 0)
-    token_req = torch.repeat_interleave(torch.arange(len(token_ids)), query_lens)
-    starts = torch.tensor(start_positions, dtype=torch.int64)
-    positions = starts[token_req] + (torch.arange(int(query_lens.sum())) - query_start_loc[:-1].long()[token_req])
-    table = block_table_cpu(block_ids, max_blocks_per_req)
-    flat_ids = [t for row in token_ids for t in row]
+    """Flatten rows: row r runs tokens `token_ids[r]` at positions `start_positions[r] + i`.
+
+    Built with Python lists and one tensor per field: a step has few rows, and a few dozen small-tensor ops
+    (each a dispatcher round trip) cost more host time than the list arithmetic they would vectorise.
+    """
+    positions: list[int] = []
+    slots: list[int] = []
+    token_req: list[int] = []
+    query_start_loc = [0]
+    seq_lens: list[int] = []
+    table: list[list[int]] = []
+    for r, (tokens, start, blocks) in enumerate(zip(token_ids, start_positions, block_ids, strict=True)):
+        num = len(tokens)
+        row_table = list(blocks[:max_blocks_per_req])
+        row_table += [0] * (max_blocks_per_req - len(row_table))  # NULL block past the row's own
+        row_positions = range(start, start + num)
+        positions.extend(row_positions)
+        slots.extend(row_table[p // block_size] * block_size + p % block_size for p in row_positions)
+        token_req.extend([r] * num)
+        query_start_loc.append(query_start_loc[-1] + num)
+        seq_lens.append(start + num)
+        table.append(row_table)
     return StepInputsCPU(
-        input_ids=torch.tensor(flat_ids, dtype=torch.int64),
-        positions=positions,
-        query_start_loc=query_start_loc,
-        seq_lens=(starts + query_lens).to(torch.int32),
-        block_table=table,
-        slot_mapping=slot_mapping_cpu(table, token_req, positions, block_size),
-        token_req_indices=token_req,
+        input_ids=torch.tensor([t for row in token_ids for t in row], dtype=torch.int64),
+        positions=torch.tensor(positions, dtype=torch.int64),
+        query_start_loc=torch.tensor(query_start_loc, dtype=torch.int32),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
+        block_table=torch.tensor(table, dtype=torch.int32).view(len(table), max_blocks_per_req),
+        slot_mapping=torch.tensor(slots, dtype=torch.int64),
+        token_req_indices=torch.tensor(token_req, dtype=torch.int64),
     )
 
 
