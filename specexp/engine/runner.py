@@ -327,7 +327,6 @@ class NativeEngine:
         # Every decode row is a spec row (0..k drafts), even without speculation: its conv window then
         # sits at num_accepted - 1, and the spec path is the one full graphs replay.
         is_spec = torch.tensor([not r.is_prefill for r in rows])
-        num_drafts = torch.tensor([r.num_draft_tokens for r in rows], dtype=torch.int64)
         slots = torch.tensor([r.request.conv_slot for r in rows], dtype=torch.int32)
         num_accepted = torch.tensor([r.request.num_accepted_tokens for r in rows], dtype=torch.int32)
         conv = None
@@ -335,33 +334,33 @@ class NativeEngine:
             conv = self.conv_builder.build(
                 query_start_loc_cpu=cpu.query_start_loc,
                 num_computed_tokens_cpu=torch.tensor(starts, dtype=torch.int32),
-                num_decode_draft_tokens_cpu=torch.where(is_spec, num_drafts, -1).to(torch.int32),
+                num_decode_draft_tokens_cpu=torch.tensor(
+                    [r.num_draft_tokens if not r.is_prefill else -1 for r in rows], dtype=torch.int32),
                 num_accepted_tokens_cpu=num_accepted,
                 state_indices_cpu=slots,
                 num_reqs_padded=desc.num_reqs if desc.cg_mode == FULL else None,
             )
-        # Logits rows [R, k+1]: verify rows score every query token; others their last one.
-        cols = torch.arange(k + 1)
-        qsl = cpu.query_start_loc[:-1].to(torch.int64)
-        last = query_lens - 1
-        offset = torch.where(is_spec.unsqueeze(1), torch.minimum(cols.unsqueeze(0), last.unsqueeze(1)),
-                             last.unsqueeze(1))
-        logits_indices = qsl.unsqueeze(1) + offset
-        drafts = torch.zeros(num_reqs, k, dtype=torch.int64)
-        for r, row in enumerate(rows):
-            if row.num_draft_tokens:
-                drafts[r, : row.num_draft_tokens] = torch.tensor(row.request.draft_token_ids[: row.num_draft_tokens])
-        samples = torch.tensor([r.samples for r in rows])
+        # Per row, one int64 line of the packed host-to-device copy: logits rows [k+1] (verify rows score
+        # every query token, others their last one, repeated), drafts [k] (zero-padded), the draft count,
+        # and whether the row samples.
+        packed_rows = []
+        for row, start in zip(rows, cpu.query_start_loc.tolist()):
+            last = row.num_query_tokens - 1
+            logits_rows = [start + (last if row.is_prefill else min(c, last)) for c in range(k + 1)]
+            drafts_row = row.request.draft_token_ids[: row.num_draft_tokens] if row.num_draft_tokens else []
+            packed_rows.append(logits_rows + drafts_row + [0] * (k - len(drafts_row))
+                               + [row.num_draft_tokens, int(row.samples)])
+        packed = torch.tensor(packed_rows, dtype=torch.int64).view(num_reqs, 2 * k + 3).to(dev, non_blocking=True)
+        samples_cpu = torch.tensor([r.samples for r in rows])
         slots_dev = slots.to(dev, non_blocking=True).long()
         draft_probs = self.req_draft_probs[slots_dev] if self.req_draft_probs is not None else None
         return {
             "cpu": cpu, "attn": attn, "conv": conv, "query_lens": query_lens, "is_spec": is_spec,
             "slots": slots, "slots_dev": slots_dev, "num_accepted": num_accepted,
-            "logits_indices": logits_indices.to(dev, non_blocking=True),
-            "drafts": drafts.to(dev, non_blocking=True), "num_drafts": num_drafts.to(dev, non_blocking=True),
+            "logits_indices": packed[:, : k + 1], "drafts": packed[:, k + 1 : 2 * k + 1],
+            "num_drafts": packed[:, 2 * k + 1], "samples": packed[:, 2 * k + 2] != 0,
             "draft_probs": draft_probs,
-            "samples": samples.to(dev, non_blocking=True),
-            "samples_cpu": samples,
+            "samples_cpu": samples_cpu,
             "starts": torch.tensor(starts, dtype=torch.int64),
         }
 
