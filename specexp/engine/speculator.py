@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import torch
 
 from specexp.engine.cudagraph import FULL, BatchExecutionDescriptor, CudaGraphManager
-from specexp.engine.inputs import InputBuffers, StepInputsCPU, slot_mapping_cpu, uniform_dummy_inputs
+from specexp.engine.inputs import InputBuffers, StepInputsCPU, build_step_inputs, uniform_dummy_inputs
 from specexp.engine.sampling import logits_to_probs, sample_from_probs
 from specexp.engine.short_conv import ShortConvMetadataBuilder
 from specexp.models.caches import allocate_conv_states, allocate_kv_caches
@@ -228,43 +228,37 @@ class AutoRegressiveSpeculator:
         """Fill the prefill buffers with the q+1-slot regions (padded to desc); returns num_valid int64[R]
         (device): the leading region slots that hold committed target inputs."""
         num_reqs = batch.query_lens.numel()
-        region_lens = batch.query_lens + 1
-        region_qsl = torch.zeros(num_reqs + 1, dtype=torch.int32)
-        region_qsl[1:] = torch.cumsum(region_lens, 0)
-        region_row = torch.repeat_interleave(torch.arange(num_reqs), region_lens)
-        region_i = torch.arange(int(region_lens.sum())) - region_qsl[:-1].long()[region_row]
-        positions = batch.start_positions[region_row] + region_i
-        target_qsl = torch.zeros(num_reqs + 1, dtype=torch.int64)
-        target_qsl[1:] = torch.cumsum(batch.query_lens, 0)
-        src = target_qsl[:-1][region_row] + torch.minimum(region_i, batch.query_lens[region_row] - 1)
-        cpu = StepInputsCPU(
-            input_ids=torch.zeros(region_row.numel(), dtype=torch.int64),
-            positions=positions,
-            query_start_loc=region_qsl,
-            # Attention sees the whole region; causality hides the slots after each query.
-            seq_lens=(batch.start_positions + region_lens).to(torch.int32),
-            block_table=batch.block_table,
-            slot_mapping=slot_mapping_cpu(batch.block_table, region_row, positions, self.block_size),
-            token_req_indices=region_row,
-        )
+        query_lens = batch.query_lens.tolist()
+        # Region r: q_r + 1 slots at positions start_r .. start_r + q_r (input ids filled on the device below).
+        cpu = build_step_inputs([[0] * (q + 1) for q in query_lens], batch.start_positions.tolist(),
+                                batch.block_table.tolist(), self.block_size,
+                                self.prefill_buffers.block_table.shape[1])
+        # Per region slot: its row, its index in the region, and the target input it copies (src).
+        region_row, region_i, src = [], [], []
+        target_start = 0
+        for r, q in enumerate(query_lens):
+            region_row += [r] * (q + 1)
+            region_i += range(q + 1)
+            src += [target_start + min(i, q - 1) for i in range(q + 1)]
+            target_start += q
         buffers = self.prefill_buffers
         buffers.load(cpu, desc.num_reqs, desc.num_tokens)
         dev = self.device
-        region_row_d = region_row.to(dev, non_blocking=True)
-        region_i_d = region_i.to(dev, non_blocking=True)
+        region_row_d, region_i_d, src_d = torch.tensor([region_row, region_i, src], dtype=torch.int64).to(
+            dev, non_blocking=True)
         query_lens_d = batch.query_lens.to(dev, non_blocking=True)
         is_spec_d = batch.is_spec.to(dev, non_blocking=True)
         # Verify rows keep their accepted inputs (t_last + accepted drafts = num_sampled); prefill rows all.
         num_valid = torch.where(is_spec_d, batch.num_sampled, query_lens_d)
         last_col = (batch.num_sampled - 1).clamp(min=0).unsqueeze(1)
         new_token = batch.sampled.gather(1, last_col).squeeze(1).clamp(min=0)
-        target_ids = batch.target_input_ids[src.to(dev, non_blocking=True)]
+        target_ids = batch.target_input_ids[src_d]
         valid_here = num_valid[region_row_d]
         ids = torch.where(
             region_i_d < valid_here, target_ids, torch.where(region_i_d == valid_here, new_token[region_row_d], 0)
         )
         buffers.input_ids[: ids.numel()].copy_(ids)
-        self.last_token_indices[:num_reqs].copy_(region_qsl[:-1].to(dev, non_blocking=True) + num_valid)
+        self.last_token_indices[:num_reqs].copy_(cpu.query_start_loc[:-1].to(dev, non_blocking=True) + num_valid)
         self.last_token_indices[num_reqs : desc.num_reqs].zero_()
         if desc.cg_mode == FULL:
             self._prefill_ctx = self._prefill_graph_ctx[(desc.num_reqs, desc.max_seq_len)]
