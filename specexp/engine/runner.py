@@ -21,6 +21,7 @@ from specexp.engine.cudagraph import (
     default_capture_sizes,
     default_seq_len_buckets,
     free_device_bytes,
+    frozen_gc,
 )
 from specexp.engine.inputs import InputBuffers, build_step_inputs, uniform_dummy_inputs
 from specexp.engine.rejection_sampler import RejectionSampler
@@ -195,12 +196,13 @@ class NativeEngine:
                 bar.set_postfix_str(label, refresh=False)
                 bar.update(1)
 
-        free_before = free_device_bytes(self.device) if cuda else None
-        start = time.perf_counter()
-        self.verify_graphs.capture(self._verify_graph, self._prepare_verify_capture, progress)
-        if self.speculator is not None:
-            self.speculator.capture(progress)
-        capture_s = time.perf_counter() - start
+        with frozen_gc():
+            free_before = free_device_bytes(self.device) if cuda else None
+            start = time.perf_counter()
+            self.verify_graphs.capture(self._verify_graph, self._prepare_verify_capture, progress)
+            if self.speculator is not None:
+                self.speculator.capture(progress)
+            capture_s = time.perf_counter() - start
         if bar is not None:
             bar.close()
         self.graph_capture = {

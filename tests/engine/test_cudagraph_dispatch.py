@@ -11,6 +11,7 @@ from specexp.engine.cudagraph import (
     CudaGraphManager,
     default_capture_sizes,
     default_seq_len_buckets,
+    frozen_gc,
 )
 
 
@@ -111,3 +112,15 @@ def test_eager_steps_carry_their_own_key_length_and_execute_runs_them_eagerly():
     assert ran == [eager] and not replayed
     manager.execute(manager.dispatch(1, 1, uniform=True, max_seq_len=9), ran.append)
     assert ran == [eager] and replayed == [BatchExecutionDescriptor(1, 1, FULL, 16)]  # the (emulated) replay
+
+
+def test_capture_freezes_the_collector_and_always_restores_it():
+    import gc
+
+    assert gc.get_freeze_count() == 0
+    with frozen_gc():
+        assert gc.get_freeze_count() > 0  # live objects are skipped by the captures' gc.collect() calls
+    assert gc.get_freeze_count() == 0
+    with pytest.raises(RuntimeError), frozen_gc():
+        raise RuntimeError("a capture that fails")
+    assert gc.get_freeze_count() == 0
