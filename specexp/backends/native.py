@@ -36,6 +36,7 @@ def engine_configs(spec: RunSpec) -> tuple[EngineConfig, SpeculatorConfig, Sampl
         num_kv_blocks=e.options.get("num_kv_blocks"), cudagraph_mode=e.cudagraph_mode, seed=e.seed,
         cudagraph_capture_sizes=_int_tuple(e.options.get("cudagraph_capture_sizes")),
         cudagraph_seq_len_buckets=_int_tuple(e.options.get("cudagraph_seq_len_buckets")),
+        compile_pointwise=e.options.get("compile_pointwise", False),
     )
     speculator = SpeculatorConfig(
         num_speculative_tokens=s.num_speculative_tokens, rejection=s.options.get("rejection", "standard"),

@@ -21,6 +21,9 @@ class EngineConfig:
     cudagraph_capture_sizes: row counts to capture (None = 1, 2, 4, ... max_num_seqs).
     cudagraph_seq_len_buckets: key lengths (tokens) each size is captured at; a step replays the smallest
     bucket holding its longest row (None = 256, 512, ... and the longest a request can reach).
+    compile_pointwise: fuse each RMSNorm, SiLU-gated product and RoPE of the target and draft into one
+    torch.compile'd kernel (`specexp.models.pointwise`; needs a compiler for inductor's backend: Triton on a
+    GPU, a C++ compiler on a CPU). Off: plain eager torch.
     """
 
     device: str = "cpu"
@@ -33,6 +36,7 @@ class EngineConfig:
     cudagraph_mode: str = "none"
     cudagraph_capture_sizes: tuple[int, ...] | None = None
     cudagraph_seq_len_buckets: tuple[int, ...] | None = None
+    compile_pointwise: bool = False
     seed: int = 0
 
     def validate(self) -> None:
@@ -51,6 +55,8 @@ class EngineConfig:
             if values is not None and (not values or any(not isinstance(v, int) or v < 1 for v in values)):
                 raise EngineConfigError(f"engine.{name}={values!r}: must be a non-empty list of integers >= 1 "
                                         "(or null for the defaults)")
+        if not isinstance(self.compile_pointwise, bool):
+            raise EngineConfigError(f"engine.compile_pointwise={self.compile_pointwise!r}: must be true or false")
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
             raise EngineConfigError(
                 f"engine.max_num_batched_tokens={self.max_num_batched_tokens}: must be >= 1 (or null)"

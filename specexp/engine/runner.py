@@ -32,6 +32,8 @@ from specexp.engine.speculator import AutoRegressiveSpeculator, VerifiedBatch
 from specexp.engine.timing import PhaseTimer
 from specexp.models.caches import allocate_conv_states, allocate_kv_caches
 from specexp.models.metadata import ForwardContext
+from specexp.models.pointwise import EAGER as EAGER_POINTWISE
+from specexp.models.pointwise import compiled_pointwise_ops, use_pointwise_ops
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -101,6 +103,11 @@ class NativeEngine:
         self.device = torch.device(engine.device)
         self.dtype = DTYPES[engine.dtype]
         self.target = target
+        # Every model of this engine calls the fused (compiled) pointwise ops, or the eager ones, as configured
+        # (set on the modules: a model shared by two engines follows the last one built).
+        ops = compiled_pointwise_ops() if engine.compile_pointwise else EAGER_POINTWISE
+        for model in (target, draft) if self.k > 0 else (target,):
+            use_pointwise_ops(model, ops)
         self.eos_token_ids = set(eos_token_ids or [])
         # On CUDA, sampling uses the default generator: CUDA graphs capture its Philox state natively.
         self.generator: torch.Generator | None = None

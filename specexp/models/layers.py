@@ -16,6 +16,7 @@ from torch import nn
 from specexp.models.attention import AttentionPlan, attend
 from specexp.models.config import RopeConfig
 from specexp.models.metadata import AttentionMetadata
+from specexp.models.pointwise import EAGER, PointwiseOps
 from specexp.models.stacked import StackedLinear
 
 
@@ -32,7 +33,9 @@ def add_linear_(residual: torch.Tensor, x: torch.Tensor, linear: nn.Linear) -> t
 
 
 class RMSNorm(nn.Module):
-    """y = weight * (x / sqrt(mean(x^2) + eps)), normalised in fp32 then cast back before the weight."""
+    """y = weight * (x / sqrt(mean(x^2) + eps)) (see :func:`specexp.models.pointwise.rms_norm`)."""
+
+    ops: PointwiseOps = EAGER
 
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -40,18 +43,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x: [..., dim] -> [..., dim] (weight's dtype promotion, as transformers)."""
-        if x.dtype == self.weight.dtype == torch.float32:
-            # One fused op: (x * rstd) * weight, the unfused form's arithmetic in the same order.
-            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
-        # Half precision: normalise in fp32, round to x's dtype, then scale by the weight — transformers'
-        # rounding (one rounding before the weight multiply), which a fused fp32 scale would not reproduce.
-        # rms_norm on a half tensor computes in fp32 and rounds once: the same values as normalising
-        # `x.float()` and casting back, without the two cast kernels.
-        if x.dtype in (torch.float16, torch.bfloat16):
-            return self.weight * F.rms_norm(x, (x.shape[-1],), eps=self.eps)
-        x32 = F.rms_norm(x.to(torch.float32), (x.shape[-1],), eps=self.eps)
-        return self.weight * x32.to(x.dtype)
+        """x: [..., dim] -> [..., dim]."""
+        return self.ops.rms_norm(x, self.weight, self.eps)
 
 
 def rope_inv_freq(rope: RopeConfig, head_dim: int) -> torch.Tensor:
@@ -88,18 +81,10 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """positions: int64[T] -> (cos, signed_sin), each [T, head_dim] in `dtype`: cos = [cos f, cos f]
-        and signed_sin = [-sin f, sin f], rotate-half's sign folded in (see :func:`apply_rope`)."""
+        and signed_sin = [-sin f, sin f], rotate-half's sign folded in (see
+        :func:`specexp.models.pointwise.apply_rope`)."""
         freqs = positions.to(torch.float32).unsqueeze(-1) * self.inv_freq.float()
         return torch.cat((freqs, freqs), dim=-1).cos().to(dtype), torch.cat((-freqs, freqs), dim=-1).sin().to(dtype)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
-    """Rotate-half rotary embedding, transformers' `x * cos + rotate_half(x) * sin` with rotate_half's sign
-    moved into signed_sin (the same values: a sign flip is exact). x: [T, heads, head_dim]; cos/signed_sin:
-    [T, head_dim] from :class:`RotaryEmbedding`."""
-    half = x.shape[-1] // 2
-    swapped = torch.cat((x[..., half:], x[..., :half]), dim=-1)
-    return x * cos.unsqueeze(1) + swapped * signed_sin.unsqueeze(1)
 
 
 class QKVAttention(nn.Module):
@@ -107,6 +92,8 @@ class QKVAttention(nn.Module):
     `v_proj`), optional per-head q/k norms, RoPE and paged attention. Subclasses register their output
     projection and norms under their checkpoint's names (after these, so parameter order is unchanged) and
     apply the output projection to :meth:`attend_heads`."""
+
+    ops: PointwiseOps = EAGER
 
     def __init__(self, config, qkv_bias: bool):
         super().__init__()
@@ -134,13 +121,15 @@ class QKVAttention(nn.Module):
         v = qkv[:, split:].view(num_tokens, num_kv, self.head_dim)
         if q_norm is not None:
             qk = torch.cat((q_norm(qk[:, :num_q]), k_norm(qk[:, num_q:])), dim=1)
-        qk = apply_rope(qk, *rope)  # queries and keys rotated in one pass
+        qk = self.ops.apply_rope(qk, *rope)  # queries and keys rotated in one pass
         q, k = qk[:, :num_q], qk[:, num_q:]
         return attend(q, k, v, positions, kv_cache, meta, self.scale)
 
 
 class GatedMLP(nn.Module):
     """down(silu(gate(x)) * up(x)) with transformers' Llama names (gate_proj, up_proj, down_proj)."""
+
+    ops: PointwiseOps = EAGER
 
     def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False):
         super().__init__()
@@ -152,4 +141,4 @@ class GatedMLP(nn.Module):
     def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """residual + mlp(x), accumulated into residual in place (:func:`add_linear_`); x, residual [T, hidden]."""
         gate, up = self.gate_up(x)
-        return add_linear_(residual, F.silu(gate) * up, self.down_proj)
+        return add_linear_(residual, self.ops.silu_mul(gate, up), self.down_proj)

@@ -16,7 +16,6 @@ Module names match transformers' Lfm2ForCausalLM checkpoints key for key.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from specexp.models.attention import AttentionPlan
@@ -24,6 +23,7 @@ from specexp.models.causal_lm import CausalLM
 from specexp.models.config import ModelConfig
 from specexp.models.layers import QKVAttention, RMSNorm, RotaryEmbedding, add_linear_
 from specexp.models.metadata import AttentionMetadata, ShortConvMetadata
+from specexp.models.pointwise import EAGER, PointwiseOps
 from specexp.models.short_conv_ops import ConvPlan, short_conv
 from specexp.models.stacked import StackedLinear
 
@@ -77,6 +77,8 @@ class Lfm2ShortConv(nn.Module):
 class Lfm2FeedForward(nn.Module):
     """w2(silu(w1(x)) * w3(x)) (transformers' Lfm2MLP names; width already auto-adjusted in the config)."""
 
+    ops: PointwiseOps = EAGER
+
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.w1 = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
@@ -87,7 +89,7 @@ class Lfm2FeedForward(nn.Module):
     def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """residual + feed_forward(x), accumulated into residual in place; x, residual [T, hidden]."""
         gate, up = self.w1_w3(x)
-        return add_linear_(residual, F.silu(gate) * up, self.w2)
+        return add_linear_(residual, self.ops.silu_mul(gate, up), self.w2)
 
 
 class Lfm2DecoderLayer(nn.Module):

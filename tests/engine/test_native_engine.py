@@ -211,3 +211,17 @@ def test_padded_graph_execution_matches_eager(pair_dirs, prompts, pair, k):
         managers.append(engine.speculator.decode_graphs)
     replayed_buckets = {keys for m in managers for _, keys in m.replays_per_graph}
     assert len(replayed_buckets) >= 2, f"only buckets {replayed_buckets} were replayed"
+
+
+@pytest.mark.parametrize("pair", ["lfm2+lfm2", "llama+llama"])
+def test_compiled_pointwise_ops_stay_lossless(pair_dirs, prompts, hf_greedy, pair):
+    """engine.compile_pointwise: the fused ops serve the same greedy tokens, speculating or not."""
+    target, draft = (load_model(d) for d in pair_dirs[pair])
+    outputs = {}
+    for k in (0, 3):
+        engine = NativeEngine(
+            target, draft, EngineConfig(max_num_seqs=4, max_model_len=64, block_size=4, compile_pointwise=True),
+            SpeculatorConfig(num_speculative_tokens=k), SamplingConfig(temperature=0.0, max_new_tokens=MAX_NEW,
+                                                                       ignore_eos=True), eos_token_ids=[2])
+        outputs[k] = [r.output_token_ids for r in engine.generate(prompts).requests]
+    assert outputs[3] == outputs[0] == hf_greedy[pair]

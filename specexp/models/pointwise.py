@@ -1,0 +1,91 @@
+"""The elementwise pieces of a decoder layer (RMSNorm, the SiLU-gated product, rotary embedding) as plain
+functions, and the same functions fused by torch.compile.
+
+Modules call them through a `PointwiseOps` table (`module.ops`, :data:`EAGER` by default). At batch 1 a
+captured decode step is bound by its kernel count rather than by weight bytes
+(`experiments/2026-11-29-cudagraphs-h200/`), and eagerly each of these runs 2–4 kernels. Compiled
+(`engine.compile_pointwise=true`, or :func:`use_pointwise_ops` with :func:`compiled_pointwise_ops`), each
+becomes one generated kernel (Triton on a GPU, C++ on a CPU), and the engine's CUDA graphs capture it like
+any other kernel. vLLM fuses the same ops with torch.compile.
+
+Numerics: `emulate_precision_casts` keeps eager's half-precision roundings. The compiled RoPE and SiLU
+product are bitwise eager's; so is RMSNorm in half precision on the CPU. An fp32 RMSNorm may differ in the
+last bit (reduction order). The compiled variants compile on first use for each dtype, with symbolic sizes.
+The engine's warm-up before every capture makes that first use, so nothing compiles inside a capture.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """weight * (x / sqrt(mean(x^2) + eps)) over the last dim; x [..., d], weight [d].
+
+    fp32: one fused op, (x * rstd) * weight. Half precision: normalised in fp32 and rounded once to x's dtype
+    (rms_norm on a half tensor computes in fp32 inside), then scaled by the weight — transformers' rounding,
+    which a fused fp32 scale would not reproduce. Mixed dtypes: normalise `x.float()`, cast back, scale.
+    """
+    if x.dtype == weight.dtype == torch.float32:
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
+    if x.dtype in (torch.float16, torch.bfloat16):
+        return weight * F.rms_norm(x, (x.shape[-1],), eps=eps)
+    return weight * F.rms_norm(x.to(torch.float32), (x.shape[-1],), eps=eps).to(x.dtype)
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up, elementwise; gate, up [T, I]."""
+    return F.silu(gate) * up
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half rotary embedding, transformers' `x * cos + rotate_half(x) * sin` with rotate_half's sign
+    moved into signed_sin (the same values: a sign flip is exact). x: [T, heads, head_dim]; cos/signed_sin:
+    [T, head_dim] from `RotaryEmbedding`."""
+    half = x.shape[-1] // 2
+    swapped = torch.cat((x[..., half:], x[..., :half]), dim=-1)
+    return x * cos.unsqueeze(1) + swapped * signed_sin.unsqueeze(1)
+
+
+@dataclass(frozen=True)
+class PointwiseOps:
+    """The implementations modules call: `rms_norm(x, weight, eps)`, `silu_mul(gate, up)`,
+    `apply_rope(x, cos, signed_sin)`, with the signatures of this module's functions."""
+
+    rms_norm: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
+    silu_mul: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    apply_rope: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+EAGER = PointwiseOps(rms_norm, silu_mul, apply_rope)
+
+
+# Variants each compiled function may need in one process: dtype x rank (RMSNorm also runs per head) x eps
+# (target and draft may differ) x size-1 specialisations x grad mode (tests call models outside
+# inference_mode) — more than dynamo's default limit of 8, beyond which a fullgraph compile fails hard.
+RECOMPILE_LIMIT = 64
+
+
+@functools.cache
+def compiled_pointwise_ops() -> PointwiseOps:
+    """The same three functions, each compiled by inductor into one fused kernel (compiled lazily per variant;
+    sizes are symbolic). Raises dynamo's process-wide recompile limit to at least RECOMPILE_LIMIT."""
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+
+    def compile_(fn):
+        return torch.compile(fn, dynamic=True, fullgraph=True, options={"emulate_precision_casts": True})
+
+    return PointwiseOps(compile_(rms_norm), compile_(silu_mul), compile_(apply_rope))
+
+
+def use_pointwise_ops(model: nn.Module, ops: PointwiseOps) -> None:
+    """Make every module of `model` that calls pointwise ops (those with an `ops` table) call `ops`."""
+    for module in model.modules():
+        if isinstance(getattr(module, "ops", None), PointwiseOps):
+            module.ops = ops
