@@ -28,11 +28,12 @@ def _prompts(n, seed=0):
     return [torch.randint(3, VOCAB, (m,), generator=gen).tolist() for m in lens]
 
 
-def _engine(target, draft, k, max_num_seqs, graphs, temperature=0.0):
+def _engine(target, draft, k, max_num_seqs, graphs, temperature=0.0, compile_pointwise=False):
     return NativeEngine(
         target, draft,
         EngineConfig(device="cuda", max_num_seqs=max_num_seqs, max_model_len=96, block_size=8,
-                     max_num_batched_tokens=64, cudagraph_mode="full" if graphs else "none", seed=0),
+                     max_num_batched_tokens=64, cudagraph_mode="full" if graphs else "none", seed=0,
+                     compile_pointwise=compile_pointwise),
         SpeculatorConfig(num_speculative_tokens=k, cudagraph_mode="full" if graphs else "none"),
         # EOS (id 2) is honoured: requests finish at different steps, so batches change every step.
         SamplingConfig(temperature=temperature, max_new_tokens=24, ignore_eos=False),
@@ -61,6 +62,21 @@ def test_graph_replay_matches_eager(pairs, pair, k, max_num_seqs):
         assert engine.speculator.decode_graphs.num_replays > 0
     if k > 0:
         assert engine.speculator.prefill_graphs.num_replays > 0
+
+
+@pytest.mark.parametrize("pair, k", [("lfm2+lfm2", 3), ("llama+llama", 4), ("lfm2+llama", 0)])
+def test_compiled_pointwise_ops_replay_like_eager(pairs, pair, k):
+    """engine.compile_pointwise: the inductor kernels compile in the warm-up, are captured, and the replays
+    give the compiled eager engine's tokens (and the plain eager engine's, these fp32 pairs having no
+    near-ties the last-bit RMSNorm difference could flip)."""
+    target_dir, draft_dir = pairs[pair]
+    target, draft = load_model(target_dir, device="cuda"), load_model(draft_dir, device="cuda")
+    prompts = _prompts(40, seed=k)
+    plain = _engine(target, draft, k, 32, graphs=False).generate(prompts)
+    eager = _engine(target, draft, k, 32, graphs=False, compile_pointwise=True).generate(prompts)
+    graphed = _engine(target, draft, k, 32, graphs=True, compile_pointwise=True).generate(prompts)
+    tokens = [r.output_token_ids for r in graphed.requests]
+    assert tokens == [r.output_token_ids for r in eager.requests] == [r.output_token_ids for r in plain.requests]
 
 
 def test_graph_memory_is_recorded_per_size(pairs):
