@@ -8,7 +8,8 @@ per layer with the most frequent ops. Ops that return their input unchanged (a `
 not counted, nor a reshape that could return a view. Composite ops count as the aten ops they reach on the CPU; on a GPU a few fuse further (e.g.
 `rms_norm` is one kernel there too), so this tracks the GPU launch count closely but not exactly.
 
-    python benchmarks/forward_ops.py [--models llama-3.2-1b,lfm2-1.2b,...] [--tokens 1,5] [--out ops.json]
+    python benchmarks/forward_ops.py [--models llama-3.2-1b,lfm2-1.2b,...] [--tokens 1,5] [--fused-pointwise]
+                                     [--out ops.json]
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from specexp.models import (  # noqa: E402
     allocate_kv_caches,
     load_model,
 )
+from specexp.models.pointwise import EAGER, PointwiseOps, use_pointwise_ops  # noqa: E402
 
 # aten ops that only create views or read metadata: no kernel on any device.
 VIEW_OPS = frozenset({
@@ -50,9 +52,12 @@ class OpCounter(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
         self.counts: collections.Counter = collections.Counter()
+        self.fused_depth = 0  # > 0 inside a call counted as one fused kernel (see `fused_as_one`)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        if self.fused_depth:
+            return out
         name = func.__name__.split(".")[0]
         if name in MAYBE_COPY_OPS:
             if _shares_storage(out, args[0]):
@@ -61,6 +66,23 @@ class OpCounter(TorchDispatchMode):
             return out
         self.counts[name] += 1
         return out
+
+
+def fused_as_one(counter: OpCounter) -> PointwiseOps:
+    """Eager pointwise ops that `counter` counts as one op per call: what `engine.compile_pointwise` runs (one
+    inductor kernel per call). Dynamo does not run compiled code under a dispatch mode, hence the model."""
+    def one(name, fn):
+        def call(*args):
+            counter.counts[f"fused_{name}"] += 1
+            counter.fused_depth += 1
+            try:
+                return fn(*args)
+            finally:
+                counter.fused_depth -= 1
+        return call
+
+    return PointwiseOps(one("rms_norm", EAGER.rms_norm), one("silu_mul", EAGER.silu_mul),
+                        one("apply_rope", EAGER.apply_rope))
 
 
 def _shares_storage(out, source) -> bool:
@@ -103,16 +125,21 @@ def step_context(model, num_tokens: int, context: int) -> tuple[torch.Tensor, to
 
 
 @torch.inference_mode()
-def count_forward(name: str, num_tokens: int, context: int) -> dict:
-    """Ops of one forward + logits of zoo config `name` over `num_tokens` tokens."""
+def count_forward(name: str, num_tokens: int, context: int, fused_pointwise: bool = False) -> dict:
+    """Ops of one forward + logits of zoo config `name` over `num_tokens` tokens; fused_pointwise: count each
+    RMSNorm / SiLU product / RoPE call as one op (as `engine.compile_pointwise` runs them)."""
     model = load_model(f"configs/{name}", weights="random", dtype=torch.bfloat16)
     ids, positions, ctx = step_context(model, num_tokens, context)
     model.compute_logits(model(ids, positions, ctx))  # first forward: stacks weights, warms caches
-    with OpCounter() as counter:
+    counter = OpCounter()
+    if fused_pointwise:
+        use_pointwise_ops(model, fused_as_one(counter))
+    with counter:
         model.compute_logits(model(ids, positions, ctx))
     total = sum(counter.counts.values())
     layers = model.config.num_hidden_layers
-    return {"model": name, "num_tokens": num_tokens, "context_tokens": context, "ops_per_forward": total,
+    return {"model": name, "num_tokens": num_tokens, "context_tokens": context, "fused_pointwise": fused_pointwise,
+            "ops_per_forward": total,
             "ops_per_layer": total / layers, "num_layers": layers, "ops": dict(counter.counts.most_common())}
 
 
@@ -122,12 +149,14 @@ def main() -> None:
                         help="comma-separated zoo configs (specexp/zoo/configs/)")
     parser.add_argument("--tokens", default="1,5", help="tokens per forward: 1 = decode, k + 1 = verify")
     parser.add_argument("--context", type=int, default=200, help="cached tokens before the step")
+    parser.add_argument("--fused-pointwise", action="store_true",
+                        help="count each RMSNorm / SiLU product / RoPE call as one op (engine.compile_pointwise)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     rows = []
     for name in args.models.split(","):
         for num_tokens in (int(t) for t in args.tokens.split(",")):
-            row = count_forward(name, num_tokens, args.context)
+            row = count_forward(name, num_tokens, args.context, args.fused_pointwise)
             rows.append(row)
             top = ", ".join(f"{op} {n}" for op, n in list(row["ops"].items())[:8])
             print(f"{name:18s} T={num_tokens}: {row['ops_per_forward']:4d} ops/forward, "
