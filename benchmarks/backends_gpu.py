@@ -15,7 +15,7 @@ token ids (to compare backends token by token).
     python benchmarks/backends_gpu.py --out backends.json [--resume backends.json] [--backends native,hf,vllm]
                                       [--pairs tiny_llama,...] [--ks 0,1,2,3,4,5,6] [--dtype float32]
 
-`--resume FILE` skips points already in FILE (a run split over several calls). Renders with
+`--resume FILE` skips points already in FILE (a run split over several calls), except those that timed out. Renders with
 `benchmarks/backends_report.py`.
 """
 
@@ -213,7 +213,9 @@ def main() -> None:
     args = parser.parse_args()
     result = {"machine": machine(), "settings": vars(args), "points": []}
     if args.resume and Path(args.resume).exists():
-        result["points"] = json.loads(Path(args.resume).read_text())["points"]
+        # A point that hit its time limit has no result: it runs again (a crash or refusal is a result, kept).
+        result["points"] = [p for p in json.loads(Path(args.resume).read_text())["points"]
+                            if p.get("status") != "timeout"]
     done = {p["name"] for p in result["points"]}
     todo = [p for p in plan(args.pairs.split(","), args.backends.split(","), [int(k) for k in args.ks.split(",")])
             if p["name"] not in done]
