@@ -15,8 +15,8 @@ token ids (to compare backends token by token).
     python benchmarks/backends_gpu.py --out backends.json [--resume backends.json] [--backends native,hf,vllm]
                                       [--pairs tiny_llama,...] [--ks 0,1,2,3,4,5,6] [--dtype float32]
 
-`--resume FILE` skips points already in FILE (a run split over several calls), except those that timed out. Renders with
-`benchmarks/backends_report.py`.
+`--resume FILE` skips points already in FILE (a run split over several calls), except those that timed out.
+Renders with `benchmarks/backends_report.py`.
 """
 
 from __future__ import annotations
