@@ -69,7 +69,7 @@ class OpCounter(TorchDispatchMode):
 
 
 def fused_as_one(counter: OpCounter) -> PointwiseOps:
-    """Eager pointwise ops that `counter` counts as one op per call: what `engine.compile_pointwise` runs (one
+    """Eager pointwise ops (RMSNorm, SiLU product, RoPE, short-conv taps) that `counter` counts as one op per call: what `engine.compile_pointwise` runs (one
     inductor kernel per call). Dynamo does not run compiled code under a dispatch mode, hence the model."""
     def one(name, fn):
         def call(*args):
@@ -82,7 +82,7 @@ def fused_as_one(counter: OpCounter) -> PointwiseOps:
         return call
 
     return PointwiseOps(one("rms_norm", EAGER.rms_norm), one("silu_mul", EAGER.silu_mul),
-                        one("apply_rope", EAGER.apply_rope))
+                        one("apply_rope", EAGER.apply_rope), one("conv_taps", EAGER.conv_taps))
 
 
 def _shares_storage(out, source) -> bool:
@@ -127,7 +127,7 @@ def step_context(model, num_tokens: int, context: int) -> tuple[torch.Tensor, to
 @torch.inference_mode()
 def count_forward(name: str, num_tokens: int, context: int, fused_pointwise: bool = False) -> dict:
     """Ops of one forward + logits of zoo config `name` over `num_tokens` tokens; fused_pointwise: count each
-    RMSNorm / SiLU product / RoPE call as one op (as `engine.compile_pointwise` runs them)."""
+    fused pointwise call as one op (as `engine.compile_pointwise` runs them)."""
     model = load_model(f"configs/{name}", weights="random", dtype=torch.bfloat16)
     ids, positions, ctx = step_context(model, num_tokens, context)
     model.compute_logits(model(ids, positions, ctx))  # first forward: stacks weights, warms caches
@@ -150,7 +150,8 @@ def main() -> None:
     parser.add_argument("--tokens", default="1,5", help="tokens per forward: 1 = decode, k + 1 = verify")
     parser.add_argument("--context", type=int, default=200, help="cached tokens before the step")
     parser.add_argument("--fused-pointwise", action="store_true",
-                        help="count each RMSNorm / SiLU product / RoPE call as one op (engine.compile_pointwise)")
+                        help="count each fused pointwise call (RMSNorm, SiLU product, RoPE, short-conv taps) as one "
+                             "op, as engine.compile_pointwise runs them")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     rows = []

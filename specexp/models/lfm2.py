@@ -57,6 +57,8 @@ class DepthwiseConvWeights(nn.Module):
 class Lfm2ShortConv(nn.Module):
     """in_proj -> (B, C, x); C * conv(B * x) over each request's stream and conv state; out_proj."""
 
+    ops: PointwiseOps = EAGER
+
     def __init__(self, config: ModelConfig):
         super().__init__()
         hidden = config.hidden_size
@@ -70,7 +72,7 @@ class Lfm2ShortConv(nn.Module):
         conv_state [num_slots, hidden, state_len] updated in place."""
         b, c, x = self.in_proj(h).chunk(3, dim=-1)
         weight = self.conv.weight.view(self.conv.weight.shape[0], -1)  # [hidden, L_cache]
-        conv_out = short_conv(b * x, weight, self.conv.bias, conv_state, meta)
+        conv_out = short_conv(b * x, weight, self.conv.bias, conv_state, meta, self.ops.conv_taps)
         return add_linear_(residual, c * conv_out, self.out_proj)
 
 

@@ -1,5 +1,5 @@
-"""The elementwise pieces of a decoder layer (RMSNorm, the SiLU-gated product, rotary embedding) as plain
-functions, and the same functions fused by torch.compile.
+"""The elementwise pieces of a decoder layer (RMSNorm, the SiLU-gated product, rotary embedding, the short
+conv's multiply-adds) as plain functions, and the same functions fused by torch.compile.
 
 Modules call them through a `PointwiseOps` table (`module.ops`, :data:`EAGER` by default). At batch 1 a
 captured decode step is bound by its kernel count rather than by weight bytes
@@ -23,6 +23,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from specexp.models.short_conv_ops import conv_taps
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -56,14 +58,16 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> 
 @dataclass(frozen=True)
 class PointwiseOps:
     """The implementations modules call: `rms_norm(x, weight, eps)`, `silu_mul(gate, up)`,
-    `apply_rope(x, cos, signed_sin)`, with the signatures of this module's functions."""
+    `apply_rope(x, cos, signed_sin)` (this module's functions) and `conv_taps(ext, weight, query_len)` (the short
+    conv's multiply-adds, `specexp.models.short_conv_ops.conv_taps`)."""
 
     rms_norm: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
     silu_mul: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     apply_rope: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+    conv_taps: Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
 
 
-EAGER = PointwiseOps(rms_norm, silu_mul, apply_rope)
+EAGER = PointwiseOps(rms_norm, silu_mul, apply_rope, conv_taps)
 
 
 # Variants each compiled function may need in one process: dtype x rank (RMSNorm also runs per head) x eps
@@ -81,7 +85,7 @@ def compiled_pointwise_ops() -> PointwiseOps:
     def compile_(fn):
         return torch.compile(fn, dynamic=True, fullgraph=True, options={"emulate_precision_casts": True})
 
-    return PointwiseOps(compile_(rms_norm), compile_(silu_mul), compile_(apply_rope))
+    return PointwiseOps(compile_(rms_norm), compile_(silu_mul), compile_(apply_rope), compile_(conv_taps))
 
 
 def use_pointwise_ops(model: nn.Module, ops: PointwiseOps) -> None:

@@ -179,6 +179,18 @@ def causal_conv1d_spec_update(
     return out
 
 
+def conv_taps(ext: torch.Tensor, weight: torch.Tensor, query_len: int) -> torch.Tensor:
+    """out[r, :, i] = sum_j weight[:, j] * ext[r, :, i + j] for i < q: W shifted multiply-adds, in order.
+
+    ext: [R, D, W-1+q]; weight: [D, W] in ext's dtype; returns [R, D, q]. (W = L_cache is 3 or 4: cheap
+    everywhere, where a depthwise conv1d is slow on CPU backends.)
+    """
+    out = ext[:, :, 0:query_len] * weight[:, 0:1]
+    for j in range(1, weight.shape[1]):
+        out = out + ext[:, :, j : j + query_len] * weight[:, j : j + 1]
+    return out
+
+
 class ConvPlan:
     """Per-forward cache of what every short-conv layer derives from the step's metadata alone (the uniform
     path's slots, window columns and padding mask), so the first conv layer of a forward computes it and the
@@ -219,13 +231,14 @@ def causal_conv1d_spec_update_uniform(
     query_len: int,
     num_rows: int,
     indices: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    taps=conv_taps,
 ) -> torch.Tensor:
     """`causal_conv1d_spec_update` for the first `num_rows` (R) rows, of exactly `query_len` (q) tokens
     each, laid out row after row in x[:R*q] (the same results, dense shapes).
 
     x: [N >= R*q, D]; state_indices, num_accepted_tokens: int32[>= R] (rows past R: padding, untouched);
     conv_state [num_slots, D, S >= W-2+q]. indices: :func:`uniform_indices` of these rows, precomputed (a
-    forward's :class:`ConvPlan`), else computed here. Returns [N, D]: tokens past R*q and the tokens of
+    forward's :class:`ConvPlan`), else computed here. taps: :func:`conv_taps` or a fused equivalent. Returns [N, D]: tokens past R*q and the tokens of
     NULL-slot rows (graph padding captured as rows) get zeros, and NULL-slot rows leave every state
     untouched.
     """
@@ -241,12 +254,7 @@ def causal_conv1d_spec_update_uniform(
     windows = torch.gather(states, 2, cols.unsqueeze(1).expand(-1, dim, -1))
     ext = torch.cat([windows.to(x.dtype), x[: num_rows * query_len].view(num_rows, query_len, dim).transpose(1, 2)],
                     dim=2)  # [R, D, W-1+q]
-    # W shifted multiply-adds (W = L_cache is 3 or 4): cheap everywhere, where a depthwise conv1d is slow
-    # on CPU backends.
-    w = weight.to(x.dtype)
-    out = ext[:, :, 0:query_len] * w[:, 0:1]
-    for j in range(1, width):
-        out = out + ext[:, :, j : j + query_len] * w[:, j : j + 1]
+    out = taps(ext, weight.to(x.dtype), query_len)
     if bias is not None:
         out = out + bias.to(x.dtype).view(1, dim, 1)
     written = width - 2 + query_len
@@ -274,11 +282,13 @@ def short_conv(
     bias: torch.Tensor | None,
     conv_state: torch.Tensor,
     meta: ShortConvMetadata | ConvPlan,
+    taps=conv_taps,
 ) -> torch.Tensor:
     """Apply the short conv of one layer to a whole step's batch, routing spec and non-spec rows.
 
     x: [T, D] (T may include graph padding past meta.num_actual_tokens); weight [D, W]; conv_state
-    [num_slots, D, S]; meta: the step's metadata, or the forward's ConvPlan (shared by its conv layers).
+    [num_slots, D, S]; meta: the step's metadata, or the forward's ConvPlan (shared by its conv layers);
+    taps: the uniform (graph) path's multiply-adds, :func:`conv_taps` or a fused equivalent.
     Returns [T, D]; padded tokens get zeros.
     """
     plan = meta if isinstance(meta, ConvPlan) else ConvPlan(meta)
@@ -292,7 +302,7 @@ def short_conv(
     if uniform_len is not None:
         return causal_conv1d_spec_update_uniform(
             x, weight, bias, conv_state, meta.spec_state_indices_tensor, meta.num_accepted_tokens, uniform_len,
-            meta.num_spec_decodes, plan.uniform_indices(weight.shape[1], conv_state.shape[2], x.device),
+            meta.num_spec_decodes, plan.uniform_indices(weight.shape[1], conv_state.shape[2], x.device), taps,
         )
     if has_spec and not has_non_spec and meta.spec_token_indx is None:
         return causal_conv1d_spec_update(

@@ -25,6 +25,9 @@ def test_compiled_ops_give_the_eager_values(compiled, dtype, num_tokens):
     # the SiLU product and RoPE keep eager's roundings exactly (emulated precision casts)
     assert torch.equal(compiled.silu_mul(x, 2 * x), EAGER.silu_mul(x, 2 * x))
     assert torch.equal(compiled.apply_rope(heads, cos, sin), EAGER.apply_rope(heads, cos, sin))
+    ext = torch.randn(num_tokens, 96, 2 + 4, generator=gen).to(dtype)  # [R, D, W-1+q], W = 3, q = 4
+    conv_weight = torch.randn(96, 3, generator=gen).to(dtype)
+    assert torch.equal(compiled.conv_taps(ext, conv_weight, 4), EAGER.conv_taps(ext, conv_weight, 4))
     # RMSNorm: the same up to the last bit of the fp32 reduction order
     torch.testing.assert_close(compiled.rms_norm(x, weight, 1e-5), EAGER.rms_norm(x, weight, 1e-5),
                                rtol=1e-6 if dtype == torch.float32 else 0, atol=1e-6 if dtype == torch.float32 else 0)
