@@ -244,7 +244,7 @@ def main() -> None:
     parser.add_argument("--sections", default=",".join(SECTIONS),
                         help=f"comma-separated subset of {','.join(SECTIONS)} (e2e needs the step's cost ratio)")
     parser.add_argument("--compile-pointwise", action="store_true",
-                        help="engine.compile_pointwise: fused (torch.compile) RMSNorm / SiLU product / RoPE")
+                        help="engine.compile_pointwise: fused (torch.compile) pointwise ops")
     args = parser.parse_args()
     sections = tuple(args.sections.split(","))
     unknown = sorted(set(sections) - set(SECTIONS))
