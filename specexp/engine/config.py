@@ -22,8 +22,8 @@ class EngineConfig:
     cudagraph_seq_len_buckets: key lengths (tokens) each size is captured at; a step replays the smallest
     bucket holding its longest row (None = 256, 512, ... and the longest a request can reach).
     compile_pointwise: fuse each RMSNorm, SiLU-gated product, RoPE and short-conv multiply-add chain of the
-    target and draft into one torch.compile'd kernel (`specexp.models.pointwise`; needs a compiler for inductor's backend: Triton on a
-    GPU, a C++ compiler on a CPU). Off: plain eager torch.
+    target and draft into one torch.compile'd kernel (`specexp.models.pointwise`; needs a compiler for
+    inductor's backend: Triton on a GPU, a C++ compiler on a CPU). Off: plain eager torch.
     """
 
     device: str = "cpu"

@@ -166,14 +166,11 @@ class CudaGraphManager:
         size, key = desc.num_reqs, (desc.num_reqs, desc.max_seq_len)
         prepare(desc)
         fn(desc)  # warm-up: lazy initialisation, autotuning and workspace allocation happen outside capture
-        if self.emulated:
-            self.graphs[key] = None
-        else:
-            self._record_capture(fn, desc)
+        self.graphs[key] = None if self.emulated else self._record_capture(fn, desc)
         if progress is not None:
             progress(f"{self.name} size {size} keys {desc.max_seq_len}")
 
-    def _record_capture(self, fn, desc: BatchExecutionDescriptor) -> None:
+    def _record_capture(self, fn, desc: BatchExecutionDescriptor) -> torch.cuda.CUDAGraph:
         """Capture fn(desc) into a CUDA graph in the shared pool, recording its memory and time."""
         torch.cuda.synchronize(self.device)
         free_before = free_device_bytes(self.device)
@@ -184,12 +181,12 @@ class CudaGraphManager:
             fn(desc)
         torch.cuda.synchronize(self.device)
         capture_s = time.perf_counter() - start
-        self.graphs[(desc.num_reqs, desc.max_seq_len)] = graph
         self.records.append(CaptureRecord(
             self.name, desc.num_reqs, desc.num_tokens, desc.max_seq_len,
             capture_bytes=free_before - free_device_bytes(self.device),
             reserved_bytes=torch.cuda.memory_reserved(self.device) - reserved_before, capture_s=capture_s,
         ))
+        return graph
 
     @property
     def num_graphs_to_capture(self) -> int:

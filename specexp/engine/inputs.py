@@ -47,13 +47,6 @@ class StepInputsCPU:
         return int(lens.max()) if lens.numel() else 0
 
 
-def slot_mapping_cpu(block_table: torch.Tensor, token_req: torch.Tensor, positions: torch.Tensor,
-                     block_size: int) -> torch.Tensor:
-    """int64[T]: KV slot of each token, `block_table[row, pos // bs] * bs + pos % bs`."""
-    blocks = block_table[token_req, positions // block_size].to(torch.int64)
-    return blocks * block_size + positions % block_size
-
-
 def build_step_inputs(
     token_ids: list[list[int]], start_positions: list[int], block_ids: list[list[int]], block_size: int,
     max_blocks_per_req: int,
