@@ -2,7 +2,7 @@
 
 Runs `python -m specexp run` once per point (each its own process, W&B off) and reads each run's
 result.json:  hf and native at k = 0 and k = 4 with batch 1 (engine.max_num_seqs = 1), and native at
-batch 16. Prints a table and writes JSON (rewritten after every point, so a run cut short keeps what it
+batch 16 (with at least 16 prompts, so that 16 requests are in flight). Prints a table and writes JSON (rewritten after every point, so a run cut short keeps what it
 finished).
 
     python benchmarks/native_vs_hf.py [--pair tiny_lfm2] [--workload code] [--num-prompts 8]
@@ -27,21 +27,24 @@ POINTS = [("hf", 0, 1), ("native", 0, 1), ("hf", 4, 1), ("native", 4, 1), ("nati
 
 def run_point(backend: str, k: int, batch: int, args, runs_dir: Path) -> dict:
     name = f"{backend}_k{k}_b{batch}"
+    num_prompts = max(args.num_prompts, batch)  # a batch of 16 needs 16 requests to fill it
     cmd = [
         sys.executable, "-m", "specexp", "run", f"pair={args.pair}", f"engine={args.engine}",
         f"workload={args.workload}",
-        f"workload.num_prompts={args.num_prompts}", f"sampling.max_new_tokens={args.max_new_tokens}",
+        f"workload.num_prompts={num_prompts}", f"sampling.max_new_tokens={args.max_new_tokens}",
         f"backend={backend}", f"speculator.num_speculative_tokens={k}", f"engine.max_num_seqs={batch}",
         "tracking.wandb.mode=disabled", f"name={name}", f"hydra.run.dir={runs_dir / name}",
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "SPECEXP_RUNS_DIR": str(runs_dir)})
     result_path = runs_dir / name / "result.json"
     if not result_path.exists():
-        return {"backend": backend, "k": k, "batch": batch, "error": (proc.stderr or proc.stdout)[-2000:]}
+        return {"backend": backend, "k": k, "batch": batch, "num_prompts": num_prompts,
+                "error": (proc.stderr or proc.stdout)[-2000:]}
     record = json.loads(result_path.read_text())
     m = record["metrics"] or {}
     return {
-        "backend": backend, "k": k, "batch": batch, "status": record["status"], "error": record["error"],
+        "backend": backend, "k": k, "batch": batch, "num_prompts": num_prompts, "status": record["status"],
+        "error": record["error"],
         "output_tokens_per_s": m.get("output_tokens_per_s"), "acceptance_length": m.get("acceptance_length"),
         "tpot_ms_p50": (m.get("tpot_ms") or {}).get("p50"), "num_output_tokens": m.get("num_output_tokens"),
     }
