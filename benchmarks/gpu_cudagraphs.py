@@ -10,7 +10,7 @@ Measures, per pair (trained demo pairs when present, and real-size random-weight
      (1 - a^(k+1)) / ((1 - a)(k c + 1)) with the measured cost ratio c.
 
     python benchmarks/gpu_cudagraphs.py --out results.json [--quick] [--pairs A,B] [--sections capture,step,e2e]
-                                        [--compile-pointwise]
+                                        [--compile-pointwise] [--linear-kernel cublas|triton_gemv]
 
 Prints each figure as it is measured and rewrites the JSON after every section, so a run cut short keeps
 what it finished.
@@ -78,21 +78,22 @@ def model_bytes(model: torch.nn.Module) -> int:
 
 
 def make_engine(target, draft, k, max_num_seqs, graphs, rejection="standard", rate=0.7, max_model_len=512,
-                compile_pointwise=False):
+                kernels=None):
+    """kernels: EngineConfig's kernel switches (compile_pointwise, linear_kernel); None = the defaults."""
     mode = FULL if graphs else "none"
     return NativeEngine(
         target, draft,
         EngineConfig(device="cuda", dtype=str(target.lm_head.weight.dtype).replace("torch.", ""),
                      max_num_seqs=max_num_seqs, max_model_len=max_model_len, block_size=16,
-                     cudagraph_mode=mode, compile_pointwise=compile_pointwise),
+                     cudagraph_mode=mode, **(kernels or {})),
         SpeculatorConfig(num_speculative_tokens=k, rejection=rejection, synthetic_acceptance_rate=rate,
-                         cudagraph_mode=mode, compile_pointwise=compile_pointwise),
+                         cudagraph_mode=mode),
         SamplingConfig(temperature=0.0, max_new_tokens=128, ignore_eos=True),
     )
 
 
-def capture_costs(target, draft, k, max_num_seqs, compile_pointwise=False) -> dict:
-    engine = make_engine(target, draft, k, max_num_seqs, graphs=True, compile_pointwise=compile_pointwise)
+def capture_costs(target, draft, k, max_num_seqs, kernels=None) -> dict:
+    engine = make_engine(target, draft, k, max_num_seqs, graphs=True, kernels=kernels)
     summary = engine.graph_summary()
     summary["persistent_buffer_bytes"] = engine.persistent_buffer_bytes()
     decode = {}
@@ -112,21 +113,21 @@ def capture_costs(target, draft, k, max_num_seqs, compile_pointwise=False) -> di
     return {"capture": summary, "draft_decode_step": decode}
 
 
-def target_decode_step(target, copy_bw: float, compile_pointwise=False) -> dict:
+def target_decode_step(target, copy_bw: float, kernels=None) -> dict:
     """Batch-1 decode step of the target alone (k = 0): graph replay vs eager, and bandwidth."""
-    engine = make_engine(target, None, 0, 1, graphs=True, compile_pointwise=compile_pointwise)
+    engine = make_engine(target, None, 0, 1, graphs=True, kernels=kernels)
     desc = BatchExecutionDescriptor(1, 1, FULL, min(engine.seq_len_buckets))  # a short context (<= 256 keys)
     engine._prepare_verify_capture(desc)
     graph_ms = cuda_ms(lambda: engine.verify_graphs.replay(desc), iters=30)
     eager_ms = cuda_ms(lambda: engine._verify_graph(desc), iters=10)
-    kernels = kernel_breakdown(lambda: engine._verify_graph(desc))
+    breakdown = kernel_breakdown(lambda: engine._verify_graph(desc))
     weights = model_bytes(target)
     achieved = weights / (graph_ms / 1e3)
     del engine
     torch.cuda.empty_cache()
     return {"graph_ms": graph_ms, "eager_ms": eager_ms, "weight_bytes": weights,
             "achieved_bytes_per_s": achieved, "fraction_of_copy_bandwidth": achieved / copy_bw,
-            "kernels": kernels}
+            "kernels": breakdown}
 
 
 def kernel_breakdown(fn, steps: int = 5, top: int = 20) -> dict:
@@ -156,7 +157,7 @@ def kernel_breakdown(fn, steps: int = 5, top: int = 20) -> dict:
 
 
 def end_to_end(target, draft, ks, prompts, rates, synthetic: bool, repeats: int = 3,
-               compile_pointwise=False) -> list[dict]:
+               kernels=None) -> list[dict]:
     """Per (rate, k): one engine (graphs captured once), a warm-up, then `repeats` timed runs over the same
     prompts; tokens/s is their median (`output_tokens_per_s_runs` keeps each), so one slow run of the host
     cannot move a speedup."""
@@ -165,7 +166,7 @@ def end_to_end(target, draft, ks, prompts, rates, synthetic: bool, repeats: int 
         for k in ks:
             engine = make_engine(target, draft if k else None, k, 1, graphs=True,
                                  rejection="synthetic" if synthetic else "standard", rate=rate if synthetic else 1.0,
-                                 compile_pointwise=compile_pointwise)
+                                 kernels=kernels)
             engine.generate(prompts[:1], max_new_tokens=8)
             runs = [engine.generate(prompts) for _ in range(repeats)]
             rates_per_run = [sum(r.num_output_tokens for r in out.requests) / out.total_s for out in runs]
@@ -203,7 +204,7 @@ SECTIONS = ("capture", "step", "e2e")
 
 
 def bench_pair(name, target_path, draft_path, weights, dtype, quick, copy_bw, sections=SECTIONS,
-               compile_pointwise=False) -> dict:
+               kernels=None) -> dict:
     print(f"== {name} ({weights}, {dtype})", flush=True)
     target = load_model(ZOO / target_path, dtype=dtype, device="cuda", weights=weights, seed=0)
     draft = load_model(ZOO / draft_path, dtype=dtype, device="cuda", weights=weights, seed=1)
@@ -212,11 +213,11 @@ def bench_pair(name, target_path, draft_path, weights, dtype, quick, copy_bw, se
            "draft_params": sum(p.numel() for p in draft.parameters())}
     if "capture" in sections:
         out.update(capture_costs(target, draft, k=4, max_num_seqs=16 if quick else 64,
-                                 compile_pointwise=compile_pointwise))
+                                 kernels=kernels))
     if "step" not in sections and "e2e" not in sections:
         return out
-    out["target_decode_step"] = target_decode_step(target, copy_bw, compile_pointwise)
-    out["draft_decode_step_batch1"] = target_decode_step(draft, copy_bw, compile_pointwise)
+    out["target_decode_step"] = target_decode_step(target, copy_bw, kernels)
+    out["draft_decode_step_batch1"] = target_decode_step(draft, copy_bw, kernels)
     c = out["draft_decode_step_batch1"]["graph_ms"] / out["target_decode_step"]["graph_ms"]
     out["cost_ratio_c"] = c
     print(f"  target step {out['target_decode_step']['graph_ms']:.3f} ms "
@@ -229,7 +230,7 @@ def bench_pair(name, target_path, draft_path, weights, dtype, quick, copy_bw, se
     ks = [0, 1, 2, 4, 8] if quick else list(range(9))
     synthetic = weights == "random"
     out["end_to_end"] = end_to_end(target, draft, ks, prompts, [0.6, 0.8] if synthetic else [None], synthetic,
-                                   repeats=1 if quick else 3, compile_pointwise=compile_pointwise)
+                                   repeats=1 if quick else 3, kernels=kernels)
     add_theory(out["end_to_end"], c)
     del target, draft
     torch.cuda.empty_cache()
@@ -245,6 +246,8 @@ def main() -> None:
                         help=f"comma-separated subset of {','.join(SECTIONS)} (e2e needs the step's cost ratio)")
     parser.add_argument("--compile-pointwise", action="store_true",
                         help="engine.compile_pointwise: fused (torch.compile) pointwise ops")
+    parser.add_argument("--linear-kernel", default="cublas", choices=["cublas", "triton_gemv"],
+                        help="engine.linear_kernel: single-token projections on cuBLAS or the Triton GEMV")
     args = parser.parse_args()
     sections = tuple(args.sections.split(","))
     unknown = sorted(set(sections) - set(SECTIONS))
@@ -253,7 +256,8 @@ def main() -> None:
     assert torch.cuda.is_available(), "needs a CUDA GPU"
     result = {"machine": {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
                           "python": platform.python_version()}, "pairs": {}, "errors": {},
-              "compile_pointwise": args.compile_pointwise}
+              "compile_pointwise": args.compile_pointwise, "linear_kernel": args.linear_kernel}
+    kernels = {"compile_pointwise": args.compile_pointwise, "linear_kernel": args.linear_kernel}
     result["copy_bandwidth_bytes_per_s"] = copy_bandwidth_bytes_per_s()
     print(f"copy bandwidth {result['copy_bandwidth_bytes_per_s'] / 1e12:.2f} TB/s", flush=True)
     pairs = [(n, t, d, "random", torch.bfloat16) for n, (t, d) in RANDOM_PAIRS.items()]
@@ -266,7 +270,7 @@ def main() -> None:
         try:
             result["pairs"][name] = bench_pair(name, t, d, weights, dtype, args.quick,
                                                result["copy_bandwidth_bytes_per_s"], sections,
-                                               args.compile_pointwise)
+                                               kernels)
         except Exception:  # noqa: BLE001 - keep the other pairs' figures
             result["errors"][name] = traceback.format_exc()
             print(result["errors"][name], flush=True)

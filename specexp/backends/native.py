@@ -37,6 +37,7 @@ def engine_configs(spec: RunSpec) -> tuple[EngineConfig, SpeculatorConfig, Sampl
         cudagraph_capture_sizes=_int_tuple(e.options.get("cudagraph_capture_sizes")),
         cudagraph_seq_len_buckets=_int_tuple(e.options.get("cudagraph_seq_len_buckets")),
         compile_pointwise=e.options.get("compile_pointwise", False),
+        linear_kernel=e.options.get("linear_kernel", "cublas"),
     )
     speculator = SpeculatorConfig(
         num_speculative_tokens=s.num_speculative_tokens, rejection=s.options.get("rejection", "standard"),

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from specexp.models import triton_gemv
+from specexp.models.linear_ops import LINEAR_KERNELS
+
 
 class EngineConfigError(ValueError):
     """A setting the engine cannot run with; the message names the value and what would be valid."""
@@ -24,6 +27,8 @@ class EngineConfig:
     compile_pointwise: fuse each RMSNorm, SiLU-gated product, RoPE and short-conv multiply-add chain of the
     target and draft into one torch.compile'd kernel (`specexp.models.pointwise`; needs a compiler for
     inductor's backend: Triton on a GPU, a C++ compiler on a CPU). Off: plain eager torch.
+    linear_kernel: "cublas" (torch's GEMMs for every projection) | "triton_gemv" (single-token projections,
+    i.e. batch-1 decode and draft steps, on the Triton GEMV of `specexp.models.triton_gemv`; CUDA only).
     """
 
     device: str = "cpu"
@@ -37,6 +42,7 @@ class EngineConfig:
     cudagraph_capture_sizes: tuple[int, ...] | None = None
     cudagraph_seq_len_buckets: tuple[int, ...] | None = None
     compile_pointwise: bool = False
+    linear_kernel: str = "cublas"
     seed: int = 0
 
     def validate(self) -> None:
@@ -57,6 +63,14 @@ class EngineConfig:
                                         "(or null for the defaults)")
         if not isinstance(self.compile_pointwise, bool):
             raise EngineConfigError(f"engine.compile_pointwise={self.compile_pointwise!r}: must be true or false")
+        if self.linear_kernel not in LINEAR_KERNELS:
+            raise EngineConfigError(f"engine.linear_kernel={self.linear_kernel!r}: valid are "
+                                    + ", ".join(repr(k) for k in LINEAR_KERNELS))
+        if self.linear_kernel == "triton_gemv" and (self.device != "cuda" or not triton_gemv.AVAILABLE):
+            raise EngineConfigError(
+                f"engine.linear_kernel='triton_gemv' needs engine.device=cuda (got {self.device!r}) and triton "
+                f"(importable: {triton_gemv.AVAILABLE}; CUDA builds of torch ship it); or use 'cublas'"
+            )
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
             raise EngineConfigError(
                 f"engine.max_num_batched_tokens={self.max_num_batched_tokens}: must be >= 1 (or null)"

@@ -33,6 +33,7 @@ from specexp.engine.timing import PhaseTimer
 from specexp.models.caches import allocate_conv_states, allocate_kv_caches
 from specexp.models.metadata import ForwardContext
 from specexp.models.pointwise import EAGER as EAGER_POINTWISE
+from specexp.models.linear_ops import LINEAR_KERNELS, use_linear_ops
 from specexp.models.pointwise import compiled_pointwise_ops, use_pointwise_ops
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -108,6 +109,7 @@ class NativeEngine:
         ops = compiled_pointwise_ops() if engine.compile_pointwise else EAGER_POINTWISE
         for model in (target, draft) if self.k > 0 else (target,):
             use_pointwise_ops(model, ops)
+            use_linear_ops(model, LINEAR_KERNELS[engine.linear_kernel])
         self.eos_token_ids = set(eos_token_ids or [])
         # On CUDA, sampling uses the default generator: CUDA graphs capture its Philox state natively.
         self.generator: torch.Generator | None = None

@@ -11,11 +11,14 @@ import torch
 from torch import nn
 
 from specexp.models.config import ModelConfig
+from specexp.models.linear_ops import CUBLAS, LinearOps
 from specexp.models.metadata import ForwardContext
 
 
 class CausalLM(nn.Module):
     """Base class. Subclasses set `self.model` and call `_finish_init()` at the end of `__init__`."""
+
+    linear_ops: LinearOps = CUBLAS  # the LM head's kernels (models.linear_ops)
 
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -50,7 +53,7 @@ class CausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [N, hidden_size] -> float32[N, vocab_size]."""
-        return self.lm_head(hidden).float()
+        return self.linear_ops.linear(hidden, self.lm_head.weight, self.lm_head.bias).float()
 
     def num_parameters(self) -> int:
         """Distinct parameter elements (a tied head counted once)."""

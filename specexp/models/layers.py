@@ -10,26 +10,20 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from specexp.models.attention import AttentionPlan, attend
 from specexp.models.config import RopeConfig
+from specexp.models.linear_ops import CUBLAS, LinearOps
 from specexp.models.metadata import AttentionMetadata
 from specexp.models.pointwise import EAGER, PointwiseOps
 from specexp.models.stacked import StackedLinear
 
 
-def add_linear_(residual: torch.Tensor, x: torch.Tensor, linear: nn.Linear) -> torch.Tensor:
-    """residual += linear(x), in place, and returned: the GEMM accumulates into the residual stream (beta = 1),
-    one kernel where `residual + linear(x)` takes a GEMM and an add. residual [T, out], x [T, in].
-
-    Rounding: the product is added to the residual before it is rounded to the residual's dtype (fp32: the
-    same up to summation order; half precision: one rounding fewer than transformers' `h + proj(x)`).
-    """
-    if linear.bias is not None:
-        residual.add_(linear.bias)
-    return residual.addmm_(x, linear.weight.t())
+def add_projection_(ops: LinearOps, residual: torch.Tensor, x: torch.Tensor, linear: nn.Linear) -> torch.Tensor:
+    """residual += linear(x) in place, on `ops`' kernels (:func:`specexp.models.linear_ops.add_linear_`);
+    residual [T, out], x [T, in] -> residual."""
+    return ops.add_linear_(residual, x, linear.weight, linear.bias)
 
 
 class RMSNorm(nn.Module):
@@ -94,6 +88,7 @@ class QKVAttention(nn.Module):
     apply the output projection to :meth:`attend_heads`."""
 
     ops: PointwiseOps = EAGER
+    linear_ops: LinearOps = CUBLAS
 
     def __init__(self, config, qkv_bias: bool):
         super().__init__()
@@ -115,7 +110,7 @@ class QKVAttention(nn.Module):
         kv_cache. q_norm/k_norm: per-head norms applied before RoPE (None: none)."""
         num_tokens, num_q, num_kv = x.shape[0], self.num_heads, self.num_kv_heads
         weight, bias = self.qkv.weights()
-        qkv = F.linear(x, weight, bias)  # [T, (Hq + 2 Hkv) * D]: q, k and v heads side by side
+        qkv = self.linear_ops.linear(x, weight, bias)  # [T, (Hq + 2 Hkv) * D]: q, k and v heads side by side
         split = (num_q + num_kv) * self.head_dim
         qk = qkv[:, :split].view(num_tokens, num_q + num_kv, self.head_dim)  # q and k heads, adjacent
         v = qkv[:, split:].view(num_tokens, num_kv, self.head_dim)
@@ -130,6 +125,7 @@ class GatedMLP(nn.Module):
     """down(silu(gate(x)) * up(x)) with transformers' Llama names (gate_proj, up_proj, down_proj)."""
 
     ops: PointwiseOps = EAGER
+    linear_ops: LinearOps = CUBLAS
 
     def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False):
         super().__init__()
@@ -139,6 +135,7 @@ class GatedMLP(nn.Module):
         self.gate_up = StackedLinear([self.gate_proj, self.up_proj])  # one GEMM; gate/up params kept
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        """residual + mlp(x), accumulated into residual in place (:func:`add_linear_`); x, residual [T, hidden]."""
-        gate, up = self.gate_up(x)
-        return add_linear_(residual, self.ops.silu_mul(gate, up), self.down_proj)
+        """residual + mlp(x), accumulated into residual in place (:func:`add_projection_`); x, residual
+        [T, hidden]."""
+        gate, up = self.gate_up(x, self.linear_ops.linear)
+        return add_projection_(self.linear_ops, residual, self.ops.silu_mul(gate, up), self.down_proj)

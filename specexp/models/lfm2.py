@@ -21,7 +21,8 @@ from torch import nn
 from specexp.models.attention import AttentionPlan
 from specexp.models.causal_lm import CausalLM
 from specexp.models.config import ModelConfig
-from specexp.models.layers import QKVAttention, RMSNorm, RotaryEmbedding, add_linear_
+from specexp.models.layers import QKVAttention, RMSNorm, RotaryEmbedding, add_projection_
+from specexp.models.linear_ops import CUBLAS, LinearOps
 from specexp.models.metadata import AttentionMetadata, ShortConvMetadata
 from specexp.models.pointwise import EAGER, PointwiseOps
 from specexp.models.short_conv_ops import ConvPlan, short_conv
@@ -42,7 +43,7 @@ class Lfm2Attention(QKVAttention):
         """residual + attention(x), accumulated into residual in place; x, residual [T, hidden]. Writes this
         step's K/V into kv_cache."""
         heads = self.attend_heads(x, positions, rope, kv_cache, meta, self.q_layernorm, self.k_layernorm)
-        return add_linear_(residual, heads, self.out_proj)
+        return add_projection_(self.linear_ops, residual, heads, self.out_proj)
 
 
 class DepthwiseConvWeights(nn.Module):
@@ -58,6 +59,7 @@ class Lfm2ShortConv(nn.Module):
     """in_proj -> (B, C, x); C * conv(B * x) over each request's stream and conv state; out_proj."""
 
     ops: PointwiseOps = EAGER
+    linear_ops: LinearOps = CUBLAS
 
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -70,16 +72,17 @@ class Lfm2ShortConv(nn.Module):
                 residual: torch.Tensor) -> torch.Tensor:
         """residual + short_conv(h), accumulated into residual in place; h, residual [T, hidden];
         conv_state [num_slots, hidden, state_len] updated in place."""
-        b, c, x = self.in_proj(h).chunk(3, dim=-1)
+        b, c, x = self.linear_ops.linear(h, self.in_proj.weight, self.in_proj.bias).chunk(3, dim=-1)
         weight = self.conv.weight.view(self.conv.weight.shape[0], -1)  # [hidden, L_cache]
         conv_out = short_conv(b * x, weight, self.conv.bias, conv_state, meta, self.ops.conv_taps)
-        return add_linear_(residual, c * conv_out, self.out_proj)
+        return add_projection_(self.linear_ops, residual, c * conv_out, self.out_proj)
 
 
 class Lfm2FeedForward(nn.Module):
     """w2(silu(w1(x)) * w3(x)) (transformers' Lfm2MLP names; width already auto-adjusted in the config)."""
 
     ops: PointwiseOps = EAGER
+    linear_ops: LinearOps = CUBLAS
 
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -90,8 +93,8 @@ class Lfm2FeedForward(nn.Module):
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """residual + feed_forward(x), accumulated into residual in place; x, residual [T, hidden]."""
-        gate, up = self.w1_w3(x)
-        return add_linear_(residual, self.ops.silu_mul(gate, up), self.w2)
+        gate, up = self.w1_w3(x, self.linear_ops.linear)
+        return add_projection_(self.linear_ops, residual, self.ops.silu_mul(gate, up), self.w2)
 
 
 class Lfm2DecoderLayer(nn.Module):

@@ -12,7 +12,7 @@ from torch import nn
 from specexp.models.attention import AttentionPlan
 from specexp.models.causal_lm import CausalLM
 from specexp.models.config import ModelConfig
-from specexp.models.layers import GatedMLP, QKVAttention, RMSNorm, RotaryEmbedding, add_linear_
+from specexp.models.layers import GatedMLP, QKVAttention, RMSNorm, RotaryEmbedding, add_projection_
 from specexp.models.metadata import AttentionMetadata
 
 
@@ -40,7 +40,7 @@ class LlamaAttention(QKVAttention):
         """residual + attention(x), accumulated into residual in place; x, residual [T, hidden]. Writes this
         step's K/V into kv_cache."""
         heads = self.attend_heads(x, positions, rope, kv_cache, meta, self.q_norm, self.k_norm)
-        return add_linear_(residual, heads, self.o_proj)
+        return add_projection_(self.linear_ops, residual, heads, self.o_proj)
 
 
 class LlamaDecoderLayer(nn.Module):

@@ -28,12 +28,13 @@ def _prompts(n, seed=0):
     return [torch.randint(3, VOCAB, (m,), generator=gen).tolist() for m in lens]
 
 
-def _engine(target, draft, k, max_num_seqs, graphs, temperature=0.0, compile_pointwise=False):
+def _engine(target, draft, k, max_num_seqs, graphs, temperature=0.0, compile_pointwise=False,
+            linear_kernel="cublas"):
     return NativeEngine(
         target, draft,
         EngineConfig(device="cuda", max_num_seqs=max_num_seqs, max_model_len=96, block_size=8,
                      max_num_batched_tokens=64, cudagraph_mode="full" if graphs else "none", seed=0,
-                     compile_pointwise=compile_pointwise),
+                     compile_pointwise=compile_pointwise, linear_kernel=linear_kernel),
         SpeculatorConfig(num_speculative_tokens=k, cudagraph_mode="full" if graphs else "none"),
         # EOS (id 2) is honoured: requests finish at different steps, so batches change every step.
         SamplingConfig(temperature=temperature, max_new_tokens=24, ignore_eos=False),
@@ -75,6 +76,27 @@ def test_compiled_pointwise_ops_replay_like_eager(pairs, pair, k):
     plain = _engine(target, draft, k, 32, graphs=False).generate(prompts)
     eager = _engine(target, draft, k, 32, graphs=False, compile_pointwise=True).generate(prompts)
     graphed = _engine(target, draft, k, 32, graphs=True, compile_pointwise=True).generate(prompts)
+    tokens = [r.output_token_ids for r in graphed.requests]
+    assert tokens == [r.output_token_ids for r in eager.requests] == [r.output_token_ids for r in plain.requests]
+
+
+@pytest.mark.parametrize("pair, k, max_num_seqs", [("lfm2+llama", 0, 1), ("lfm2+lfm2", 3, 1), ("llama+llama", 4, 5)])
+def test_triton_gemv_replays_like_cublas(pairs, pair, k, max_num_seqs, monkeypatch):
+    """engine.linear_kernel=triton_gemv: single-token projections run on the Triton GEMV (captured in the
+    graphs), and the greedy tokens equal the cuBLAS engine's (fp32 pairs without near-ties)."""
+    from specexp.models import triton_gemv
+
+    calls = []
+    gemv = triton_gemv.gemv
+    monkeypatch.setattr(triton_gemv, "gemv", lambda *a, **kw: calls.append(1) or gemv(*a, **kw))
+    target_dir, draft_dir = pairs[pair]
+    target, draft = load_model(target_dir, device="cuda"), load_model(draft_dir, device="cuda")
+    prompts = _prompts(12, seed=k)
+    plain = _engine(target, draft, k, max_num_seqs, graphs=False).generate(prompts)
+    assert not calls
+    eager = _engine(target, draft, k, max_num_seqs, graphs=False, linear_kernel="triton_gemv").generate(prompts)
+    assert calls, "single-token steps ran on the Triton GEMV"
+    graphed = _engine(target, draft, k, max_num_seqs, graphs=True, linear_kernel="triton_gemv").generate(prompts)
     tokens = [r.output_token_ids for r in graphed.requests]
     assert tokens == [r.output_token_ids for r in eager.requests] == [r.output_token_ids for r in plain.requests]
 

@@ -1,0 +1,169 @@
+"""How close can batch-1 weight-streaming GEMMs get to the HBM copy bandwidth? (GPU; torch + triton only)
+
+A batch-1 decode step of a 1B-class target is a chain of GEMVs, y[1, N] = x[1, K] @ W[N, K]^T, one per
+projection, each reading its whole weight once. This script replays exactly those GEMVs -- every weight of the
+real-size random-weight targets, stacked as the engine stacks them (q/k/v, gate/up, LFM2's w1/w3), plus the
+LM head -- inside one CUDA graph per implementation, and reports weight bytes / replay time against the
+device's copy bandwidth:
+
+  * `cublas_linear`: `F.linear(x, W)`, the engine's path for stacked projections;
+  * `cublas_addmm`: `residual.addmm_(x, W.t())`, the engine's path for residual-adding output projections;
+  * `triton_gemv`: `specexp.models.triton_gemv` (`engine.linear_kernel=triton_gemv`), a row-blocked Triton
+    GEMV with fp32 accumulation, adding into the output as addmm_ does; its block shape tuned per weight
+    shape here (the engine uses the one that won every shape on the H200).
+
+The weights are distinct tensors (no L2 reuse between layers), as in the model. What this bounds: the
+engine's batch-1 target step cannot beat the GEMV chain's time; the issue's 60%-of-copy-bandwidth target
+needs the chain itself well above 60%.
+
+    python benchmarks/gemv_bandwidth.py --out gemv_bandwidth.json [--models llama-3.2-1b,lfm2-1.2b]
+
+Prints figures as measured and writes the JSON after each model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from gpu_cudagraphs import copy_bandwidth_bytes_per_s, cuda_ms  # noqa: E402  (this folder)
+
+from specexp.models import load_model, triton_gemv  # noqa: E402
+from specexp.models.stacked import StackedLinear  # noqa: E402
+
+ZOO = Path(__file__).resolve().parents[1] / "specexp" / "zoo"
+MODELS = {"llama-3.2-1b": "configs/llama-3.2-1b", "lfm2-1.2b": "configs/lfm2-1.2b"}
+# (BLOCK_N, BLOCK_K, num_warps) tried per weight shape; BLOCK_N * BLOCK_K bounds registers per program
+TRITON_CONFIGS = [*itertools.product((4, 8, 16), (256, 512), (4, 8)), (2, 1024, 4), (32, 256, 8)]
+
+def gemm_weights(model: nn.Module) -> list[torch.Tensor]:
+    """Every weight a batch-1 forward streams through a GEMM, as the engine multiplies it: each stack's
+    stacked tensor once, every other Linear's weight, and the LM head ([N, K] each, distinct storage)."""
+    stacks = [v for m in model.modules() for v in vars(m).values() if isinstance(v, StackedLinear)]
+    stacked_ids = {id(lin) for s in stacks for lin in s.linears}
+    weights = [s.weights()[0] for s in stacks]
+    weights += [m.weight for m in model.modules() if isinstance(m, nn.Linear) and id(m) not in stacked_ids]
+    seen, unique = set(), []
+    for w in weights:  # a tied LM head is the embedding: count it once
+        if w.data_ptr() not in seen:
+            seen.add(w.data_ptr())
+            unique.append(w)
+    return unique
+
+
+def graph_ms(body) -> float:
+    """Median ms of one replay of a CUDA graph capturing body() (warmed up eagerly first)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        body()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        body()
+    return cuda_ms(graph.replay)
+
+
+def chain(weights: list[torch.Tensor], impl: str, configs: dict | None = None):
+    """A body running one batch-1 GEMV per weight with implementation `impl`, on preallocated buffers."""
+    xs = [torch.randn(1, w.shape[1], device=w.device, dtype=w.dtype) for w in weights]
+    ys = [torch.zeros(1, w.shape[0], device=w.device, dtype=w.dtype) for w in weights]
+
+    def body():
+        for w, x, y in zip(weights, xs, ys, strict=True):
+            if impl == "cublas_linear":
+                y.copy_(torch.nn.functional.linear(x, w))
+            elif impl == "cublas_addmm":
+                y.addmm_(x, w.t())
+            else:
+                triton_gemv.gemv(x, w, residual=y, config=configs[tuple(w.shape)])
+
+    return body
+
+
+def tune_triton(weights: list[torch.Tensor], bytes_per_s: float) -> tuple[dict, dict]:
+    """Best TRITON_CONFIGS entry per weight shape (timing a graph of all weights of that shape), checked
+    against F.linear first. Returns ({shape: config}, {shape: per-config ms})."""
+    best, tried = {}, {}
+    for shape in sorted({tuple(w.shape) for w in weights}):
+        same = [w for w in weights if tuple(w.shape) == shape]
+        x = torch.randn(shape[1], device="cuda", dtype=same[0].dtype)
+        reference = torch.nn.functional.linear(x.float(), same[0].float())
+        timings = {}
+        for config in TRITON_CONFIGS:
+            out = triton_gemv.gemv(x.view(1, -1), same[0], config=config).view(-1)
+            err = (out.float() - reference).abs().max().item() / reference.abs().max().item()
+            if err > 2e-2:
+                raise AssertionError(f"triton gemv {shape} {config}: relative error {err:.2e}")
+            timings[config] = graph_ms(chain(same, "triton", {shape: config}))
+        best[shape] = min(timings, key=timings.get)
+        tried[str(shape)] = {str(c): ms for c, ms in timings.items()}
+        ms = timings[best[shape]]
+        print(f"    {shape}: x{len(same)} best {best[shape]} {ms:.3f} ms "
+              f"({sum(w.numel() * w.element_size() for w in same) / (ms / 1e3) / bytes_per_s:.0%} of copy bw)",
+              flush=True)
+    return best, tried
+
+
+def bench_model(name: str, path: str, copy_bw: float) -> dict:
+    model = load_model(ZOO / path, dtype=torch.bfloat16, device="cuda", weights="random", seed=0)
+    weights = gemm_weights(model)
+    total = sum(w.numel() * w.element_size() for w in weights)
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    print(f"== {name}: {len(weights)} GEMV weights, {total / 1e9:.3f} GB ({params / 1e9:.3f} GB of parameters)",
+          flush=True)
+    out = {"num_gemvs": len(weights), "gemv_weight_bytes": total, "parameter_bytes": params,
+           "shapes": {str(s): sum(tuple(w.shape) == s for w in weights) for s in {tuple(w.shape) for w in weights}},
+           "chains": {}}
+    impls = ["cublas_linear", "cublas_addmm"]
+    configs = None
+    if triton_gemv.AVAILABLE:
+        configs, out["triton_tuning_ms"] = tune_triton(weights, copy_bw)
+        out["triton_best_config"] = {str(s): c for s, c in configs.items()}
+        impls.append("triton_gemv")
+    for impl in impls:
+        ms = graph_ms(chain(weights, impl, configs))
+        out["chains"][impl] = {"graph_ms": ms, "achieved_bytes_per_s": total / (ms / 1e3),
+                               "fraction_of_copy_bandwidth": total / (ms / 1e3) / copy_bw}
+        print(f"  {impl:14s} {ms:.3f} ms  {total / (ms / 1e3) / 1e12:.2f} TB/s "
+              f"({total / (ms / 1e3) / copy_bw:.0%} of copy bw)", flush=True)
+    del model, weights
+    torch.cuda.empty_cache()
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="gemv_bandwidth.json")
+    parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated subset of {','.join(MODELS)}")
+    args = parser.parse_args()
+    unknown = sorted(set(args.models.split(",")) - set(MODELS))
+    if unknown:
+        parser.error(f"--models: unknown {unknown}; valid: {', '.join(MODELS)}")
+    if not torch.cuda.is_available():
+        sys.exit("gemv_bandwidth.py needs a CUDA GPU")
+    result = {"machine": {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+                          "python": platform.python_version()},
+              "copy_bandwidth_bytes_per_s": copy_bandwidth_bytes_per_s(), "models": {}}
+    print(f"copy bandwidth {result['copy_bandwidth_bytes_per_s'] / 1e12:.2f} TB/s", flush=True)
+    for name in args.models.split(","):
+        result["models"][name] = bench_model(name, MODELS[name], result["copy_bandwidth_bytes_per_s"])
+        Path(args.out).write_text(json.dumps(result, indent=1))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    start = time.perf_counter()
+    with torch.inference_mode():
+        main()
+    print(f"total {time.perf_counter() - start:.0f} s")

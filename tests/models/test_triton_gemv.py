@@ -1,0 +1,97 @@
+"""The Triton batch-1 GEMV (`engine.linear_kernel=triton_gemv`): products against a float64 reference, on a
+GPU (`pytest -m cuda`) and, where triton is installed, under Triton's CPU interpreter; the linear-ops table's
+fallbacks and the config's checks everywhere."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from specexp.engine.config import EngineConfig, EngineConfigError
+from specexp.models import triton_gemv
+from specexp.models.linear_ops import CUBLAS, TRITON_GEMV, add_linear_
+
+# (K, N): K below, at and past one 1024-wide chunk and not a multiple of it; N odd, below and past BLOCK_N
+SHAPES = [(5, 3), (64, 1), (1000, 37), (1024, 256), (2500, 130)]
+
+
+def check_products(device: str, dtypes) -> None:
+    """Every SHAPES x dtypes x (bias, residual) product of triton_gemv.gemv vs a float64 reference."""
+    gen = torch.Generator().manual_seed(0)
+    for (k, n), dtype in [(s, d) for s in SHAPES for d in dtypes]:
+        for with_bias, with_residual in [(False, False), (True, False), (False, True), (True, True)]:
+            x, w = torch.randn(1, k, generator=gen), torch.randn(n, k, generator=gen)
+            bias, residual = torch.randn(n, generator=gen), torch.randn(1, n, generator=gen)
+            expected = x.double() @ w.double().T + (bias.double() if with_bias else 0)
+            expected = expected + (residual.double() if with_residual else 0)
+            cast = [t.to(device=device, dtype=dtype) for t in (x, w, bias, residual)]
+            res = cast[3].clone() if with_residual else None
+            got = triton_gemv.gemv(cast[0], cast[1], cast[2] if with_bias else None, residual=res)
+            assert got.shape == (1, n) and got.dtype == dtype
+            if with_residual:
+                assert got.data_ptr() == res.data_ptr(), "the residual is updated in place"
+            tol = {torch.float32: 1e-4, torch.bfloat16: 3e-2, torch.float16: 3e-3}[dtype]
+            scale = expected.abs().max().item() + 1
+            err = (got.double().cpu() - expected).abs().max().item() / scale
+            assert err < tol, f"K={k} N={n} {dtype} bias={with_bias} residual={with_residual}: error {err:.2e}"
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available() or not triton_gemv.AVAILABLE, reason="needs a CUDA GPU")
+def test_gemv_matches_reference_on_gpu():
+    check_products("cuda", (torch.float32, torch.bfloat16, torch.float16))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available() or not triton_gemv.AVAILABLE, reason="needs a CUDA GPU")
+def test_triton_table_takes_single_rows_only():
+    w = torch.randn(96, 200, device="cuda")
+    one, many = torch.randn(1, 200, device="cuda"), torch.randn(3, 200, device="cuda")
+    torch.testing.assert_close(TRITON_GEMV.linear(one, w, None), F.linear(one, w), atol=1e-4, rtol=1e-4)
+    assert torch.equal(TRITON_GEMV.linear(many, w, None), F.linear(many, w))  # cuBLAS, bit for bit
+    residual = torch.randn(1, 96, device="cuda")
+    expected = residual + F.linear(one, w)
+    torch.testing.assert_close(TRITON_GEMV.add_linear_(residual, one, w, None), expected, atol=1e-4, rtol=1e-4)
+
+
+def test_gemv_matches_reference_in_triton_interpreter():
+    """The kernel's arithmetic on CPU tensors, in Triton's interpreter (a subprocess: the interpreter is chosen
+    when triton is imported). Skipped where triton is not installed (torch's CPU builds ship without it)."""
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        pytest.skip("triton is not installed")
+    code = textwrap.dedent("""
+        import torch
+        from tests.models.test_triton_gemv import check_products
+        check_products("cpu", (torch.float32,))
+        print("ok")
+    """)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    proc = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-3000:]
+
+
+def test_triton_table_falls_back_to_torch_off_the_gpu():
+    """On CPU tensors (or without triton) the triton table is torch's GEMMs, bit for bit."""
+    gen = torch.Generator().manual_seed(1)
+    w, b = torch.randn(7, 11, generator=gen), torch.randn(7, generator=gen)
+    for rows in (1, 4):
+        x, residual = torch.randn(rows, 11, generator=gen), torch.randn(rows, 7, generator=gen)
+        assert torch.equal(TRITON_GEMV.linear(x, w, b), CUBLAS.linear(x, w, b))
+        assert torch.equal(TRITON_GEMV.add_linear_(residual.clone(), x, w, b), add_linear_(residual.clone(), x, w, b))
+
+
+def test_linear_kernel_is_validated():
+    with pytest.raises(EngineConfigError, match="engine.linear_kernel='gemv'.*'cublas', 'triton_gemv'"):
+        EngineConfig(linear_kernel="gemv").validate()
+    with pytest.raises(EngineConfigError, match="engine.linear_kernel='triton_gemv' needs engine.device=cuda"):
+        EngineConfig(device="cpu", linear_kernel="triton_gemv").validate()
+    EngineConfig(linear_kernel="cublas").validate()
