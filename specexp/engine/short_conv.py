@@ -61,6 +61,7 @@ non-blocking host-to-device copies, so building never waits on the device.
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass
 
 import torch
@@ -126,16 +127,38 @@ def start_offsets(lengths: torch.Tensor) -> torch.Tensor:
 class _SpecGraphBuffers:
     """Persistent device tensors a captured full graph reads for a pure-spec batch of up to `max_rows` rows.
 
-    Each build that may replay a graph rewrites rows [0, padded) in place, padding included, so no
-    capture-time value survives into a replay.
+    All five live in one byte buffer (four int32 fields, then the bool masks), so a build rewrites them with a
+    single host-to-device copy. Each build that may replay a graph rewrites every row, padding included, so
+    no capture-time value survives into a replay.
     """
 
     def __init__(self, max_rows: int, device: torch.device) -> None:
-        self.query_start_loc = torch.zeros(max_rows + 1, dtype=torch.int32, device=device)
-        self.spec_query_start_loc = torch.zeros(max_rows + 1, dtype=torch.int32, device=device)
-        self.spec_state_indices = torch.full((max_rows,), NULL_BLOCK_ID, dtype=torch.int32, device=device)
-        self.spec_sequence_masks = torch.zeros(max_rows, dtype=torch.bool, device=device)
-        self.num_accepted_tokens = torch.ones(max_rows, dtype=torch.int32, device=device)
+        self.max_rows = m = max_rows
+        self.num_ints = 4 * m + 2
+        self.buffer = torch.zeros(4 * self.num_ints + m, dtype=torch.uint8, device=device)
+        ints = self.buffer[: 4 * self.num_ints].view(torch.int32)
+        self.query_start_loc = ints[: m + 1]
+        self.spec_query_start_loc = ints[m + 1 : 2 * m + 2]
+        self.spec_state_indices = ints[2 * m + 2 : 3 * m + 2]
+        self.num_accepted_tokens = ints[3 * m + 2 :]
+        self.spec_sequence_masks = self.buffer[4 * self.num_ints :].view(torch.bool)
+        self.spec_state_indices.fill_(NULL_BLOCK_ID)
+        self.num_accepted_tokens.fill_(1)
+
+    def payload(self, fields: dict[str, list[int]], num_rows: int) -> bytes:
+        """The whole buffer's bytes for a batch whose spec rows fill rows [0, num_rows) of each field (CPU
+        lists, `query_start_loc`'s with its num_rows + 1 offsets); every later row gets the padding of the
+        module doc: flat query-start tail, NULL slot, 1 accepted, mask False."""
+        m, tail = self.max_rows, fields["query_start_loc"][-1]
+        ints = array("i", fields["query_start_loc"])
+        ints.extend([tail] * (m - num_rows))
+        ints.extend(fields["spec_query_start_loc"])
+        ints.extend([tail] * (m - num_rows))
+        ints.extend(fields["spec_state_indices_tensor"])
+        ints.extend([NULL_BLOCK_ID] * (m - num_rows))
+        ints.extend(fields["num_accepted_tokens"])
+        ints.extend([1] * (m - num_rows))
+        return ints.tobytes() + bytes(fields["spec_sequence_masks"]) + bytes(m - num_rows)
 
 
 def _pad(values: torch.Tensor, length: int, fill: int | bool) -> torch.Tensor:
@@ -173,6 +196,8 @@ class ShortConvMetadataBuilder:
             self.decode_cudagraph_max_bs = min(self.decode_cudagraph_max_bs, max_capture_size)
             self.decode_cudagraph_max_tokens = min(self.decode_cudagraph_max_tokens, max_capture_size)
         self._graph = _SpecGraphBuffers(self.decode_cudagraph_max_bs, self.device)
+        self._no_rows_int32 = torch.zeros(0, dtype=torch.int32, device=self.device)
+        self._no_rows_int64 = torch.zeros(0, dtype=torch.int64, device=self.device)
         # Pinned staging makes the host-to-device copies truly asynchronous.
         self._pin = self.device.type == "cuda" and torch.cuda.is_available()
 
@@ -255,12 +280,16 @@ class ShortConvMetadataBuilder:
         check: bool,
         capture: bool,
     ) -> ShortConvMetadata:
+        if check:
+            self._check(query_start_loc_cpu, num_decode_draft_tokens_cpu, num_computed_tokens_cpu,
+                        num_accepted_tokens_cpu, state_indices_cpu, num_reqs_padded, num_tokens_padded)
+        graph = self._graph_build(query_start_loc_cpu, num_decode_draft_tokens_cpu, num_accepted_tokens_cpu,
+                                  state_indices_cpu, num_reqs_padded, num_tokens_padded, capture)
+        if graph is not None:
+            return graph
         qsl = query_start_loc_cpu.to(torch.int32)
         groups = classify_rows(qsl[1:] - qsl[:-1], num_decode_draft_tokens_cpu)
         num_tokens = int(qsl[-1])
-        if check:
-            self._check(qsl, groups, num_computed_tokens_cpu, num_accepted_tokens_cpu, state_indices_cpu,
-                        num_reqs_padded, num_tokens_padded)
         ql = groups.query_lens
         counts = {
             "num_prefills": groups.prefill_rows.numel(),
@@ -297,6 +326,48 @@ class ShortConvMetadataBuilder:
             **counts, **spec, **non_spec,
             spec_token_indx=order[: counts["num_spec_decode_tokens"]],
             non_spec_token_indx=order[counts["num_spec_decode_tokens"]:],
+        )
+
+    def _graph_build(
+        self,
+        query_start_loc_cpu: torch.Tensor,
+        num_decode_draft_tokens_cpu: torch.Tensor,
+        num_accepted_tokens_cpu: torch.Tensor,
+        state_indices_cpu: torch.Tensor,
+        num_reqs_padded: int | None,
+        num_tokens_padded: int | None,
+        capture: bool,
+    ) -> ShortConvMetadata | None:
+        """The metadata of a batch whose every row is a spec row, when it goes through the persistent graph
+        buffers (else None: the general path builds it). Python lists and one host-to-device copy: this is
+        the per-step path of every graph replay, where host time is step time."""
+        qsl = query_start_loc_cpu.tolist()
+        num_reqs, num_tokens = len(qsl) - 1, qsl[-1]
+        counts = {
+            "num_prefills": 0, "num_prefill_tokens": 0, "num_decodes": 0, "num_decode_tokens": 0,
+            "num_spec_decodes": num_reqs, "num_spec_decode_tokens": num_tokens, "num_actual_tokens": num_tokens,
+            "spec_query_len": self.spec_query_len, "max_prefill_query_len": 0,
+        }
+        padded = self._graph_rows(counts, num_reqs, num_tokens, num_reqs_padded, num_tokens_padded, capture)
+        if (padded is None or num_reqs == 0 or min(num_decode_draft_tokens_cpu.tolist()) < 0
+                or any(qsl[i + 1] <= qsl[i] for i in range(num_reqs))):
+            return None  # not a graph batch, or a row that is not a spec row (an empty row included)
+        g = self._graph
+        fields = {"query_start_loc": qsl, "spec_query_start_loc": qsl,  # all rows spec: the same offsets
+                  "spec_state_indices_tensor": state_indices_cpu.tolist(),
+                  "num_accepted_tokens": num_accepted_tokens_cpu.tolist(), "spec_sequence_masks": [1] * num_reqs}
+        staged = torch.frombuffer(bytearray(g.payload(fields, num_reqs)), dtype=torch.uint8)
+        g.buffer.copy_(staged.pin_memory() if self._pin else staged, non_blocking=True)
+        return ShortConvMetadata(
+            **counts,
+            query_start_loc=g.query_start_loc[: padded + 1],
+            spec_query_start_loc=g.spec_query_start_loc[: padded + 1],
+            spec_state_indices_tensor=g.spec_state_indices[:padded],
+            spec_sequence_masks=g.spec_sequence_masks[:padded],
+            num_accepted_tokens=g.num_accepted_tokens[:padded],
+            state_indices_tensor=self._no_rows_int32,
+            spec_token_indx=None,
+            non_spec_token_indx=self._no_rows_int64,
         )
 
     def _graph_rows(
@@ -390,44 +461,48 @@ class ShortConvMetadataBuilder:
 
     def _check(
         self,
-        qsl: torch.Tensor,
-        groups: RowGroups,
+        query_start_loc_cpu: torch.Tensor,
+        num_decode_draft_tokens_cpu: torch.Tensor,
         num_computed_tokens_cpu: torch.Tensor,
         num_accepted_tokens_cpu: torch.Tensor,
         state_indices_cpu: torch.Tensor,
         num_reqs_padded: int | None,
         num_tokens_padded: int | None,
     ) -> None:
-        """Reject batches the conv ops would silently get wrong (CPU only; R is small)."""
-        num_reqs = qsl.numel() - 1
-        for name, t in (("num_computed_tokens_cpu", num_computed_tokens_cpu),
+        """Reject batches the conv ops would silently get wrong (on CPU lists: R is small, and this runs every
+        step)."""
+        qsl = query_start_loc_cpu.tolist()
+        num_reqs = len(qsl) - 1
+        for name, t in (("num_decode_draft_tokens_cpu", num_decode_draft_tokens_cpu),
+                        ("num_computed_tokens_cpu", num_computed_tokens_cpu),
                         ("num_accepted_tokens_cpu", num_accepted_tokens_cpu),
                         ("state_indices_cpu", state_indices_cpu)):
             if t.shape != (num_reqs,):
                 raise ValueError(f"{name} has shape {tuple(t.shape)}; query_start_loc_cpu has {num_reqs} rows")
-        if int(qsl[0]) != 0 or bool((groups.query_lens < 0).any()):
-            raise ValueError(f"query_start_loc_cpu must start at 0 and never decrease, got {qsl.tolist()}")
+        query_lens = [qsl[i + 1] - qsl[i] for i in range(num_reqs)]
+        if qsl[0] != 0 or any(q < 0 for q in query_lens):
+            raise ValueError(f"query_start_loc_cpu must start at 0 and never decrease, got {qsl}")
         k1 = self.spec_query_len
-        rows = groups.spec_rows
-        q, n = groups.query_lens[rows], num_accepted_tokens_cpu[rows]
-        bad_q, bad_n = (q < 1) | (q > k1), (n < 1) | (n > k1)
-        if bool(bad_q.any()):
-            i = int(bad_q.nonzero()[0])
-            raise ValueError(f"spec row {int(rows[i])} verifies {int(q[i])} tokens; a spec row verifies "
-                             f"1..k+1 = 1..{k1} (its conv state keeps W-1+k columns)")
-        if bool(bad_n.any()):
-            i = int(bad_n.nonzero()[0])
-            raise ValueError(f"spec row {int(rows[i])} has num_accepted_tokens {int(n[i])}; it must be "
-                             f"1..k+1 = 1..{k1} (bonus included, 1 after a prefill)")
-        no_state = num_computed_tokens_cpu[rows] <= 0
-        if bool(no_state.any()):
-            raise ValueError(f"spec row {int(rows[no_state.nonzero()[0]])} has no conv state yet "
-                             "(num_computed_tokens 0): a request starts with a prefill, a non-spec row (drafts -1)")
-        live_slots = state_indices_cpu[groups.group != EMPTY]
-        if bool((live_slots <= NULL_BLOCK_ID).any()) or live_slots.unique().numel() != live_slots.numel():
+        drafts, computed = num_decode_draft_tokens_cpu.tolist(), num_computed_tokens_cpu.tolist()
+        accepted, slots = num_accepted_tokens_cpu.tolist(), state_indices_cpu.tolist()
+        spec_rows = [r for r in range(num_reqs) if drafts[r] >= 0]
+        for r in spec_rows:
+            if not 1 <= query_lens[r] <= k1:
+                raise ValueError(f"spec row {r} verifies {query_lens[r]} tokens; a spec row verifies "
+                                 f"1..k+1 = 1..{k1} (its conv state keeps W-1+k columns)")
+        for r in spec_rows:
+            if not 1 <= accepted[r] <= k1:
+                raise ValueError(f"spec row {r} has num_accepted_tokens {accepted[r]}; it must be "
+                                 f"1..k+1 = 1..{k1} (bonus included, 1 after a prefill)")
+        for r in spec_rows:
+            if computed[r] <= 0:
+                raise ValueError(f"spec row {r} has no conv state yet (num_computed_tokens 0): a request starts "
+                                 "with a prefill, a non-spec row (drafts -1)")
+        live_slots = [slots[r] for r in range(num_reqs) if drafts[r] >= 0 or query_lens[r] > 0]
+        if any(slot <= NULL_BLOCK_ID for slot in live_slots) or len(set(live_slots)) != len(live_slots):
             raise ValueError(f"rows with tokens need distinct conv slots > NULL_BLOCK_ID ({NULL_BLOCK_ID}), "
-                             f"got {live_slots.tolist()}")
+                             f"got {live_slots}")
         if num_reqs_padded is not None and num_reqs_padded < num_reqs:
             raise ValueError(f"num_reqs_padded ({num_reqs_padded}) < num_reqs ({num_reqs})")
-        if num_tokens_padded is not None and num_tokens_padded < int(qsl[-1]):
-            raise ValueError(f"num_tokens_padded ({num_tokens_padded}) < num_tokens ({int(qsl[-1])})")
+        if num_tokens_padded is not None and num_tokens_padded < qsl[-1]:
+            raise ValueError(f"num_tokens_padded ({num_tokens_padded}) < num_tokens ({qsl[-1]})")
