@@ -38,6 +38,7 @@ def engine_configs(spec: RunSpec) -> tuple[EngineConfig, SpeculatorConfig, Sampl
         cudagraph_seq_len_buckets=_int_tuple(e.options.get("cudagraph_seq_len_buckets")),
         compile_pointwise=e.options.get("compile_pointwise", False),
         linear_kernel=e.options.get("linear_kernel", "cublas"),
+        attention_kernel=e.options.get("attention_kernel", "sdpa"),
     )
     speculator = SpeculatorConfig(
         num_speculative_tokens=s.num_speculative_tokens, rejection=s.options.get("rejection", "standard"),

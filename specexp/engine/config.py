@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from specexp.models import triton_gemv
+from specexp.models.attention import ATTENTION_KERNELS
 from specexp.models.linear_ops import LINEAR_KERNELS
 
 
@@ -29,6 +30,9 @@ class EngineConfig:
     inductor's backend: Triton on a GPU, a C++ compiler on a CPU). Off: plain eager torch.
     linear_kernel: "cublas" (torch's GEMMs for every projection) | "triton_gemv" (single-token projections,
     i.e. batch-1 decode and draft steps, on the Triton GEMV of `specexp.models.triton_gemv`; CUDA only).
+    attention_kernel: "sdpa" (gather each row's keys, then SDPA) | "triton" (uniform batches, i.e. decode
+    and verify steps, on one Triton kernel reading the paged cache in place, `specexp.models.triton_attention`;
+    CUDA only; other batches keep SDPA).
     """
 
     device: str = "cpu"
@@ -43,6 +47,7 @@ class EngineConfig:
     cudagraph_seq_len_buckets: tuple[int, ...] | None = None
     compile_pointwise: bool = False
     linear_kernel: str = "cublas"
+    attention_kernel: str = "sdpa"
     seed: int = 0
 
     def validate(self) -> None:
@@ -66,14 +71,21 @@ class EngineConfig:
         if self.linear_kernel not in LINEAR_KERNELS:
             raise EngineConfigError(f"engine.linear_kernel={self.linear_kernel!r}: valid are "
                                     + ", ".join(repr(k) for k in LINEAR_KERNELS))
-        if self.linear_kernel == "triton_gemv" and (self.device != "cuda" or not triton_gemv.AVAILABLE):
-            raise EngineConfigError(
-                f"engine.linear_kernel='triton_gemv' needs engine.device=cuda (got {self.device!r}) and triton "
-                f"(importable: {triton_gemv.AVAILABLE}; CUDA builds of torch ship it); or use 'cublas'"
-            )
+        self._check_kernel("linear_kernel", LINEAR_KERNELS, "triton_gemv", "cublas")
+        self._check_kernel("attention_kernel", ATTENTION_KERNELS, "triton", "sdpa")
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
             raise EngineConfigError(
                 f"engine.max_num_batched_tokens={self.max_num_batched_tokens}: must be >= 1 (or null)"
+            )
+
+    def _check_kernel(self, name: str, valid, triton_choice: str, default: str) -> None:
+        value = getattr(self, name)
+        if value not in valid:
+            raise EngineConfigError(f"engine.{name}={value!r}: valid are " + ", ".join(repr(k) for k in valid))
+        if value == triton_choice and (self.device != "cuda" or not triton_gemv.AVAILABLE):
+            raise EngineConfigError(
+                f"engine.{name}={value!r} needs engine.device=cuda (got {self.device!r}) and triton "
+                f"(importable: {triton_gemv.AVAILABLE}; CUDA builds of torch ship it); or use {default!r}"
             )
 
     @property

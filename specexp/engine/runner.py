@@ -30,10 +30,11 @@ from specexp.engine.scheduler import ScheduledBatch, Scheduler
 from specexp.engine.short_conv import ShortConvMetadataBuilder
 from specexp.engine.speculator import AutoRegressiveSpeculator, VerifiedBatch
 from specexp.engine.timing import PhaseTimer
+from specexp.models.attention import ATTENTION_KERNELS, use_attention_kernel
 from specexp.models.caches import allocate_conv_states, allocate_kv_caches
+from specexp.models.linear_ops import LINEAR_KERNELS, use_linear_ops
 from specexp.models.metadata import ForwardContext
 from specexp.models.pointwise import EAGER as EAGER_POINTWISE
-from specexp.models.linear_ops import LINEAR_KERNELS, use_linear_ops
 from specexp.models.pointwise import compiled_pointwise_ops, use_pointwise_ops
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -110,6 +111,7 @@ class NativeEngine:
         for model in (target, draft) if self.k > 0 else (target,):
             use_pointwise_ops(model, ops)
             use_linear_ops(model, LINEAR_KERNELS[engine.linear_kernel])
+            use_attention_kernel(model, ATTENTION_KERNELS[engine.attention_kernel])
         self.eos_token_ids = set(eos_token_ids or [])
         # On CUDA, sampling uses the default generator: CUDA graphs capture its Philox state natively.
         self.generator: torch.Generator | None = None

@@ -31,15 +31,43 @@ builds a fresh plan, so a captured graph recomputes them from the persistent met
 Why this op: every shape depends only on (R, T, max_query_len, max_seq_len) — CPU ints fixed at capture —
 with no `.item()` and no data-dependent indexing, so a CUDA graph can capture it, and it is plain torch
 that runs the same on CPU. Its cost is the dense gather (`R * S` keys per layer) and attention over the
-padded `max_seq_len`; a FlashAttention/FlexAttention paged kernel is the faster drop-in later.
+padded `max_seq_len`. `engine.attention_kernel=triton` replaces both, for uniform batches, with one Triton
+kernel that reads the paged cache in place (`specexp.models.triton_attention`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
+from torch import nn
 
+from specexp.models import triton_attention
 from specexp.models.metadata import AttentionMetadata
+
+
+@dataclass(frozen=True)
+class AttentionKernel:
+    """How attention layers attend (`engine.attention_kernel`): `uniform` takes uniform batches (every decode
+    and verify step) when it supports them, with :func:`triton_attention.paged_attention_uniform`'s signature;
+    None, or any batch it does not take, runs the default gather + SDPA path."""
+
+    name: str
+    uniform: Callable[..., torch.Tensor] | None
+
+
+SDPA = AttentionKernel("sdpa", None)
+TRITON = AttentionKernel("triton", triton_attention.paged_attention_uniform)
+ATTENTION_KERNELS = {kernel.name: kernel for kernel in (SDPA, TRITON)}
+
+
+def use_attention_kernel(model: nn.Module, kernel: AttentionKernel) -> None:
+    """Make every attention module of `model` (those with an `attention_kernel`) attend with `kernel`."""
+    for module in model.modules():
+        if isinstance(getattr(module, "attention_kernel", None), AttentionKernel):
+            module.attention_kernel = kernel
 
 
 class AttentionPlan:
@@ -145,11 +173,13 @@ def paged_attention(
     kv_cache: torch.Tensor,
     meta: AttentionMetadata | AttentionPlan,
     scale: float,
+    kernel: AttentionKernel = SDPA,
 ) -> torch.Tensor:
     """Causal attention of each token over its row's cached keys (this step's keys already written).
 
     query: [T, Hq, D]; positions: int64[T] (position of each query token in its request);
-    kv_cache: [2, num_blocks, block_size, Hkv, D]; meta: the step's metadata or a forward's AttentionPlan.
+    kv_cache: [2, num_blocks, block_size, Hkv, D]; meta: the step's metadata or a forward's AttentionPlan;
+    kernel: who takes uniform batches (:class:`AttentionKernel`).
     Returns [T, Hq * D] in query's dtype. Padded tokens/rows get finite garbage; real rows never depend on them.
     """
     plan = meta if isinstance(meta, AttentionPlan) else AttentionPlan(meta, positions)
@@ -161,6 +191,10 @@ def paged_attention(
     num_rows = meta.block_table.shape[0]
     max_query_len = max(meta.max_query_len, 1)
     max_keys = t["mask"].shape[-1]
+    if kernel.uniform is not None and t["uniform"] and query.is_cuda and triton_attention.supports(
+            query, kv_cache, max_query_len):
+        return kernel.uniform(query, positions, kv_cache, meta.block_table, meta.seq_lens, max_keys // block_size,
+                              scale)
 
     # Dense keys and values of each row, gathered together: [2, R, S, Hkv, D].
     kv = kv_cache.index_select(1, t["blocks"]).view(2, num_rows, max_keys, num_kv_heads, head_dim)
@@ -188,11 +222,12 @@ def attend(
     kv_cache: torch.Tensor,
     meta: AttentionMetadata | AttentionPlan,
     scale: float,
+    kernel: AttentionKernel = SDPA,
 ) -> torch.Tensor:
-    """Write this step's key/value into the paged cache, then attend. query [T, Hq, D], key/value
-    [T, Hkv, D] -> [T, Hq * D]. meta: the step's metadata, or the forward's AttentionPlan (shared by layers)."""
+    """Write this step's key/value into the paged cache, then attend (uniform batches with `kernel`).
+    query [T, Hq, D], key/value [T, Hkv, D] -> [T, Hq * D]. meta: the step's metadata, or the forward's AttentionPlan (shared by layers)."""
     plan = meta if isinstance(meta, AttentionPlan) else AttentionPlan(meta, positions)
     group = query.shape[1] // key.shape[1]
     tensors = plan.tensors(query.shape[0], kv_cache.shape[2], group, query.device)
     write_kv_cache(kv_cache, key, value, plan.meta.slot_mapping, tensors)
-    return paged_attention(query, positions, kv_cache, plan, scale)
+    return paged_attention(query, positions, kv_cache, plan, scale, kernel)

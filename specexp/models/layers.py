@@ -12,7 +12,7 @@ import math
 import torch
 from torch import nn
 
-from specexp.models.attention import AttentionPlan, attend
+from specexp.models.attention import SDPA, AttentionKernel, AttentionPlan, attend
 from specexp.models.config import RopeConfig
 from specexp.models.linear_ops import CUBLAS, LinearOps
 from specexp.models.metadata import AttentionMetadata
@@ -89,6 +89,7 @@ class QKVAttention(nn.Module):
 
     ops: PointwiseOps = EAGER
     linear_ops: LinearOps = CUBLAS
+    attention_kernel: AttentionKernel = SDPA
 
     def __init__(self, config, qkv_bias: bool):
         super().__init__()
@@ -118,7 +119,7 @@ class QKVAttention(nn.Module):
             qk = torch.cat((q_norm(qk[:, :num_q]), k_norm(qk[:, num_q:])), dim=1)
         qk = self.ops.apply_rope(qk, *rope)  # queries and keys rotated in one pass
         q, k = qk[:, :num_q], qk[:, num_q:]
-        return attend(q, k, v, positions, kv_cache, meta, self.scale)
+        return attend(q, k, v, positions, kv_cache, meta, self.scale, self.attention_kernel)
 
 
 class GatedMLP(nn.Module):

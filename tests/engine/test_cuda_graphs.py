@@ -29,12 +29,13 @@ def _prompts(n, seed=0):
 
 
 def _engine(target, draft, k, max_num_seqs, graphs, temperature=0.0, compile_pointwise=False,
-            linear_kernel="cublas"):
+            linear_kernel="cublas", attention_kernel="sdpa"):
     return NativeEngine(
         target, draft,
         EngineConfig(device="cuda", max_num_seqs=max_num_seqs, max_model_len=96, block_size=8,
                      max_num_batched_tokens=64, cudagraph_mode="full" if graphs else "none", seed=0,
-                     compile_pointwise=compile_pointwise, linear_kernel=linear_kernel),
+                     compile_pointwise=compile_pointwise, linear_kernel=linear_kernel,
+                     attention_kernel=attention_kernel),
         SpeculatorConfig(num_speculative_tokens=k, cudagraph_mode="full" if graphs else "none"),
         # EOS (id 2) is honoured: requests finish at different steps, so batches change every step.
         SamplingConfig(temperature=temperature, max_new_tokens=24, ignore_eos=False),
@@ -80,23 +81,40 @@ def test_compiled_pointwise_ops_replay_like_eager(pairs, pair, k):
     assert tokens == [r.output_token_ids for r in eager.requests] == [r.output_token_ids for r in plain.requests]
 
 
-@pytest.mark.parametrize("pair, k, max_num_seqs", [("lfm2+llama", 0, 1), ("lfm2+lfm2", 3, 1), ("llama+llama", 4, 5)])
-def test_triton_gemv_replays_like_cublas(pairs, pair, k, max_num_seqs, monkeypatch):
-    """engine.linear_kernel=triton_gemv: single-token projections run on the Triton GEMV (captured in the
-    graphs), and the greedy tokens equal the cuBLAS engine's (fp32 pairs without near-ties)."""
-    from specexp.models import triton_gemv
+TRITON_CASES = [("lfm2+llama", 0, 1), ("lfm2+lfm2", 3, 1), ("llama+llama", 4, 5), ("llama+llama", 8, 32)]
+TRITON_KERNELS = [("triton_gemv", "sdpa"), ("cublas", "triton"), ("triton_gemv", "triton")]
 
-    calls = []
-    gemv = triton_gemv.gemv
-    monkeypatch.setattr(triton_gemv, "gemv", lambda *a, **kw: calls.append(1) or gemv(*a, **kw))
+
+@pytest.mark.parametrize("linear_kernel, attention_kernel", TRITON_KERNELS)
+@pytest.mark.parametrize("pair, k, max_num_seqs", TRITON_CASES)
+def test_triton_kernels_replay_like_the_defaults(pairs, pair, k, max_num_seqs, linear_kernel, attention_kernel,
+                                                 monkeypatch):
+    """engine.linear_kernel=triton_gemv / attention_kernel=triton: single-token projections and uniform-batch
+    attention run on the Triton kernels (captured in the graphs), and the greedy tokens equal the default
+    engine's (fp32 pairs without near-ties)."""
+    from specexp.models import attention, triton_gemv
+
+    calls = {"gemv": 0, "attention": 0}
+
+    def counting(name, fn):
+        def wrapped(*args, **kwargs):
+            calls[name] += 1
+            return fn(*args, **kwargs)
+        return wrapped
+
+    monkeypatch.setattr(triton_gemv, "gemv", counting("gemv", triton_gemv.gemv))
+    triton_kernel = attention.AttentionKernel("triton", counting("attention", attention.TRITON.uniform))
+    monkeypatch.setitem(attention.ATTENTION_KERNELS, "triton", triton_kernel)
     target_dir, draft_dir = pairs[pair]
     target, draft = load_model(target_dir, device="cuda"), load_model(draft_dir, device="cuda")
-    prompts = _prompts(12, seed=k)
+    prompts = _prompts(12 if max_num_seqs < 32 else 40, seed=k)
     plain = _engine(target, draft, k, max_num_seqs, graphs=False).generate(prompts)
-    assert not calls
-    eager = _engine(target, draft, k, max_num_seqs, graphs=False, linear_kernel="triton_gemv").generate(prompts)
-    assert calls, "single-token steps ran on the Triton GEMV"
-    graphed = _engine(target, draft, k, max_num_seqs, graphs=True, linear_kernel="triton_gemv").generate(prompts)
+    assert calls == {"gemv": 0, "attention": 0}
+    kernels = {"linear_kernel": linear_kernel, "attention_kernel": attention_kernel}
+    eager = _engine(target, draft, k, max_num_seqs, graphs=False, **kernels).generate(prompts)
+    assert (calls["gemv"] > 0) == (linear_kernel == "triton_gemv")
+    assert (calls["attention"] > 0) == (attention_kernel == "triton")
+    graphed = _engine(target, draft, k, max_num_seqs, graphs=True, **kernels).generate(prompts)
     tokens = [r.output_token_ids for r in graphed.requests]
     assert tokens == [r.output_token_ids for r in eager.requests] == [r.output_token_ids for r in plain.requests]
 

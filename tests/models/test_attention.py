@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from specexp.models import attention
-from specexp.models.attention import attend, is_uniform, paged_attention, padding_slot, write_kv_cache
+from specexp.models.attention import attend, is_uniform, padding_slot, paged_attention, write_kv_cache
 from specexp.models.metadata import AttentionMetadata
 
 
@@ -24,12 +24,11 @@ def naive_attention(q, k, v, scale):
 
 
 def build_batch(query_lens, context_lens, num_heads, num_kv_heads, head_dim, block_size=4, num_blocks=40,
-                pad_rows=0, pad_tokens=0, seed=0, max_query_len=None):
+                pad_rows=0, pad_tokens=0, seed=0, max_query_len=None, max_blocks=12):
     """Random paged cache + metadata for rows with given (new queries, cached context) lengths."""
     gen = torch.Generator().manual_seed(seed)
     kv_cache = torch.randn(2, num_blocks, block_size, num_kv_heads, head_dim, generator=gen)
     perm = (torch.randperm(num_blocks - 1, generator=gen) + 1).tolist()  # block 0 = NULL
-    max_blocks = 12
     rows, qsl, slots, token_rows, positions, seq_lens, tables = [], [0], [], [], [], [], []
     for r, (nq, nc) in enumerate(zip(query_lens, context_lens)):
         total = nq + nc

@@ -1,0 +1,125 @@
+"""Paged attention for uniform batches (decode and verify steps) in one Triton kernel.
+
+The default path (`specexp.models.attention.paged_attention`) gathers each row's keys and values out of the
+paged cache into a dense tensor and runs SDPA on it: two kernels and a copy of every key per layer. Here one
+program per (row, KV head) walks the row's block table, reads each cache block where it lies and keeps an
+online softmax (flash-decoding without the split): at batch 1 that is one small kernel per layer instead of
+a gather plus an SDPA launch.
+
+Covers batches whose rows all hold the same number of queries Q (row r's queries at tokens r*Q .. r*Q+Q-1),
+which is every decode and verify step and every graph replay; the G query heads sharing a KV head and the Q
+queries of a row form the program's G*Q query rows. Masking is the default path's: key j is visible to a
+query at position p when j <= p and j < seq_len, and key 0 always is (padded rows stay finite).
+
+Importable without Triton (`AVAILABLE` False); the kernel needs a CUDA device or Triton's interpreter.
+"""
+
+from __future__ import annotations
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU builds of torch ship without triton
+    triton = None
+
+AVAILABLE = triton is not None
+MAX_QUERY_ROWS = 128  # G * Q per program: beyond this the default path is used
+KEYS_PER_TILE = 64  # keys per online-softmax step (a multiple of 16 for tl.dot)
+
+
+if AVAILABLE:
+
+    @triton.jit
+    def _paged_attention_kernel(
+        q_ptr, kv_ptr, block_table_ptr, seq_lens_ptr, positions_ptr, out_ptr,
+        stride_qt, stride_qh, stride_kv, stride_kb, stride_ks, stride_kh, stride_bt, stride_ot,
+        scale, num_keys,
+        Q: tl.constexpr, G: tl.constexpr, D: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr,
+    ):
+        row = tl.program_id(0)
+        kv_head = tl.program_id(1)
+        m = tl.arange(0, BLOCK_M)  # query rows of this program: m = i * G + g
+        d = tl.arange(0, BLOCK_D)
+        m_ok = m < Q * G
+        d_ok = d < D
+        token = row * Q + m // G
+        head = kv_head * G + m % G
+        q = tl.load(q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
+                    mask=m_ok[:, None] & d_ok[None, :], other=0.0)
+        q_pos = tl.load(positions_ptr + token, mask=m_ok, other=0)
+        seq_len = tl.load(seq_lens_ptr + row)
+        n_idx = tl.arange(0, BLOCK_N)
+        running_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        running_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+        for n0 in range(0, num_keys, BLOCK_N):
+            # BLOCK_N keys, each read where its cache block puts it (a tile may span several blocks)
+            key_pos = n0 + n_idx
+            key_ok = key_pos < num_keys
+            block = tl.load(block_table_ptr + row * stride_bt + key_pos // BLOCK_SIZE, mask=key_ok, other=0)
+            kv_offsets = (block.to(tl.int64)[:, None] * stride_kb + (key_pos % BLOCK_SIZE)[:, None] * stride_ks
+                          + kv_head * stride_kh + d[None, :])
+            kv_mask = key_ok[:, None] & d_ok[None, :]
+            k = tl.load(kv_ptr + kv_offsets, mask=kv_mask, other=0.0)
+            v = tl.load(kv_ptr + stride_kv + kv_offsets, mask=kv_mask, other=0.0)
+            if IEEE:
+                scores = tl.dot(q, tl.trans(k), input_precision="ieee")
+            else:
+                scores = tl.dot(q, tl.trans(k))
+            scores = scores * scale
+            visible = ((key_pos[None, :] <= q_pos[:, None]) & (key_pos[None, :] < seq_len)) | (key_pos[None, :] == 0)
+            scores = tl.where(visible, scores, float("-inf"))
+            new_max = tl.maximum(running_max, tl.max(scores, axis=1))
+            # every row sees key 0 in the first tile, so new_max is finite from the first tile on
+            correction = tl.exp(running_max - new_max)
+            p = tl.exp(scores - new_max[:, None])
+            running_sum = running_sum * correction + tl.sum(p, axis=1)
+            if IEEE:
+                acc = acc * correction[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
+            else:
+                acc = acc * correction[:, None] + tl.dot(p.to(v.dtype), v)
+            running_max = new_max
+        out = acc / running_sum[:, None]
+        tl.store(out_ptr + token[:, None] * stride_ot + head[:, None] * D + d[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])
+
+
+def supports(query: torch.Tensor, kv_cache: torch.Tensor, queries_per_row: int) -> bool:
+    """Whether :func:`paged_attention_uniform` takes this batch: triton present, one dtype, contiguous head
+    dims and cache, and at most MAX_QUERY_ROWS query rows per program."""
+    group = query.shape[1] // kv_cache.shape[3]
+    return (AVAILABLE and query.dtype == kv_cache.dtype and query.stride(2) == 1 and kv_cache.is_contiguous()
+            and group * queries_per_row <= MAX_QUERY_ROWS)
+
+
+def paged_attention_uniform(query: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor,
+                            block_table: torch.Tensor, seq_lens: torch.Tensor, num_blocks: int,
+                            scale: float) -> torch.Tensor:
+    """Causal attention of a uniform batch over its rows' cached keys (this step's keys already written).
+
+    query [R * Q, Hq, D] (row r's queries at tokens r*Q .. r*Q+Q-1; head dim contiguous); positions int64[R*Q];
+    kv_cache [2, num_blocks_total, block_size, Hkv, D] (contiguous); block_table int32[R, >= num_blocks];
+    seq_lens int32[R]; num_blocks: cache blocks each row walks (a static bound: keys past seq_len are masked;
+    any block size).
+    Returns [R * Q, Hq * D] in query's dtype.
+    """
+    num_tokens, num_heads, head_dim = query.shape
+    num_rows = block_table.shape[0]
+    block_size, num_kv_heads = kv_cache.shape[2], kv_cache.shape[3]
+    group = num_heads // num_kv_heads
+    q_per_row = num_tokens // num_rows
+    out = torch.empty(num_tokens, num_heads * head_dim, device=query.device, dtype=query.dtype)
+    _paged_attention_kernel[(num_rows, num_kv_heads)](
+        query, kv_cache, block_table, seq_lens, positions, out,
+        query.stride(0), query.stride(1), kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2),
+        kv_cache.stride(3), block_table.stride(0), out.stride(0),
+        scale, num_blocks * block_size,
+        Q=q_per_row, G=group, D=head_dim, BLOCK_SIZE=block_size,
+        BLOCK_M=max(16, triton.next_power_of_2(group * q_per_row)), BLOCK_N=KEYS_PER_TILE,
+        BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
+        IEEE=query.dtype == torch.float32, num_warps=4,
+    )
+    return out

@@ -1,0 +1,83 @@
+"""The Triton paged attention for uniform batches (`engine.attention_kernel=triton`) against the default
+gather + SDPA path: on a GPU (`pytest -m cuda`) and, where triton is installed, under Triton's CPU
+interpreter; the dispatch and the config's checks everywhere."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from test_attention import build_batch
+
+from specexp.engine.config import EngineConfig, EngineConfigError
+from specexp.models import triton_attention
+from specexp.models.attention import paged_attention, write_kv_cache
+
+# (queries per row, context lengths, Hq, Hkv, head dim, padded rows, cache block size): decode and verify rows,
+# GQA groups, a head dim that is not a power of 2, rows over several cache blocks and key tiles, graph padding,
+# blocks smaller than a key tile and not a power of 2
+CASES = [(1, [5, 0, 40], 4, 2, 8, 0, 16), (1, [17], 8, 8, 64, 3, 16), (5, [3, 33, 60], 6, 2, 24, 1, 16),
+         (3, [0, 15], 4, 1, 16, 0, 16), (4, [9, 50, 100], 4, 2, 32, 2, 8), (1, [130], 2, 1, 16, 0, 5)]
+
+
+def check_against_sdpa(device: str, dtype: torch.dtype, tol: float) -> None:
+    """Every CASES batch: the Triton kernel's real rows equal the default path's; padded rows stay finite."""
+    for seed, (q_len, contexts, hq, hkv, dim, pad_rows, block_size) in enumerate(CASES):
+        kv_cache, meta, q, k, v, positions, _ = build_batch(
+            [q_len] * len(contexts), contexts, hq, hkv, dim, block_size=block_size, num_blocks=120,
+            pad_rows=pad_rows, pad_tokens=pad_rows * q_len, seed=seed, max_query_len=q_len,
+            max_blocks=-(-(max(contexts) + q_len) // block_size) + 1)
+        num_blocks = meta.block_table.shape[1]  # every row walks its whole table: later blocks are masked
+        meta.max_seq_len = num_blocks * block_size
+        moved = {name: value.to(device) for name, value in vars(meta).items() if isinstance(value, torch.Tensor)}
+        for name, value in moved.items():
+            setattr(meta, name, value)
+        kv_cache, q, k, v, positions = (t.to(device=device) for t in (kv_cache, q, k, v, positions))
+        kv_cache, q, k, v = (t.to(dtype) for t in (kv_cache, q, k, v))
+        write_kv_cache(kv_cache, k, v, meta.slot_mapping)
+        expected = paged_attention(q, positions, kv_cache, meta, scale=dim**-0.5)
+        assert triton_attention.supports(q, kv_cache, q_len)
+        got = triton_attention.paged_attention_uniform(q, positions, kv_cache, meta.block_table, meta.seq_lens,
+                                                       num_blocks=num_blocks, scale=dim**-0.5)
+        real = meta.num_actual_tokens
+        assert got.shape == expected.shape and got.dtype == dtype and torch.isfinite(got).all()
+        err = (got[:real].double() - expected[:real].double()).abs().max().item()
+        assert err < tol, f"case {seed} ({q_len} queries/row, Hq {hq}, Hkv {hkv}, D {dim}) {dtype}: error {err:.2e}"
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available() or not triton_attention.AVAILABLE, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2), (torch.float16, 4e-3)])
+def test_triton_attention_matches_sdpa_on_gpu(dtype, tol):
+    check_against_sdpa("cuda", dtype, tol)
+
+
+def test_triton_attention_matches_sdpa_in_triton_interpreter():
+    """The kernel's arithmetic on CPU tensors in Triton's interpreter (a subprocess: the interpreter is chosen
+    when triton is imported). Skipped where triton is not installed (torch's CPU builds ship without it)."""
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        pytest.skip("triton is not installed")
+    code = textwrap.dedent("""
+        import sys, torch
+        sys.path.insert(0, "tests/models")
+        from test_triton_attention import check_against_sdpa
+        check_against_sdpa("cpu", torch.float32, 1e-5)
+        print("ok")
+    """)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    proc = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=600, check=False,
+                          env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-3000:]
+
+
+def test_attention_kernel_is_validated():
+    with pytest.raises(EngineConfigError, match="engine.attention_kernel='flash'.*'sdpa', 'triton'"):
+        EngineConfig(attention_kernel="flash").validate()
+    with pytest.raises(EngineConfigError, match="engine.attention_kernel='triton' needs engine.device=cuda"):
+        EngineConfig(device="cpu", attention_kernel="triton").validate()
