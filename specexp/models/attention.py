@@ -159,6 +159,13 @@ def write_kv_cache(kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     flat[1].index_copy_(0, index, value.to(kv_cache.dtype))
 
 
+def _kernel_takes(kernel: AttentionKernel, tensors: dict, query: torch.Tensor, kv_cache: torch.Tensor,
+                  max_query_len: int, *new_kv: torch.Tensor) -> bool:
+    """Whether `kernel.uniform` runs this batch: a uniform batch on the GPU that the kernel supports."""
+    return (kernel.uniform is not None and tensors["uniform"] and query.is_cuda
+            and triton_attention.supports(query, kv_cache, max_query_len, *new_kv))
+
+
 def _token_rows(meta: AttentionMetadata, num_tokens: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """Row and in-row query index of each flat token: (int64[T], int64[T]), clamped into the padded layout."""
     row = meta.token_req_indices[:num_tokens].to(torch.int64)
@@ -191,8 +198,7 @@ def paged_attention(
     num_rows = meta.block_table.shape[0]
     max_query_len = max(meta.max_query_len, 1)
     max_keys = t["mask"].shape[-1]
-    if kernel.uniform is not None and t["uniform"] and query.is_cuda and triton_attention.supports(
-            query, kv_cache, max_query_len):
+    if _kernel_takes(kernel, t, query, kv_cache, max_query_len):
         return kernel.uniform(query, positions, kv_cache, meta.block_table, meta.seq_lens, max_keys // block_size,
                               scale)
 
@@ -228,6 +234,12 @@ def attend(
     query [T, Hq, D], key/value [T, Hkv, D] -> [T, Hq * D]. meta: the step's metadata, or the forward's AttentionPlan (shared by layers)."""
     plan = meta if isinstance(meta, AttentionPlan) else AttentionPlan(meta, positions)
     group = query.shape[1] // key.shape[1]
-    tensors = plan.tensors(query.shape[0], kv_cache.shape[2], group, query.device)
+    block_size = kv_cache.shape[2]
+    tensors = plan.tensors(query.shape[0], block_size, group, query.device)
+    max_query_len = max(plan.meta.max_query_len, 1)
+    if _kernel_takes(kernel, tensors, query, kv_cache, max_query_len, key, value):  # write + attend: one kernel
+        return kernel.uniform(query, positions, kv_cache, plan.meta.block_table, plan.meta.seq_lens,
+                              tensors["mask"].shape[-1] // block_size, scale, key=key, value=value,
+                              write_index=tensors["write_index"])
     write_kv_cache(kv_cache, key, value, plan.meta.slot_mapping, tensors)
     return paged_attention(query, positions, kv_cache, plan, scale, kernel)

@@ -6,7 +6,8 @@ program per (row, KV head) walks the row's block table, reads each cache block w
 online softmax (flash-decoding without the split): at batch 1 that is one small kernel per layer instead of
 a gather plus an SDPA launch.
 
-Covers batches whose rows all hold the same number of queries Q (row r's queries at tokens r*Q .. r*Q+Q-1),
+It also writes the step's keys and values into the cache (the engine's path: one kernel per layer for the KV
+write and the attention). Covers batches whose rows all hold the same number of queries Q (row r's queries at tokens r*Q .. r*Q+Q-1),
 which is every decode and verify step and every graph replay; the G query heads sharing a KV head and the Q
 queries of a row form the program's G*Q query rows. Masking is the default path's: key j is visible to a
 query at position p when j <= p and j < seq_len, and key 0 always is (padded rows stay finite).
@@ -34,10 +35,13 @@ if AVAILABLE:
     @triton.jit
     def _paged_attention_kernel(
         q_ptr, kv_ptr, block_table_ptr, seq_lens_ptr, positions_ptr, out_ptr,
+        new_k_ptr, new_v_ptr, write_index_ptr,
         stride_qt, stride_qh, stride_kv, stride_kb, stride_ks, stride_kh, stride_bt, stride_ot,
+        stride_nkt, stride_nkh, stride_nvt, stride_nvh,
         scale, num_keys,
         Q: tl.constexpr, G: tl.constexpr, D: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr,
+        WRITE_KV: tl.constexpr, IEEE: tl.constexpr,
     ):
         row = tl.program_id(0)
         kv_head = tl.program_id(1)
@@ -45,6 +49,23 @@ if AVAILABLE:
         d = tl.arange(0, BLOCK_D)
         m_ok = m < Q * G
         d_ok = d < D
+        if WRITE_KV:
+            # This step's keys/values of the row's Q tokens for this KV head go to their slots first (a slot
+            # addresses block * BLOCK_SIZE + offset of the contiguous cache); then a barrier makes them
+            # visible to the whole program, which reads them back in its tiles.
+            i = tl.arange(0, BLOCK_Q)
+            i_ok = i < Q
+            new_token = row * Q + i
+            slot = tl.load(write_index_ptr + new_token, mask=i_ok, other=0)
+            new_mask = i_ok[:, None] & d_ok[None, :]
+            new_k = tl.load(new_k_ptr + new_token[:, None] * stride_nkt + kv_head * stride_nkh + d[None, :],
+                            mask=new_mask, other=0.0)
+            new_v = tl.load(new_v_ptr + new_token[:, None] * stride_nvt + kv_head * stride_nvh + d[None, :],
+                            mask=new_mask, other=0.0)
+            dst = kv_ptr + slot[:, None] * stride_ks + kv_head * stride_kh + d[None, :]
+            tl.store(dst, new_k.to(kv_ptr.dtype.element_ty), mask=new_mask)
+            tl.store(dst + stride_kv, new_v.to(kv_ptr.dtype.element_ty), mask=new_mask)
+            tl.debug_barrier()
         token = row * Q + m // G
         head = kv_head * G + m % G
         q = tl.load(q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
@@ -87,23 +108,29 @@ if AVAILABLE:
                  out.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])
 
 
-def supports(query: torch.Tensor, kv_cache: torch.Tensor, queries_per_row: int) -> bool:
+def supports(query: torch.Tensor, kv_cache: torch.Tensor, queries_per_row: int, *new_kv: torch.Tensor) -> bool:
     """Whether :func:`paged_attention_uniform` takes this batch: triton present, one dtype, contiguous head
-    dims and cache, and at most MAX_QUERY_ROWS query rows per program."""
+    dims (of the query and of `new_kv`, this step's keys and values if the kernel writes them) and cache, and
+    at most MAX_QUERY_ROWS query rows per program."""
     group = query.shape[1] // kv_cache.shape[3]
     return (AVAILABLE and query.dtype == kv_cache.dtype and query.stride(2) == 1 and kv_cache.is_contiguous()
+            and all(t.dtype == query.dtype and t.stride(2) == 1 for t in new_kv)
             and group * queries_per_row <= MAX_QUERY_ROWS)
 
 
 def paged_attention_uniform(query: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor,
                             block_table: torch.Tensor, seq_lens: torch.Tensor, num_blocks: int,
-                            scale: float) -> torch.Tensor:
-    """Causal attention of a uniform batch over its rows' cached keys (this step's keys already written).
+                            scale: float, key: torch.Tensor | None = None, value: torch.Tensor | None = None,
+                            write_index: torch.Tensor | None = None) -> torch.Tensor:
+    """Causal attention of a uniform batch over its rows' cached keys; with `key`/`value`/`write_index` it first
+    writes this step's keys and values into the cache (in the same kernel), else they must be there already.
 
     query [R * Q, Hq, D] (row r's queries at tokens r*Q .. r*Q+Q-1; head dim contiguous); positions int64[R*Q];
     kv_cache [2, num_blocks_total, block_size, Hkv, D] (contiguous); block_table int32[R, >= num_blocks];
     seq_lens int32[R]; num_blocks: cache blocks each row walks (a static bound: keys past seq_len are masked;
     any block size).
+    key/value: [R * Q, Hkv, D] (head dim contiguous); write_index: int64[R * Q] flat cache slot of each token
+    (padding already mapped to the NULL block's scratch slot, as `attention.write_kv_cache` writes).
     Returns [R * Q, Hq * D] in query's dtype.
     """
     num_tokens, num_heads, head_dim = query.shape
@@ -112,14 +139,18 @@ def paged_attention_uniform(query: torch.Tensor, positions: torch.Tensor, kv_cac
     group = num_heads // num_kv_heads
     q_per_row = num_tokens // num_rows
     out = torch.empty(num_tokens, num_heads * head_dim, device=query.device, dtype=query.dtype)
+    write = key is not None
+    new_k, new_v, index = (key, value, write_index) if write else (query, query, positions)
     _paged_attention_kernel[(num_rows, num_kv_heads)](
-        query, kv_cache, block_table, seq_lens, positions, out,
+        query, kv_cache, block_table, seq_lens, positions, out, new_k, new_v, index,
         query.stride(0), query.stride(1), kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2),
         kv_cache.stride(3), block_table.stride(0), out.stride(0),
+        new_k.stride(0), new_k.stride(1), new_v.stride(0), new_v.stride(1),
         scale, num_blocks * block_size,
         Q=q_per_row, G=group, D=head_dim, BLOCK_SIZE=block_size,
         BLOCK_M=max(16, triton.next_power_of_2(group * q_per_row)), BLOCK_N=KEYS_PER_TILE,
-        BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
+        BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK_Q=max(2, triton.next_power_of_2(q_per_row)),
+        WRITE_KV=write,
         IEEE=query.dtype == torch.float32, num_warps=4,
     )
     return out

@@ -15,7 +15,7 @@ from test_attention import build_batch
 
 from specexp.engine.config import EngineConfig, EngineConfigError
 from specexp.models import triton_attention
-from specexp.models.attention import paged_attention, write_kv_cache
+from specexp.models.attention import paged_attention, padding_slot, write_kv_cache
 
 # (queries per row, context lengths, Hq, Hkv, head dim, padded rows, cache block size): decode and verify rows,
 # GQA groups, a head dim that is not a power of 2, rows over several cache blocks and key tiles, graph padding,
@@ -25,7 +25,9 @@ CASES = [(1, [5, 0, 40], 4, 2, 8, 0, 16), (1, [17], 8, 8, 64, 3, 16), (5, [3, 33
 
 
 def check_against_sdpa(device: str, dtype: torch.dtype, tol: float) -> None:
-    """Every CASES batch: the Triton kernel's real rows equal the default path's; padded rows stay finite."""
+    """Every CASES batch, both ways the kernel runs: attending over keys already written, and writing this
+    step's keys/values itself first (the engine's path). Real rows equal the default path's outputs, padded
+    rows stay finite, and the written cache equals the default write outside the NULL block."""
     for seed, (q_len, contexts, hq, hkv, dim, pad_rows, block_size) in enumerate(CASES):
         kv_cache, meta, q, k, v, positions, _ = build_batch(
             [q_len] * len(contexts), contexts, hq, hkv, dim, block_size=block_size, num_blocks=120,
@@ -38,15 +40,23 @@ def check_against_sdpa(device: str, dtype: torch.dtype, tol: float) -> None:
             setattr(meta, name, value)
         kv_cache, q, k, v, positions = (t.to(device=device) for t in (kv_cache, q, k, v, positions))
         kv_cache, q, k, v = (t.to(dtype) for t in (kv_cache, q, k, v))
-        write_kv_cache(kv_cache, k, v, meta.slot_mapping)
+        slots = meta.slot_mapping
+        write_index = torch.where(slots < 0, padding_slot(block_size), slots)
+        fresh = kv_cache.clone()
+        write_kv_cache(kv_cache, k, v, slots)
         expected = paged_attention(q, positions, kv_cache, meta, scale=dim**-0.5)
-        assert triton_attention.supports(q, kv_cache, q_len)
-        got = triton_attention.paged_attention_uniform(q, positions, kv_cache, meta.block_table, meta.seq_lens,
-                                                       num_blocks=num_blocks, scale=dim**-0.5)
+        assert triton_attention.supports(q, kv_cache, q_len, k, v)
         real = meta.num_actual_tokens
-        assert got.shape == expected.shape and got.dtype == dtype and torch.isfinite(got).all()
-        err = (got[:real].double() - expected[:real].double()).abs().max().item()
-        assert err < tol, f"case {seed} ({q_len} queries/row, Hq {hq}, Hkv {hkv}, D {dim}) {dtype}: error {err:.2e}"
+        label = f"case {seed} ({q_len} queries/row, Hq {hq}, Hkv {hkv}, D {dim}, block {block_size}) {dtype}"
+        for writes in (False, True):
+            cache = fresh.clone() if writes else kv_cache
+            new_kv = {"key": k, "value": v, "write_index": write_index} if writes else {}
+            got = triton_attention.paged_attention_uniform(q, positions, cache, meta.block_table, meta.seq_lens,
+                                                           num_blocks=num_blocks, scale=dim**-0.5, **new_kv)
+            assert got.shape == expected.shape and got.dtype == dtype and torch.isfinite(got).all()
+            err = (got[:real].double() - expected[:real].double()).abs().max().item()
+            assert err < tol, f"{label}, kernel writes K/V: {writes}: error {err:.2e}"
+            assert torch.equal(cache[:, 1:], kv_cache[:, 1:]), f"{label}: cache differs outside the NULL block"
 
 
 @pytest.mark.cuda
