@@ -15,7 +15,7 @@ from test_attention import build_batch
 
 from specexp.engine.config import EngineConfig, EngineConfigError
 from specexp.models import triton_attention
-from specexp.models.attention import paged_attention, padding_slot, write_kv_cache
+from specexp.models.attention import padding_slot, paged_attention, write_kv_cache
 
 # (queries per row, context lengths, Hq, Hkv, head dim, padded rows, cache block size): decode and verify rows,
 # GQA groups, a head dim that is not a power of 2, rows over several cache blocks and key tiles, graph padding,
