@@ -11,7 +11,7 @@ Measures, per pair (trained demo pairs when present, and real-size random-weight
 
     python benchmarks/gpu_cudagraphs.py --out results.json [--quick] [--pairs A,B] [--sections capture,step,e2e]
                                         [--compile-pointwise] [--linear-kernel cublas|triton_gemv]
-                                        [--attention-kernel sdpa|triton]
+                                        [--attention-kernel sdpa|triton] [--conv-kernel torch|triton]
 
 Prints each figure as it is measured and rewrites the JSON after every section, so a run cut short keeps
 what it finished.
@@ -251,6 +251,8 @@ def main() -> None:
                         help="engine.linear_kernel: single-token projections on cuBLAS or the Triton GEMV")
     parser.add_argument("--attention-kernel", default="sdpa", choices=["sdpa", "triton"],
                         help="engine.attention_kernel: decode/verify attention by gather + SDPA or one Triton kernel")
+    parser.add_argument("--conv-kernel", default="torch", choices=["torch", "triton"],
+                        help="engine.conv_kernel: LFM2's decode/verify short conv in torch or one Triton kernel")
     args = parser.parse_args()
     sections = tuple(args.sections.split(","))
     unknown = sorted(set(sections) - set(SECTIONS))
@@ -260,9 +262,9 @@ def main() -> None:
     result = {"machine": {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
                           "python": platform.python_version()}, "pairs": {}, "errors": {},
               "compile_pointwise": args.compile_pointwise, "linear_kernel": args.linear_kernel,
-              "attention_kernel": args.attention_kernel}
+              "attention_kernel": args.attention_kernel, "conv_kernel": args.conv_kernel}
     kernels = {"compile_pointwise": args.compile_pointwise, "linear_kernel": args.linear_kernel,
-               "attention_kernel": args.attention_kernel}
+               "attention_kernel": args.attention_kernel, "conv_kernel": args.conv_kernel}
     result["copy_bandwidth_bytes_per_s"] = copy_bandwidth_bytes_per_s()
     print(f"copy bandwidth {result['copy_bandwidth_bytes_per_s'] / 1e12:.2f} TB/s", flush=True)
     pairs = [(n, t, d, "random", torch.bfloat16) for n, (t, d) in RANDOM_PAIRS.items()]

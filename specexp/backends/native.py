@@ -39,6 +39,7 @@ def engine_configs(spec: RunSpec) -> tuple[EngineConfig, SpeculatorConfig, Sampl
         compile_pointwise=e.options.get("compile_pointwise", False),
         linear_kernel=e.options.get("linear_kernel", "cublas"),
         attention_kernel=e.options.get("attention_kernel", "sdpa"),
+        conv_kernel=e.options.get("conv_kernel", "torch"),
     )
     speculator = SpeculatorConfig(
         num_speculative_tokens=s.num_speculative_tokens, rejection=s.options.get("rejection", "standard"),

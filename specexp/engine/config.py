@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from specexp.models import triton_gemv
 from specexp.models.attention import ATTENTION_KERNELS
 from specexp.models.linear_ops import LINEAR_KERNELS
+from specexp.models.short_conv_ops import CONV_KERNELS
 
 
 class EngineConfigError(ValueError):
@@ -33,6 +34,8 @@ class EngineConfig:
     attention_kernel: "sdpa" (gather each row's keys, then SDPA) | "triton" (uniform batches, i.e. decode
     and verify steps, on one Triton kernel reading the paged cache in place, `specexp.models.triton_attention`;
     CUDA only; other batches keep SDPA).
+    conv_kernel: "torch" | "triton" (LFM2's gated short conv of uniform batches in one Triton kernel per layer,
+    `specexp.models.triton_short_conv`; CUDA only; other batches keep the torch path).
     """
 
     device: str = "cpu"
@@ -48,6 +51,7 @@ class EngineConfig:
     compile_pointwise: bool = False
     linear_kernel: str = "cublas"
     attention_kernel: str = "sdpa"
+    conv_kernel: str = "torch"
     seed: int = 0
 
     def validate(self) -> None:
@@ -73,6 +77,7 @@ class EngineConfig:
                                     + ", ".join(repr(k) for k in LINEAR_KERNELS))
         self._check_kernel("linear_kernel", LINEAR_KERNELS, "triton_gemv", "cublas")
         self._check_kernel("attention_kernel", ATTENTION_KERNELS, "triton", "sdpa")
+        self._check_kernel("conv_kernel", CONV_KERNELS, "triton", "torch")
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
             raise EngineConfigError(
                 f"engine.max_num_batched_tokens={self.max_num_batched_tokens}: must be >= 1 (or null)"

@@ -36,6 +36,7 @@ from specexp.models.linear_ops import LINEAR_KERNELS, use_linear_ops
 from specexp.models.metadata import ForwardContext
 from specexp.models.pointwise import EAGER as EAGER_POINTWISE
 from specexp.models.pointwise import compiled_pointwise_ops, use_pointwise_ops
+from specexp.models.short_conv_ops import CONV_KERNELS, use_conv_kernel
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -112,6 +113,7 @@ class NativeEngine:
             use_pointwise_ops(model, ops)
             use_linear_ops(model, LINEAR_KERNELS[engine.linear_kernel])
             use_attention_kernel(model, ATTENTION_KERNELS[engine.attention_kernel])
+            use_conv_kernel(model, CONV_KERNELS[engine.conv_kernel])
         self.eos_token_ids = set(eos_token_ids or [])
         # On CUDA, sampling uses the default generator: CUDA graphs capture its Philox state natively.
         self.generator: torch.Generator | None = None

@@ -37,37 +37,25 @@ kernel that reads the paged cache in place (`specexp.models.triton_attention`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from specexp.models import triton_attention
+from specexp.models.kernels import UniformKernel, use_uniform_kernel
 from specexp.models.metadata import AttentionMetadata
 
-
-@dataclass(frozen=True)
-class AttentionKernel:
-    """How attention layers attend (`engine.attention_kernel`): `uniform` takes uniform batches (every decode
-    and verify step) when it supports them, with :func:`triton_attention.paged_attention_uniform`'s signature;
-    None, or any batch it does not take, runs the default gather + SDPA path."""
-
-    name: str
-    uniform: Callable[..., torch.Tensor] | None
-
-
-SDPA = AttentionKernel("sdpa", None)
-TRITON = AttentionKernel("triton", triton_attention.paged_attention_uniform)
+# How attention layers attend (`engine.attention_kernel`): the default gather + SDPA path, or uniform batches
+# on :func:`triton_attention.paged_attention_uniform` (KV write included).
+AttentionKernel = UniformKernel
+SDPA = UniformKernel("sdpa", None)
+TRITON = UniformKernel("triton", triton_attention.paged_attention_uniform)
 ATTENTION_KERNELS = {kernel.name: kernel for kernel in (SDPA, TRITON)}
 
 
-def use_attention_kernel(model: nn.Module, kernel: AttentionKernel) -> None:
+def use_attention_kernel(model: nn.Module, kernel: UniformKernel) -> None:
     """Make every attention module of `model` (those with an `attention_kernel`) attend with `kernel`."""
-    for module in model.modules():
-        if isinstance(getattr(module, "attention_kernel", None), AttentionKernel):
-            module.attention_kernel = kernel
+    use_uniform_kernel(model, "attention_kernel", kernel)
 
 
 class AttentionPlan:

@@ -8,7 +8,7 @@ embeddings). Short conv (transformers' Lfm2ShortConv):
     y = C * causal_depthwise_conv(B * x)     # kernel conv_L_cache over each request's token stream
     out = out_proj(y)
 
-The conv runs through `short_conv_ops.short_conv` with the step's ShortConvMetadata and the layer's
+The conv runs through `short_conv_ops.gated_short_conv` with the step's ShortConvMetadata and the layer's
 conv-state cache, so a request's stream continues across steps (chunked prefill, decode, verification).
 Module names match transformers' Lfm2ForCausalLM checkpoints key for key.
 """
@@ -21,11 +21,12 @@ from torch import nn
 from specexp.models.attention import AttentionPlan
 from specexp.models.causal_lm import CausalLM
 from specexp.models.config import ModelConfig
+from specexp.models.kernels import UniformKernel
 from specexp.models.layers import QKVAttention, RMSNorm, RotaryEmbedding, add_projection_
 from specexp.models.linear_ops import CUBLAS, LinearOps
 from specexp.models.metadata import AttentionMetadata, ShortConvMetadata
 from specexp.models.pointwise import EAGER, PointwiseOps
-from specexp.models.short_conv_ops import ConvPlan, short_conv
+from specexp.models.short_conv_ops import TORCH_CONV, ConvPlan, gated_short_conv
 from specexp.models.stacked import StackedLinear
 
 
@@ -60,6 +61,7 @@ class Lfm2ShortConv(nn.Module):
 
     ops: PointwiseOps = EAGER
     linear_ops: LinearOps = CUBLAS
+    conv_kernel: UniformKernel = TORCH_CONV
 
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -72,10 +74,10 @@ class Lfm2ShortConv(nn.Module):
                 residual: torch.Tensor) -> torch.Tensor:
         """residual + short_conv(h), accumulated into residual in place; h, residual [T, hidden];
         conv_state [num_slots, hidden, state_len] updated in place."""
-        b, c, x = self.linear_ops.linear(h, self.in_proj.weight, self.in_proj.bias).chunk(3, dim=-1)
+        bcx = self.linear_ops.linear(h, self.in_proj.weight, self.in_proj.bias)  # [T, 3 * hidden]: b, c, x
         weight = self.conv.weight.view(self.conv.weight.shape[0], -1)  # [hidden, L_cache]
-        conv_out = short_conv(b * x, weight, self.conv.bias, conv_state, meta, self.ops.conv_taps)
-        return add_projection_(self.linear_ops, residual, c * conv_out, self.out_proj)
+        gated = gated_short_conv(bcx, weight, self.conv.bias, conv_state, meta, self.ops.conv_taps, self.conv_kernel)
+        return add_projection_(self.linear_ops, residual, gated, self.out_proj)
 
 
 class Lfm2FeedForward(nn.Module):

@@ -29,7 +29,10 @@ real token — are dropped with selects, never multiplied by zero, so even NaN g
 from __future__ import annotations
 
 import torch
+from torch import nn
 
+from specexp.models import triton_short_conv
+from specexp.models.kernels import UniformKernel, use_uniform_kernel
 from specexp.models.metadata import NULL_BLOCK_ID, ShortConvMetadata
 
 
@@ -274,6 +277,43 @@ def uniform_spec_query_len(meta: ShortConvMetadata) -> int | None:
     if rows == 0 or meta.num_decodes + meta.num_prefills > 0 or meta.spec_token_indx is not None:
         return None
     return meta.spec_query_len if meta.num_spec_decode_tokens == rows * meta.spec_query_len else None
+
+
+# How short-conv layers run uniform batches (`engine.conv_kernel`): the default torch path, or the whole gated
+# conv (b * x, the taps, c * out, the state update) in one Triton kernel per layer.
+TORCH_CONV = UniformKernel("torch", None)
+TRITON_CONV = UniformKernel("triton", triton_short_conv.gated_short_conv_uniform)
+CONV_KERNELS = {kernel.name: kernel for kernel in (TORCH_CONV, TRITON_CONV)}
+
+
+def use_conv_kernel(model: nn.Module, kernel: UniformKernel) -> None:
+    """Make every short-conv module of `model` (those with a `conv_kernel`) run with `kernel`."""
+    use_uniform_kernel(model, "conv_kernel", kernel)
+
+
+def gated_short_conv(
+    bcx: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    conv_state: torch.Tensor,
+    meta: ShortConvMetadata | ConvPlan,
+    taps=conv_taps,
+    kernel: UniformKernel = TORCH_CONV,
+) -> torch.Tensor:
+    """LFM2's gated short conv, c * short_conv(b * x) with (b, c, x) = bcx.chunk(3, dim=-1), over a whole step.
+
+    bcx: [T, 3 * D] (in_proj's output); the rest as :func:`short_conv`. A uniform batch on the GPU runs on
+    `kernel.uniform` when it supports the layer; every other batch on :func:`short_conv`. Returns [T, D].
+    """
+    plan = meta if isinstance(meta, ConvPlan) else ConvPlan(meta)
+    uniform_len = uniform_spec_query_len(plan.meta)
+    if (kernel.uniform is not None and uniform_len is not None and bcx.is_cuda
+            and triton_short_conv.supports(bcx, conv_state)):
+        m = plan.meta
+        return kernel.uniform(bcx, weight, bias, conv_state, m.spec_state_indices_tensor, m.num_accepted_tokens,
+                              uniform_len, m.num_spec_decodes)
+    b, c, x = bcx.chunk(3, dim=-1)
+    return c * short_conv(b * x, weight, bias, conv_state, plan, taps)
 
 
 def short_conv(

@@ -29,13 +29,13 @@ def _prompts(n, seed=0):
 
 
 def _engine(target, draft, k, max_num_seqs, graphs, temperature=0.0, compile_pointwise=False,
-            linear_kernel="cublas", attention_kernel="sdpa"):
+            linear_kernel="cublas", attention_kernel="sdpa", conv_kernel="torch"):
     return NativeEngine(
         target, draft,
         EngineConfig(device="cuda", max_num_seqs=max_num_seqs, max_model_len=96, block_size=8,
                      max_num_batched_tokens=64, cudagraph_mode="full" if graphs else "none", seed=0,
                      compile_pointwise=compile_pointwise, linear_kernel=linear_kernel,
-                     attention_kernel=attention_kernel),
+                     attention_kernel=attention_kernel, conv_kernel=conv_kernel),
         SpeculatorConfig(num_speculative_tokens=k, cudagraph_mode="full" if graphs else "none"),
         # EOS (id 2) is honoured: requests finish at different steps, so batches change every step.
         SamplingConfig(temperature=temperature, max_new_tokens=24, ignore_eos=False),
@@ -82,19 +82,20 @@ def test_compiled_pointwise_ops_replay_like_eager(pairs, pair, k):
 
 
 TRITON_CASES = [("lfm2+llama", 0, 1), ("lfm2+lfm2", 3, 1), ("llama+llama", 4, 5), ("llama+llama", 8, 32)]
-TRITON_KERNELS = [("triton_gemv", "sdpa"), ("cublas", "triton"), ("triton_gemv", "triton")]
+TRITON_KERNELS = [("triton_gemv", "sdpa", "torch"), ("cublas", "triton", "torch"), ("cublas", "sdpa", "triton"),
+                  ("triton_gemv", "triton", "triton")]
 
 
-@pytest.mark.parametrize("linear_kernel, attention_kernel", TRITON_KERNELS)
+@pytest.mark.parametrize("linear_kernel, attention_kernel, conv_kernel", TRITON_KERNELS)
 @pytest.mark.parametrize("pair, k, max_num_seqs", TRITON_CASES)
 def test_triton_kernels_replay_like_the_defaults(pairs, pair, k, max_num_seqs, linear_kernel, attention_kernel,
-                                                 monkeypatch):
-    """engine.linear_kernel=triton_gemv / attention_kernel=triton: single-token projections and uniform-batch
-    attention run on the Triton kernels (captured in the graphs), and the greedy tokens equal the default
-    engine's (fp32 pairs without near-ties)."""
-    from specexp.models import attention, triton_gemv
+                                                 conv_kernel, monkeypatch):
+    """engine.linear_kernel=triton_gemv / attention_kernel=triton / conv_kernel=triton: single-token
+    projections, uniform-batch attention and LFM2's uniform-batch short conv run on the Triton kernels
+    (captured in the graphs), and the greedy tokens equal the default engine's (fp32 pairs without near-ties)."""
+    from specexp.models import attention, short_conv_ops, triton_gemv
 
-    calls = {"gemv": 0, "attention": 0}
+    calls = {"gemv": 0, "attention": 0, "conv": 0}
 
     def counting(name, fn):
         def wrapped(*args, **kwargs):
@@ -105,15 +106,18 @@ def test_triton_kernels_replay_like_the_defaults(pairs, pair, k, max_num_seqs, l
     monkeypatch.setattr(triton_gemv, "gemv", counting("gemv", triton_gemv.gemv))
     triton_kernel = attention.AttentionKernel("triton", counting("attention", attention.TRITON.uniform))
     monkeypatch.setitem(attention.ATTENTION_KERNELS, "triton", triton_kernel)
+    conv = attention.AttentionKernel("triton", counting("conv", short_conv_ops.TRITON_CONV.uniform))
+    monkeypatch.setitem(short_conv_ops.CONV_KERNELS, "triton", conv)
     target_dir, draft_dir = pairs[pair]
     target, draft = load_model(target_dir, device="cuda"), load_model(draft_dir, device="cuda")
     prompts = _prompts(12 if max_num_seqs < 32 else 40, seed=k)
     plain = _engine(target, draft, k, max_num_seqs, graphs=False).generate(prompts)
-    assert calls == {"gemv": 0, "attention": 0}
-    kernels = {"linear_kernel": linear_kernel, "attention_kernel": attention_kernel}
+    assert calls == {"gemv": 0, "attention": 0, "conv": 0}
+    kernels = {"linear_kernel": linear_kernel, "attention_kernel": attention_kernel, "conv_kernel": conv_kernel}
     eager = _engine(target, draft, k, max_num_seqs, graphs=False, **kernels).generate(prompts)
     assert (calls["gemv"] > 0) == (linear_kernel == "triton_gemv")
     assert (calls["attention"] > 0) == (attention_kernel == "triton")
+    assert (calls["conv"] > 0) == (conv_kernel == "triton" and pair.startswith("lfm2"))
     graphed = _engine(target, draft, k, max_num_seqs, graphs=True, **kernels).generate(prompts)
     tokens = [r.output_token_ids for r in graphed.requests]
     assert tokens == [r.output_token_ids for r in eager.requests] == [r.output_token_ids for r in plain.requests]
