@@ -44,8 +44,10 @@ def check_against_default(device: str, dtype: torch.dtype, tol: float) -> None:
                                                          accepted, q, rows)
         label = f"case {case} (rows {rows}, real {real}, q {q}, D {dim}, W {width}) {dtype}"
         assert got.shape == expected.shape and got.dtype == dtype, label
-        err = (got.double() - expected.double()).abs().max().item()
-        assert err < tol, f"{label}: output error {err:.2e}"
+        # relative to the outputs' scale: in half precision the default path rounds after every tap, the kernel
+        # once, so they differ by a few units in the last place of outputs of magnitude ~10
+        err = (got.double() - expected.double()).abs().max().item() / (1 + expected.double().abs().max().item())
+        assert err < tol, f"{label}: output error {err:.2e} (relative)"
         assert torch.equal(got[real * q:], torch.zeros_like(got[real * q:])), f"{label}: padding must give zeros"
         state_err = (got_state.double() - expected_state.double()).abs().max().item()
         assert state_err < tol, f"{label}: state error {state_err:.2e}"
@@ -55,7 +57,7 @@ def check_against_default(device: str, dtype: torch.dtype, tol: float) -> None:
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available() or not triton_short_conv.AVAILABLE, reason="needs a CUDA GPU")
-@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 6e-2), (torch.float16, 8e-3)])
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-6), (torch.bfloat16, 2e-2), (torch.float16, 3e-3)])
 def test_triton_short_conv_matches_default_on_gpu(dtype, tol):
     check_against_default("cuda", dtype, tol)
 
@@ -71,7 +73,7 @@ def test_triton_short_conv_matches_default_in_triton_interpreter():
         import sys, torch
         sys.path.insert(0, "tests/models")
         from test_triton_short_conv import check_against_default
-        check_against_default("cpu", torch.float32, 1e-5)
+        check_against_default("cpu", torch.float32, 1e-6)
         print("ok")
     """)
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
