@@ -41,7 +41,7 @@ from specexp.engine.cudagraph import FULL, BatchExecutionDescriptor, CudaGraphMa
 from specexp.engine.inputs import InputBuffers, StepInputsCPU, build_step_inputs, uniform_dummy_inputs
 from specexp.engine.sampling import logits_to_probs, sample_from_probs
 from specexp.engine.short_conv import ShortConvMetadataBuilder
-from specexp.models.caches import allocate_conv_states, allocate_kv_caches
+from specexp.models.caches import allocate_conv_state_stack, allocate_kv_caches
 from specexp.models.metadata import ForwardContext
 
 
@@ -67,16 +67,18 @@ class VerifiedBatch:
     num_sampled: torch.Tensor
 
 
-def seed_scratch_windows(conv_state: torch.Tensor, slots: torch.Tensor, scratch_slots: torch.Tensor,
+def seed_scratch_windows(conv_states: torch.Tensor, slots: torch.Tensor, scratch_slots: torch.Tensor,
                          offsets: torch.Tensor, width: int) -> None:
-    """conv_state[scratch, :, 0:W-1] = conv_state[slot, :, o : o+W-1] per row (device, no sync).
+    """conv_states[:, scratch, :, 0:W-1] = conv_states[:, slot, :, o : o+W-1] per row, for every conv layer at
+    once (device, no sync).
 
-    slots, scratch_slots: int64[R]; offsets: int64[R] (the window start in the real slot)."""
-    cols = offsets.unsqueeze(1) + torch.arange(width - 1, device=offsets.device)  # [R, W-1]
-    cols = cols.clamp(0, conv_state.shape[2] - 1)
-    src = conv_state[slots]
-    windows = torch.gather(src, 2, cols.unsqueeze(1).expand(-1, src.shape[1], -1))
-    conv_state[scratch_slots, :, : width - 1] = windows
+    conv_states: [L, num_slots, D, S] (all layers' states, stacked); slots, scratch_slots: int64[R];
+    offsets: int64[R] (the window start in the real slot)."""
+    num_layers, _, dim, state_len = conv_states.shape
+    cols = (offsets.unsqueeze(1) + torch.arange(width - 1, device=offsets.device)).clamp(0, state_len - 1)
+    src = conv_states[:, slots]  # [L, R, D, S]
+    index = cols.view(1, -1, 1, width - 1).expand(num_layers, -1, dim, -1)
+    conv_states[:, scratch_slots, :, : width - 1] = torch.gather(src, 3, index)
 
 
 class AutoRegressiveSpeculator:
@@ -115,7 +117,9 @@ class AutoRegressiveSpeculator:
         self.max_graph_seq_len = max_blocks_per_req * block_size
         self.kv_caches = allocate_kv_caches(draft_model, num_blocks, block_size, device, dtype)
         # Region of k+2 slots = a spec query of k+1 "drafts" for the conv builder.
-        self.conv_states = allocate_conv_states(draft_model, 2 * max_num_reqs + 1, self.k + 1, device, dtype)
+        self.conv_state_stack = allocate_conv_state_stack(draft_model, 2 * max_num_reqs + 1, self.k + 1, device,
+                                                          dtype)
+        self.conv_states = [] if self.conv_state_stack is None else list(self.conv_state_stack.unbind(0))
         self.conv_width = getattr(draft_model.config, "conv_L_cache", 0) or 0
         builder = dict(use_full_cuda_graph=use_cuda_graphs, max_num_seqs=max_num_reqs, max_capture_size=None,
                        device=device)
@@ -126,6 +130,9 @@ class AutoRegressiveSpeculator:
         self.prefill_buffers = InputBuffers(max_num_reqs, max_num_tokens + max_num_reqs, max_blocks_per_req, device)
         self.decode_buffers = InputBuffers(max_num_reqs, max_num_reqs, max_blocks_per_req, device)
         self.decode_writes = torch.zeros(max_num_reqs, dtype=torch.bool, device=device)
+        # A decode step's rows hold one token each, padding included: these two never change.
+        self.decode_buffers.query_start_loc.copy_(torch.arange(max_num_reqs + 1, dtype=torch.int32))
+        self.decode_buffers.token_req_indices.copy_(torch.arange(max_num_reqs))
         self.draft_tokens = torch.zeros(max_num_reqs, self.k, dtype=torch.int64, device=device)
         vocab = draft_model.config.vocab_size
         self.draft_probs = (
@@ -307,10 +314,7 @@ class AutoRegressiveSpeculator:
                           writes) -> None:
         """Decode buffers for rows [0, num_reqs) (None: dummy rows) and padding up to num_reqs_padded:
         one token per row; padded rows at position 0 with seq_len 0, writing no request's KV."""
-        buffers = self.decode_buffers
-        buffers.query_start_loc[: num_reqs_padded + 1].copy_(
-            torch.arange(num_reqs_padded + 1, dtype=torch.int32), non_blocking=True)
-        buffers.token_req_indices[:num_reqs_padded].copy_(torch.arange(num_reqs_padded), non_blocking=True)
+        buffers = self.decode_buffers  # query_start_loc and token_req_indices: fixed at init (arange)
         buffers.positions[:num_reqs_padded].zero_()
         buffers.seq_lens[:num_reqs_padded].zero_()
         buffers.block_table[:num_reqs_padded].zero_()
@@ -335,9 +339,8 @@ class AutoRegressiveSpeculator:
         if self.conv_states:
             slots = batch.conv_slots.to(torch.int64)
             scratch = slots + self.max_num_reqs
-            slots_d, scratch_d = slots.to(dev), scratch.to(dev)
-            for state in self.conv_states:
-                seed_scratch_windows(state, slots_d, scratch_d, batch.num_sampled, self.conv_width)
+            slots_d, scratch_d = torch.stack((slots, scratch)).to(dev, non_blocking=True)
+            seed_scratch_windows(self.conv_state_stack, slots_d, scratch_d, batch.num_sampled, self.conv_width)
             conv = self.decode_conv_builder.build(
                 query_start_loc_cpu=torch.arange(num_reqs + 1, dtype=torch.int32),
                 num_computed_tokens_cpu=torch.ones(num_reqs, dtype=torch.int32),

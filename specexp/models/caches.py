@@ -21,14 +21,25 @@ def allocate_kv_caches(
     return [torch.zeros(shape, device=device, dtype=dtype) for _ in model.attention_layer_ids]
 
 
+def allocate_conv_state_stack(
+    model: CausalLM, num_slots: int, num_spec_tokens: int, device: torch.device | str, dtype: torch.dtype
+) -> torch.Tensor | None:
+    """Every conv layer's state in one zeroed tensor [num_conv_layers, num_slots, hidden, (L_cache - 1) +
+    num_spec_tokens] (None without conv layers): an op over all layers' states (the draft's scratch-window
+    seeding) is then one op, not one per layer."""
+    if not model.conv_layer_ids:
+        return None
+    shape = model.conv_state_shape(num_slots, num_spec_tokens)
+    return torch.zeros(len(model.conv_layer_ids), *shape, device=device, dtype=dtype)
+
+
 def allocate_conv_states(
     model: CausalLM, num_slots: int, num_spec_tokens: int, device: torch.device | str, dtype: torch.dtype
 ) -> list[torch.Tensor]:
-    """One zeroed [num_slots, hidden, (L_cache - 1) + num_spec_tokens] tensor per conv layer."""
-    if not model.conv_layer_ids:
-        return []
-    shape = model.conv_state_shape(num_slots, num_spec_tokens)
-    return [torch.zeros(shape, device=device, dtype=dtype) for _ in model.conv_layer_ids]
+    """One zeroed [num_slots, hidden, (L_cache - 1) + num_spec_tokens] tensor per conv layer: the layers of
+    :func:`allocate_conv_state_stack` (contiguous views of it)."""
+    stack = allocate_conv_state_stack(model, num_slots, num_spec_tokens, device, dtype)
+    return [] if stack is None else list(stack.unbind(0))
 
 
 def cache_bytes(caches: list[torch.Tensor]) -> int:
