@@ -10,8 +10,8 @@ Measures, per pair (trained demo pairs when present, and real-size random-weight
      (1 - a^(k+1)) / ((1 - a)(k c + 1)) with the measured cost ratio c.
 
     python benchmarks/gpu_cudagraphs.py --out results.json [--quick] [--pairs A,B] [--sections capture,step,e2e]
-                                        [--compile-pointwise] [--linear-kernel cublas|triton_gemv]
-                                        [--attention-kernel sdpa|triton] [--conv-kernel torch|triton]
+                                        [--compile-pointwise] [--linear-kernel triton_gemv|cublas]
+                                        [--attention-kernel triton|sdpa] [--conv-kernel triton|torch]
 
 Prints each figure as it is measured and rewrites the JSON after every section, so a run cut short keeps
 what it finished.
@@ -247,11 +247,12 @@ def main() -> None:
                         help=f"comma-separated subset of {','.join(SECTIONS)} (e2e needs the step's cost ratio)")
     parser.add_argument("--compile-pointwise", action="store_true",
                         help="engine.compile_pointwise: fused (torch.compile) pointwise ops")
-    parser.add_argument("--linear-kernel", default="cublas", choices=["cublas", "triton_gemv"],
+    # kernel defaults: those of conf/engine/cuda.yaml (what `engine=cuda` runs)
+    parser.add_argument("--linear-kernel", default="triton_gemv", choices=["cublas", "triton_gemv"],
                         help="engine.linear_kernel: single-token projections on cuBLAS or the Triton GEMV")
-    parser.add_argument("--attention-kernel", default="sdpa", choices=["sdpa", "triton"],
+    parser.add_argument("--attention-kernel", default="triton", choices=["sdpa", "triton"],
                         help="engine.attention_kernel: decode/verify attention by gather + SDPA or one Triton kernel")
-    parser.add_argument("--conv-kernel", default="torch", choices=["torch", "triton"],
+    parser.add_argument("--conv-kernel", default="triton", choices=["torch", "triton"],
                         help="engine.conv_kernel: LFM2's decode/verify short conv in torch or one Triton kernel")
     args = parser.parse_args()
     sections = tuple(args.sections.split(","))
