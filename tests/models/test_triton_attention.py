@@ -4,14 +4,10 @@ interpreter; the dispatch and the config's checks everywhere."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import textwrap
-
 import pytest
 import torch
 from test_attention import build_batch
+from triton_interpreter import run_in_triton_interpreter
 
 from specexp.engine.config import EngineConfig, EngineConfigError
 from specexp.models import triton_attention
@@ -67,23 +63,8 @@ def test_triton_attention_matches_sdpa_on_gpu(dtype, tol):
 
 
 def test_triton_attention_matches_sdpa_in_triton_interpreter():
-    """The kernel's arithmetic on CPU tensors in Triton's interpreter (a subprocess: the interpreter is chosen
-    when triton is imported). Skipped where triton is not installed (torch's CPU builds ship without it)."""
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        pytest.skip("triton is not installed")
-    code = textwrap.dedent("""
-        import sys, torch
-        sys.path.insert(0, "tests/models")
-        from test_triton_attention import check_against_sdpa
-        check_against_sdpa("cpu", torch.float32, 1e-5)
-        print("ok")
-    """)
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    proc = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=600, check=False,
-                          env={**os.environ, "TRITON_INTERPRET": "1"})
-    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-3000:]
+    """The kernel's arithmetic on CPU tensors, in Triton's interpreter (skipped without triton)."""
+    run_in_triton_interpreter('test_triton_attention', 'check_against_sdpa', "torch.float32", "1e-5")
 
 
 def test_attention_kernel_is_validated():

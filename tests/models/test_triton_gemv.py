@@ -4,14 +4,10 @@ fallbacks and the config's checks everywhere."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import textwrap
-
 import pytest
 import torch
 import torch.nn.functional as F
+from triton_interpreter import run_in_triton_interpreter
 
 from specexp.engine.config import EngineConfig, EngineConfigError
 from specexp.models import triton_gemv
@@ -61,22 +57,8 @@ def test_triton_table_takes_single_rows_only():
 
 
 def test_gemv_matches_reference_in_triton_interpreter():
-    """The kernel's arithmetic on CPU tensors, in Triton's interpreter (a subprocess: the interpreter is chosen
-    when triton is imported). Skipped where triton is not installed (torch's CPU builds ship without it)."""
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        pytest.skip("triton is not installed")
-    code = textwrap.dedent("""
-        import torch
-        from tests.models.test_triton_gemv import check_products
-        check_products("cpu", (torch.float32,))
-        print("ok")
-    """)
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    proc = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=600, check=False,
-                          env={**os.environ, "TRITON_INTERPRET": "1"})
-    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-3000:]
+    """The kernel's arithmetic on CPU tensors, in Triton's interpreter (skipped without triton)."""
+    run_in_triton_interpreter('test_triton_gemv', 'check_products', "(torch.float32,)")
 
 
 def test_triton_table_falls_back_to_torch_off_the_gpu():

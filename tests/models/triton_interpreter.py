@@ -1,0 +1,29 @@
+"""Run a kernel check under Triton's CPU interpreter, in a subprocess (the interpreter is chosen when triton is
+imported, so it cannot be switched on inside the test process). Skips where triton is not installed (torch's
+CPU builds ship without it)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+MODELS_TESTS = Path(__file__).resolve().parent
+ROOT = MODELS_TESTS.parents[1]
+
+
+def run_in_triton_interpreter(module: str, check: str, *args: str) -> None:
+    """`from {module} import {check}; {check}("cpu", *args)` with TRITON_INTERPRET=1; args are Python
+    expressions (torch is imported). Fails with the subprocess's stderr when the check fails."""
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        pytest.skip("triton is not installed")
+    code = (f"import sys, torch; sys.path.insert(0, {str(MODELS_TESTS)!r}); from {module} import {check}; "
+            f"{check}('cpu', {', '.join(args)}); print('ok')")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          check=False, env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-3000:]
