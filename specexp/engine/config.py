@@ -72,9 +72,6 @@ class EngineConfig:
                                         "(or null for the defaults)")
         if not isinstance(self.compile_pointwise, bool):
             raise EngineConfigError(f"engine.compile_pointwise={self.compile_pointwise!r}: must be true or false")
-        if self.linear_kernel not in LINEAR_KERNELS:
-            raise EngineConfigError(f"engine.linear_kernel={self.linear_kernel!r}: valid are "
-                                    + ", ".join(repr(k) for k in LINEAR_KERNELS))
         self._check_kernel("linear_kernel", LINEAR_KERNELS, "triton_gemv", "cublas")
         self._check_kernel("attention_kernel", ATTENTION_KERNELS, "triton", "sdpa")
         self._check_kernel("conv_kernel", CONV_KERNELS, "triton", "torch")
@@ -84,6 +81,7 @@ class EngineConfig:
             )
 
     def _check_kernel(self, name: str, valid, triton_choice: str, default: str) -> None:
+        """engine.<name> is one of `valid`; its Triton choice needs CUDA and triton (else `default` is named)."""
         value = getattr(self, name)
         if value not in valid:
             raise EngineConfigError(f"engine.{name}={value!r}: valid are " + ", ".join(repr(k) for k in valid))

@@ -219,7 +219,8 @@ def attend(
     kernel: AttentionKernel = SDPA,
 ) -> torch.Tensor:
     """Write this step's key/value into the paged cache, then attend (uniform batches with `kernel`).
-    query [T, Hq, D], key/value [T, Hkv, D] -> [T, Hq * D]. meta: the step's metadata, or the forward's AttentionPlan (shared by layers)."""
+    query [T, Hq, D], key/value [T, Hkv, D] -> [T, Hq * D]. meta: the step's metadata, or the forward's
+    AttentionPlan (shared by layers)."""
     plan = meta if isinstance(meta, AttentionPlan) else AttentionPlan(meta, positions)
     group = query.shape[1] // key.shape[1]
     block_size = kv_cache.shape[2]
