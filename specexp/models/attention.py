@@ -42,12 +42,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from specexp.models import triton_attention
-from specexp.models.kernels import UniformKernel, use_uniform_kernel
+from specexp.models.kernels import UniformKernel, set_on_modules
 from specexp.models.metadata import AttentionMetadata
 
 # How attention layers attend (`engine.attention_kernel`): the default gather + SDPA path, or uniform batches
 # on :func:`triton_attention.paged_attention_uniform` (KV write included).
-AttentionKernel = UniformKernel
 SDPA = UniformKernel("sdpa", None)
 TRITON = UniformKernel("triton", triton_attention.paged_attention_uniform)
 ATTENTION_KERNELS = {kernel.name: kernel for kernel in (SDPA, TRITON)}
@@ -55,7 +54,7 @@ ATTENTION_KERNELS = {kernel.name: kernel for kernel in (SDPA, TRITON)}
 
 def use_attention_kernel(model: nn.Module, kernel: UniformKernel) -> None:
     """Make every attention module of `model` (those with an `attention_kernel`) attend with `kernel`."""
-    use_uniform_kernel(model, "attention_kernel", kernel)
+    set_on_modules(model, "attention_kernel", kernel)
 
 
 class AttentionPlan:
@@ -147,7 +146,7 @@ def write_kv_cache(kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     flat[1].index_copy_(0, index, value.to(kv_cache.dtype))
 
 
-def _kernel_takes(kernel: AttentionKernel, tensors: dict, query: torch.Tensor, kv_cache: torch.Tensor,
+def _kernel_takes(kernel: UniformKernel, tensors: dict, query: torch.Tensor, kv_cache: torch.Tensor,
                   max_query_len: int, *new_kv: torch.Tensor) -> bool:
     """Whether `kernel.uniform` runs this batch: a uniform batch on the GPU that the kernel supports."""
     return (kernel.uniform is not None and tensors["uniform"] and query.is_cuda
@@ -168,13 +167,13 @@ def paged_attention(
     kv_cache: torch.Tensor,
     meta: AttentionMetadata | AttentionPlan,
     scale: float,
-    kernel: AttentionKernel = SDPA,
+    kernel: UniformKernel = SDPA,
 ) -> torch.Tensor:
     """Causal attention of each token over its row's cached keys (this step's keys already written).
 
     query: [T, Hq, D]; positions: int64[T] (position of each query token in its request);
     kv_cache: [2, num_blocks, block_size, Hkv, D]; meta: the step's metadata or a forward's AttentionPlan;
-    kernel: who takes uniform batches (:class:`AttentionKernel`).
+    kernel: who takes uniform batches (:class:`specexp.models.kernels.UniformKernel`).
     Returns [T, Hq * D] in query's dtype. Padded tokens/rows get finite garbage; real rows never depend on them.
     """
     plan = meta if isinstance(meta, AttentionPlan) else AttentionPlan(meta, positions)
@@ -216,7 +215,7 @@ def attend(
     kv_cache: torch.Tensor,
     meta: AttentionMetadata | AttentionPlan,
     scale: float,
-    kernel: AttentionKernel = SDPA,
+    kernel: UniformKernel = SDPA,
 ) -> torch.Tensor:
     """Write this step's key/value into the paged cache, then attend (uniform batches with `kernel`).
     query [T, Hq, D], key/value [T, Hkv, D] -> [T, Hq * D]. meta: the step's metadata, or the forward's

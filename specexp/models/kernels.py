@@ -1,5 +1,6 @@
-"""Per-layer kernel choices that the engine sets on a model's modules (`engine.attention_kernel`,
-`engine.conv_kernel`): a named fast path for uniform batches, or None for the default torch path."""
+"""Kernel choices the engine sets on a model's modules: the per-layer fast paths for uniform batches
+(`engine.attention_kernel`, `engine.conv_kernel`), and the one setter every module table goes through (these,
+`linear_ops.LinearOps`, `pointwise.PointwiseOps`)."""
 
 from __future__ import annotations
 
@@ -19,8 +20,9 @@ class UniformKernel:
     uniform: Callable[..., torch.Tensor] | None
 
 
-def use_uniform_kernel(model: nn.Module, attr: str, kernel: UniformKernel) -> None:
-    """Set `kernel` on every module of `model` that has a UniformKernel attribute `attr`."""
+def set_on_modules(model: nn.Module, attr: str, value: object) -> None:
+    """Set `attr` to `value` on every module of `model` whose `attr` already holds a value of its type (the
+    modules that declare that table; a class attribute is the default, this sets an instance attribute)."""
     for module in model.modules():
-        if isinstance(getattr(module, attr, None), UniformKernel):
-            setattr(module, attr, kernel)
+        if isinstance(getattr(module, attr, None), type(value)):
+            setattr(module, attr, value)

@@ -12,8 +12,9 @@ import math
 import torch
 from torch import nn
 
-from specexp.models.attention import SDPA, AttentionKernel, AttentionPlan, attend
+from specexp.models.attention import SDPA, AttentionPlan, attend
 from specexp.models.config import RopeConfig
+from specexp.models.kernels import UniformKernel
 from specexp.models.linear_ops import CUBLAS, LinearOps
 from specexp.models.metadata import AttentionMetadata
 from specexp.models.pointwise import EAGER, PointwiseOps
@@ -89,7 +90,7 @@ class QKVAttention(nn.Module):
 
     ops: PointwiseOps = EAGER
     linear_ops: LinearOps = CUBLAS
-    attention_kernel: AttentionKernel = SDPA
+    attention_kernel: UniformKernel = SDPA
 
     def __init__(self, config, qkv_bias: bool):
         super().__init__()

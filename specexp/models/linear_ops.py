@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specexp.models import triton_gemv
+from specexp.models.kernels import set_on_modules
 
 
 def add_linear_(residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
@@ -66,6 +67,4 @@ LINEAR_KERNELS = {"cublas": CUBLAS, "triton_gemv": TRITON_GEMV}
 
 def use_linear_ops(model: nn.Module, ops: LinearOps) -> None:
     """Make every module of `model` that projects (those with a `linear_ops` table) call `ops`."""
-    for module in model.modules():
-        if isinstance(getattr(module, "linear_ops", None), LinearOps):
-            module.linear_ops = ops
+    set_on_modules(model, "linear_ops", ops)

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specexp.models.kernels import set_on_modules
 from specexp.models.short_conv_ops import conv_taps
 
 
@@ -90,6 +91,4 @@ def compiled_pointwise_ops() -> PointwiseOps:
 
 def use_pointwise_ops(model: nn.Module, ops: PointwiseOps) -> None:
     """Make every module of `model` that calls pointwise ops (those with an `ops` table) call `ops`."""
-    for module in model.modules():
-        if isinstance(getattr(module, "ops", None), PointwiseOps):
-            module.ops = ops
+    set_on_modules(model, "ops", ops)

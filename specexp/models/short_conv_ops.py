@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from specexp.models import triton_short_conv
-from specexp.models.kernels import UniformKernel, use_uniform_kernel
+from specexp.models.kernels import UniformKernel, set_on_modules
 from specexp.models.metadata import NULL_BLOCK_ID, ShortConvMetadata
 
 
@@ -288,7 +288,7 @@ CONV_KERNELS = {kernel.name: kernel for kernel in (TORCH_CONV, TRITON_CONV)}
 
 def use_conv_kernel(model: nn.Module, kernel: UniformKernel) -> None:
     """Make every short-conv module of `model` (those with a `conv_kernel`) run with `kernel`."""
-    use_uniform_kernel(model, "conv_kernel", kernel)
+    set_on_modules(model, "conv_kernel", kernel)
 
 
 def gated_short_conv(

@@ -94,6 +94,7 @@ def test_triton_kernels_replay_like_the_defaults(pairs, pair, k, max_num_seqs, l
     projections, uniform-batch attention and LFM2's uniform-batch short conv run on the Triton kernels
     (captured in the graphs), and the greedy tokens equal the default engine's (fp32 pairs without near-ties)."""
     from specexp.models import attention, short_conv_ops, triton_gemv
+    from specexp.models.kernels import UniformKernel
 
     calls = {"gemv": 0, "attention": 0, "conv": 0}
 
@@ -104,9 +105,9 @@ def test_triton_kernels_replay_like_the_defaults(pairs, pair, k, max_num_seqs, l
         return wrapped
 
     monkeypatch.setattr(triton_gemv, "gemv", counting("gemv", triton_gemv.gemv))
-    triton_kernel = attention.AttentionKernel("triton", counting("attention", attention.TRITON.uniform))
+    triton_kernel = UniformKernel("triton", counting("attention", attention.TRITON.uniform))
     monkeypatch.setitem(attention.ATTENTION_KERNELS, "triton", triton_kernel)
-    conv = attention.AttentionKernel("triton", counting("conv", short_conv_ops.TRITON_CONV.uniform))
+    conv = UniformKernel("triton", counting("conv", short_conv_ops.TRITON_CONV.uniform))
     monkeypatch.setitem(short_conv_ops.CONV_KERNELS, "triton", conv)
     target_dir, draft_dir = pairs[pair]
     target, draft = load_model(target_dir, device="cuda"), load_model(draft_dir, device="cuda")
