@@ -37,6 +37,8 @@ kernel that reads the paged cache in place (`specexp.models.triton_attention`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -147,10 +149,10 @@ def write_kv_cache(kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tenso
 
 
 def _kernel_takes(kernel: UniformKernel, tensors: dict, query: torch.Tensor, kv_cache: torch.Tensor,
-                  max_query_len: int, *new_kv: torch.Tensor) -> bool:
+                  max_query_len: int, *new_kv: torch.Tensor, rope: tuple | None = None) -> bool:
     """Whether `kernel.uniform` runs this batch: a uniform batch on the GPU that the kernel supports."""
     return (kernel.uniform is not None and tensors["uniform"] and query.is_cuda
-            and triton_attention.supports(query, kv_cache, max_query_len, *new_kv))
+            and triton_attention.supports(query, kv_cache, max_query_len, *new_kv, rope=rope))
 
 
 def _token_rows(meta: AttentionMetadata, num_tokens: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -216,18 +218,24 @@ def attend(
     meta: AttentionMetadata | AttentionPlan,
     scale: float,
     kernel: UniformKernel = SDPA,
+    rope: tuple[torch.Tensor, torch.Tensor, Callable] | None = None,
 ) -> torch.Tensor:
     """Write this step's key/value into the paged cache, then attend (uniform batches with `kernel`).
     query [T, Hq, D], key/value [T, Hkv, D] -> [T, Hq * D]. meta: the step's metadata, or the forward's
-    AttentionPlan (shared by layers)."""
+    AttentionPlan (shared by layers). rope: None when query and key are already rotated; else (cos, signed_sin,
+    apply_rope): `kernel` rotates them in its kernel when it takes the batch, `apply_rope(x, cos, signed_sin)`
+    rotates them otherwise (cos/signed_sin [T, D], as `layers.RotaryEmbedding` returns them)."""
     plan = meta if isinstance(meta, AttentionPlan) else AttentionPlan(meta, positions)
     group = query.shape[1] // key.shape[1]
     block_size = kv_cache.shape[2]
     tensors = plan.tensors(query.shape[0], block_size, group, query.device)
     max_query_len = max(plan.meta.max_query_len, 1)
-    if _kernel_takes(kernel, tensors, query, kv_cache, max_query_len, key, value):  # write + attend: one kernel
+    tables = rope[:2] if rope is not None else None
+    if _kernel_takes(kernel, tensors, query, kv_cache, max_query_len, key, value, rope=tables):  # one kernel
         return kernel.uniform(query, positions, kv_cache, plan.meta.block_table, plan.meta.seq_lens,
                               tensors["mask"].shape[-1] // block_size, scale, key=key, value=value,
-                              write_index=tensors["write_index"])
+                              write_index=tensors["write_index"], rope=tables)
+    if rope is not None:
+        query, key = rope[2](query, *tables), rope[2](key, *tables)
     write_kv_cache(kv_cache, key, value, plan.meta.slot_mapping, tensors)
     return paged_attention(query, positions, kv_cache, plan, scale, kernel)

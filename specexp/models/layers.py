@@ -21,12 +21,6 @@ from specexp.models.pointwise import EAGER, PointwiseOps
 from specexp.models.stacked import StackedLinear
 
 
-def add_projection_(ops: LinearOps, residual: torch.Tensor, x: torch.Tensor, linear: nn.Linear) -> torch.Tensor:
-    """residual += linear(x) in place, on `ops`' kernels (:func:`specexp.models.linear_ops.add_linear_`);
-    residual [T, out], x [T, in] -> residual."""
-    return ops.add_linear_(residual, x, linear.weight, linear.bias)
-
-
 class RMSNorm(nn.Module):
     """y = weight * (x / sqrt(mean(x^2) + eps)) (see :func:`specexp.models.pointwise.rms_norm`)."""
 
@@ -40,6 +34,12 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [..., dim] -> [..., dim]."""
         return self.ops.rms_norm(x, self.weight, self.eps)
+
+
+def add_projection_(ops: LinearOps, residual: torch.Tensor, x: torch.Tensor, linear: nn.Linear) -> torch.Tensor:
+    """residual += linear(x) in place, on `ops`' kernels (:func:`specexp.models.linear_ops.add_linear_`);
+    residual [T, out], x [T, in] -> residual."""
+    return ops.add_linear_(residual, x, linear.weight, linear.bias)
 
 
 def rope_inv_freq(rope: RopeConfig, head_dim: int) -> torch.Tensor:
@@ -105,22 +105,27 @@ class QKVAttention(nn.Module):
         self.v_proj = nn.Linear(hidden, kv_dim, bias=qkv_bias)
         self.qkv = StackedLinear([self.q_proj, self.k_proj, self.v_proj])  # one GEMM; q/k/v params kept
 
-    def attend_heads(self, x: torch.Tensor, positions: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
-                     kv_cache: torch.Tensor, meta: AttentionMetadata | AttentionPlan, q_norm: nn.Module | None = None,
+    def attend_heads(self, x: torch.Tensor, input_norm: RMSNorm | None, positions: torch.Tensor,
+                     rope: tuple[torch.Tensor, torch.Tensor], kv_cache: torch.Tensor,
+                     meta: AttentionMetadata | AttentionPlan, q_norm: nn.Module | None = None,
                      k_norm: nn.Module | None = None) -> torch.Tensor:
         """x: [T, hidden] -> [T, Hq * D], the heads before the output projection; writes this step's K/V into
-        kv_cache. q_norm/k_norm: per-head norms applied before RoPE (None: none)."""
+        kv_cache. input_norm: the layer's pre-norm, applied to x by the q/k/v product (None: x is the input).
+        q_norm/k_norm: per-head norms applied before RoPE (None: none)."""
         num_tokens, num_q, num_kv = x.shape[0], self.num_heads, self.num_kv_heads
         weight, bias = self.qkv.weights()
-        qkv = self.linear_ops.linear(x, weight, bias)  # [T, (Hq + 2 Hkv) * D]: q, k and v heads side by side
+        qkv = self.linear_ops.norm_linear(x, input_norm, weight, bias)  # [T, (Hq + 2 Hkv) * D]: q, k, v
         split = (num_q + num_kv) * self.head_dim
         qk = qkv[:, :split].view(num_tokens, num_q + num_kv, self.head_dim)  # q and k heads, adjacent
         v = qkv[:, split:].view(num_tokens, num_kv, self.head_dim)
         if q_norm is not None:
             qk = torch.cat((q_norm(qk[:, :num_q]), k_norm(qk[:, num_q:])), dim=1)
-        qk = self.ops.apply_rope(qk, *rope)  # queries and keys rotated in one pass
+        if self.attention_kernel.uniform is None:  # queries and keys rotated in one pass
+            qk, rope = self.ops.apply_rope(qk, *rope), None
+        else:  # rotated inside the uniform-batch kernel (by the module's op on any batch it does not take)
+            rope = (*rope, self.ops.apply_rope)
         q, k = qk[:, :num_q], qk[:, num_q:]
-        return attend(q, k, v, positions, kv_cache, meta, self.scale, self.attention_kernel)
+        return attend(q, k, v, positions, kv_cache, meta, self.scale, self.attention_kernel, rope)
 
 
 class GatedMLP(nn.Module):
@@ -136,8 +141,17 @@ class GatedMLP(nn.Module):
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
         self.gate_up = StackedLinear([self.gate_proj, self.up_proj])  # one GEMM; gate/up params kept
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        """residual + mlp(x), accumulated into residual in place (:func:`add_projection_`); x, residual
-        [T, hidden]."""
-        gate, up = self.gate_up(x, self.linear_ops.linear)
-        return add_projection_(self.linear_ops, residual, self.ops.silu_mul(gate, up), self.down_proj)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor, input_norm: RMSNorm | None = None) -> torch.Tensor:
+        """residual + mlp(input_norm(x)) (mlp(x) when input_norm is None), accumulated into residual in place;
+        x, residual [T, hidden] (the same tensor in a pre-norm layer: x is read before residual is written)."""
+        return gated_mlp_(self.linear_ops, self.ops, x, residual, input_norm, self.gate_up, self.down_proj)
+
+
+def gated_mlp_(linear_ops: LinearOps, ops: PointwiseOps, x: torch.Tensor, residual: torch.Tensor,
+               input_norm: RMSNorm | None, gate_up: StackedLinear, down: nn.Linear) -> torch.Tensor:
+    """residual += down(silu(gate(n)) * up(n)) with n = input_norm(x) (x when None), in place, on `linear_ops`'
+    kernels (which may fuse the norm into the gate/up product) and `ops.silu_mul`. x, residual [T, hidden];
+    gate_up stacks the gate and up projections."""
+    weight, bias = gate_up.weights()
+    gate, up = linear_ops.norm_linear(x, input_norm, weight, bias).split(gate_up.sizes, dim=-1)
+    return linear_ops.add_linear_(residual, ops.silu_mul(gate, up), down.weight, down.bias)

@@ -22,7 +22,7 @@ from specexp.models.attention import AttentionPlan
 from specexp.models.causal_lm import CausalLM
 from specexp.models.config import ModelConfig
 from specexp.models.kernels import UniformKernel
-from specexp.models.layers import QKVAttention, RMSNorm, RotaryEmbedding, add_projection_
+from specexp.models.layers import QKVAttention, RMSNorm, RotaryEmbedding, add_projection_, gated_mlp_
 from specexp.models.linear_ops import CUBLAS, LinearOps
 from specexp.models.metadata import AttentionMetadata, ShortConvMetadata
 from specexp.models.pointwise import EAGER, PointwiseOps
@@ -39,11 +39,12 @@ class Lfm2Attention(QKVAttention):
         self.q_layernorm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.k_layernorm = RMSNorm(self.head_dim, config.rms_norm_eps)
 
-    def forward(self, x, positions, rope, kv_cache: torch.Tensor, meta: AttentionMetadata,
+    def forward(self, x, input_norm: RMSNorm | None, positions, rope, kv_cache: torch.Tensor, meta: AttentionMetadata,
                 residual: torch.Tensor) -> torch.Tensor:
-        """residual + attention(x), accumulated into residual in place; x, residual [T, hidden]. Writes this
-        step's K/V into kv_cache."""
-        heads = self.attend_heads(x, positions, rope, kv_cache, meta, self.q_layernorm, self.k_layernorm)
+        """residual + attention(input_norm(x)), accumulated into residual in place; x, residual [T, hidden] (the
+        same tensor in the decoder layer). Writes this step's K/V into kv_cache."""
+        heads = self.attend_heads(x, input_norm, positions, rope, kv_cache, meta, self.q_layernorm,
+                                  self.k_layernorm)
         return add_projection_(self.linear_ops, residual, heads, self.out_proj)
 
 
@@ -70,11 +71,11 @@ class Lfm2ShortConv(nn.Module):
         self.conv = DepthwiseConvWeights(hidden, config.conv_L_cache, config.conv_bias)
         self.out_proj = nn.Linear(hidden, hidden, bias=config.conv_bias)
 
-    def forward(self, h: torch.Tensor, conv_state: torch.Tensor, meta: ShortConvMetadata | ConvPlan,
-                residual: torch.Tensor) -> torch.Tensor:
-        """residual + short_conv(h), accumulated into residual in place; h, residual [T, hidden];
-        conv_state [num_slots, hidden, state_len] updated in place."""
-        bcx = self.linear_ops.linear(h, self.in_proj.weight, self.in_proj.bias)  # [T, 3 * hidden]: b, c, x
+    def forward(self, h: torch.Tensor, input_norm: RMSNorm | None, conv_state: torch.Tensor,
+                meta: ShortConvMetadata | ConvPlan, residual: torch.Tensor) -> torch.Tensor:
+        """residual + short_conv(input_norm(h)), accumulated into residual in place; h, residual [T, hidden] (the
+        same tensor in the decoder layer); conv_state [num_slots, hidden, state_len] updated in place."""
+        bcx = self.linear_ops.norm_linear(h, input_norm, self.in_proj.weight, self.in_proj.bias)  # [T, 3 * hidden]
         weight = self.conv.weight.view(self.conv.weight.shape[0], -1)  # [hidden, L_cache]
         gated = gated_short_conv(bcx, weight, self.conv.bias, conv_state, meta, self.ops.conv_taps, self.conv_kernel)
         return add_projection_(self.linear_ops, residual, gated, self.out_proj)
@@ -93,10 +94,9 @@ class Lfm2FeedForward(nn.Module):
         self.w2 = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
         self.w1_w3 = StackedLinear([self.w1, self.w3])  # one GEMM; w1/w3 params kept
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        """residual + feed_forward(x), accumulated into residual in place; x, residual [T, hidden]."""
-        gate, up = self.w1_w3(x, self.linear_ops.linear)
-        return add_projection_(self.linear_ops, residual, self.ops.silu_mul(gate, up), self.w2)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor, input_norm: RMSNorm | None = None) -> torch.Tensor:
+        """residual + feed_forward(input_norm(x)), accumulated into residual in place; x, residual [T, hidden]."""
+        return gated_mlp_(self.linear_ops, self.ops, x, residual, input_norm, self.w1_w3, self.w2)
 
 
 class Lfm2DecoderLayer(nn.Module):
@@ -116,11 +116,11 @@ class Lfm2DecoderLayer(nn.Module):
         """h [T, hidden], the residual stream, updated in place and returned. cache: this layer's KV cache
         (attention) or conv-state cache (conv); plan / conv_plan: the forward's shared attention / conv
         indices."""
-        if self.is_attention:
-            h = self.self_attn(self.operator_norm(h), positions, rope, cache, plan, residual=h)
+        if self.is_attention:  # each norm is applied by the projection that reads it (a fusable pair)
+            h = self.self_attn(h, self.operator_norm, positions, rope, cache, plan, residual=h)
         else:
-            h = self.conv(self.operator_norm(h), cache, conv_plan, residual=h)
-        return self.feed_forward(self.ffn_norm(h), residual=h)
+            h = self.conv(h, self.operator_norm, cache, conv_plan, residual=h)
+        return self.feed_forward(h, residual=h, input_norm=self.ffn_norm)
 
 
 class Lfm2Model(nn.Module):

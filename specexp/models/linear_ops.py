@@ -1,18 +1,22 @@
 """Which kernels the models' projections (GEMMs) run on: a swappable table, as `pointwise.PointwiseOps` is.
 
-Modules that project call `self.linear_ops.linear(x, weight, bias)` and `self.linear_ops.add_linear_(residual,
-x, weight, bias)` (class attribute :data:`CUBLAS` by default; :func:`use_linear_ops` swaps a model's table).
+Modules that project call their `self.linear_ops` table (class attribute :data:`CUBLAS` by default;
+:func:`use_linear_ops` swaps a model's table): `linear(x, weight, bias)`, `add_linear_(residual, x, weight,
+bias)` and `norm_linear(x, norm, weight, bias)` (a pre-norm projection: linear(norm(x)), which a table may fuse).
 
-- :data:`CUBLAS`: `F.linear` and `residual.addmm_` — torch's GEMMs (cuBLAS on a GPU), for every batch.
+- :data:`CUBLAS`: `F.linear` and `residual.addmm_` — torch's GEMMs (cuBLAS on a GPU), for every batch, after
+  the module's own RMSNorm in `norm_linear`.
 - :data:`TRITON_GEMV` (`engine.linear_kernel=triton_gemv`): single-token products (a batch-1 decode step, a
   batch-1 draft step) go to the Triton GEMV of :mod:`specexp.models.triton_gemv`, which streams weights
-  closer to HBM bandwidth than cuBLAS picks for one row; every other product stays on torch's GEMMs.
+  closer to HBM bandwidth than cuBLAS picks for one row and computes a pre-norm projection's RMSNorm in the same
+  kernel; every other product stays on torch's kernels.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -36,6 +40,22 @@ def add_linear_(residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
     return residual.addmm_(x, weight.t())
 
 
+class Norm(Protocol):
+    """An RMSNorm module: `norm(x)` normalises the last dim of x and scales it by `weight` [d]; `eps`."""
+
+    weight: torch.Tensor
+    eps: float
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor: ...
+
+
+def norm_linear(x: torch.Tensor, norm: Norm | None, weight: torch.Tensor,
+                bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear(norm(x), weight, bias): a pre-norm projection (norm None: F.linear(x, ...)). x [T, in] ->
+    [T, out]."""
+    return F.linear(x if norm is None else norm(x), weight, bias)
+
+
 def gemv_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """F.linear, with single-token products on the Triton GEMV. x [T, in] -> [T, out]."""
     if x.is_cuda and triton_gemv.supports(x, weight):
@@ -51,17 +71,30 @@ def gemv_add_linear_(residual: torch.Tensor, x: torch.Tensor, weight: torch.Tens
     return add_linear_(residual, x, weight, bias)
 
 
+def gemv_norm_linear(x: torch.Tensor, norm: Norm | None, weight: torch.Tensor,
+                     bias: torch.Tensor | None = None) -> torch.Tensor:
+    """:func:`norm_linear`, with single-token products on the Triton GEMV, the RMSNorm computed inside it."""
+    if norm is None:
+        return gemv_linear(x, weight, bias)
+    if x.is_cuda and triton_gemv.supports(x, weight, norm.weight):
+        return triton_gemv.gemv(x, weight, bias, norm_weight=norm.weight, eps=norm.eps)
+    return norm_linear(x, norm, weight, bias)
+
+
 @dataclass(frozen=True)
 class LinearOps:
-    """`linear(x [T, in], weight [out, in], bias [out] | None) -> [T, out]` and
-    `add_linear_(residual [T, out], x, weight, bias) -> residual` (updated in place)."""
+    """`linear(x [T, in], weight [out, in], bias [out] | None) -> [T, out]`;
+    `add_linear_(residual [T, out], x, weight, bias) -> residual` (updated in place);
+    `norm_linear(x [T, in], norm, weight, bias) -> [T, out]` (linear of norm(x); `norm` an RMSNorm module or
+    None)."""
 
     linear: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
     add_linear_: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
+    norm_linear: Callable[[torch.Tensor, Norm | None, torch.Tensor, torch.Tensor | None], torch.Tensor]
 
 
-CUBLAS = LinearOps(F.linear, add_linear_)
-TRITON_GEMV = LinearOps(gemv_linear, gemv_add_linear_)
+CUBLAS = LinearOps(F.linear, add_linear_, norm_linear)
+TRITON_GEMV = LinearOps(gemv_linear, gemv_add_linear_, gemv_norm_linear)
 LINEAR_KERNELS = {"cublas": CUBLAS, "triton_gemv": TRITON_GEMV}
 
 

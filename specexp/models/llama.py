@@ -31,15 +31,16 @@ class LlamaAttention(QKVAttention):
     def forward(
         self,
         x: torch.Tensor,
+        input_norm: RMSNorm | None,
         positions: torch.Tensor,
         rope: tuple[torch.Tensor, torch.Tensor],
         kv_cache: torch.Tensor,
         meta: AttentionMetadata,
         residual: torch.Tensor,
     ) -> torch.Tensor:
-        """residual + attention(x), accumulated into residual in place; x, residual [T, hidden]. Writes this
-        step's K/V into kv_cache."""
-        heads = self.attend_heads(x, positions, rope, kv_cache, meta, self.q_norm, self.k_norm)
+        """residual + attention(input_norm(x)), accumulated into residual in place; x, residual [T, hidden] (the
+        same tensor in the decoder layer). Writes this step's K/V into kv_cache."""
+        heads = self.attend_heads(x, input_norm, positions, rope, kv_cache, meta, self.q_norm, self.k_norm)
         return add_projection_(self.linear_ops, residual, heads, self.o_proj)
 
 
@@ -52,9 +53,10 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, h, positions, rope, kv_cache, meta):
-        """h [T, hidden], the residual stream, updated in place and returned."""
-        h = self.self_attn(self.input_layernorm(h), positions, rope, kv_cache, meta, residual=h)
-        return self.mlp(self.post_attention_layernorm(h), residual=h)
+        """h [T, hidden], the residual stream, updated in place and returned (each norm is applied by the
+        projection that reads it, so the linear kernels may fuse the two)."""
+        h = self.self_attn(h, self.input_layernorm, positions, rope, kv_cache, meta, residual=h)
+        return self.mlp(h, residual=h, input_norm=self.post_attention_layernorm)
 
 
 class LlamaModel(nn.Module):

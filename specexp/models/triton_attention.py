@@ -10,7 +10,9 @@ It also writes the step's keys and values into the cache (the engine's path: one
 write and the attention). Covers batches whose rows all hold the same number of queries Q (row r's queries at tokens r*Q .. r*Q+Q-1),
 which is every decode and verify step and every graph replay; the G query heads sharing a KV head and the Q
 queries of a row form the program's G*Q query rows. Masking is the default path's: key j is visible to a
-query at position p when j <= p and j < seq_len, and key 0 always is (padded rows stay finite).
+query at position p when j <= p and j < seq_len, and key 0 always is (padded rows stay finite). A program
+walks only its row's tiles below seq_len: a captured graph's key bound (its seq-len bucket) costs nothing
+past the row's actual context.
 
 Importable without Triton (`AVAILABLE` False); the kernel needs a CUDA device or Triton's interpreter.
 """
@@ -35,13 +37,13 @@ if AVAILABLE:
     @triton.jit
     def _paged_attention_kernel(
         q_ptr, kv_ptr, block_table_ptr, seq_lens_ptr, positions_ptr, out_ptr,
-        new_k_ptr, new_v_ptr, write_index_ptr,
+        new_k_ptr, new_v_ptr, write_index_ptr, cos_ptr, sin_ptr,
         stride_qt, stride_qh, stride_kv, stride_kb, stride_ks, stride_kh, stride_bt, stride_ot,
-        stride_nkt, stride_nkh, stride_nvt, stride_nvh,
+        stride_nkt, stride_nkh, stride_nvt, stride_nvh, stride_rt,
         scale, num_keys,
         Q: tl.constexpr, G: tl.constexpr, D: tl.constexpr, BLOCK_SIZE: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr,
-        WRITE_KV: tl.constexpr, IEEE: tl.constexpr,
+        WRITE_KV: tl.constexpr, ROPE: tl.constexpr, ROUND_HALF: tl.constexpr, IEEE: tl.constexpr,
     ):
         row = tl.program_id(0)
         kv_head = tl.program_id(1)
@@ -49,6 +51,7 @@ if AVAILABLE:
         d = tl.arange(0, BLOCK_D)
         m_ok = m < Q * G
         d_ok = d < D
+        d_swapped = tl.where(d < D // 2, d + D // 2, d - D // 2)  # rotate-half's partner of each dim
         if WRITE_KV:
             # This step's keys/values of the row's Q tokens for this KV head go to their slots first (a slot
             # addresses block * BLOCK_SIZE + offset of the contiguous cache); then a barrier makes them
@@ -58,8 +61,11 @@ if AVAILABLE:
             new_token = row * Q + i
             slot = tl.load(write_index_ptr + new_token, mask=i_ok, other=0)
             new_mask = i_ok[:, None] & d_ok[None, :]
-            new_k = tl.load(new_k_ptr + new_token[:, None] * stride_nkt + kv_head * stride_nkh + d[None, :],
-                            mask=new_mask, other=0.0)
+            new_k_row = new_k_ptr + new_token[:, None] * stride_nkt + kv_head * stride_nkh
+            new_k = tl.load(new_k_row + d[None, :], mask=new_mask, other=0.0)
+            if ROPE:
+                new_k = _rotate(new_k, tl.load(new_k_row + d_swapped[None, :], mask=new_mask, other=0.0),
+                                cos_ptr, sin_ptr, new_token, stride_rt, d, new_mask, ROUND_HALF)
             new_v = tl.load(new_v_ptr + new_token[:, None] * stride_nvt + kv_head * stride_nvh + d[None, :],
                             mask=new_mask, other=0.0)
             dst = kv_ptr + slot[:, None] * stride_ks + kv_head * stride_kh + d[None, :]
@@ -68,15 +74,20 @@ if AVAILABLE:
             tl.debug_barrier()
         token = row * Q + m // G
         head = kv_head * G + m % G
-        q = tl.load(q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
-                    mask=m_ok[:, None] & d_ok[None, :], other=0.0)
+        q_row = q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh
+        q_mask = m_ok[:, None] & d_ok[None, :]
+        q = tl.load(q_row + d[None, :], mask=q_mask, other=0.0)
+        if ROPE:
+            q = _rotate(q, tl.load(q_row + d_swapped[None, :], mask=q_mask, other=0.0), cos_ptr, sin_ptr, token,
+                        stride_rt, d, q_mask, ROUND_HALF)
         q_pos = tl.load(positions_ptr + token, mask=m_ok, other=0)
         seq_len = tl.load(seq_lens_ptr + row)
         n_idx = tl.arange(0, BLOCK_N)
         running_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
         running_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-        for n0 in range(0, num_keys, BLOCK_N):
+        # keys at or past seq_len are masked: walk only the tiles below it (at least one: key 0 is always seen)
+        for n0 in range(0, tl.maximum(tl.minimum(num_keys, seq_len), 1), BLOCK_N):
             # BLOCK_N keys, each read where its cache block puts it (a tile may span several blocks)
             key_pos = n0 + n_idx
             key_ok = key_pos < num_keys
@@ -107,23 +118,46 @@ if AVAILABLE:
         tl.store(out_ptr + token[:, None] * stride_ot + head[:, None] * D + d[None, :],
                  out.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])
 
+    @triton.jit
+    def _rotate(x, x_swapped, cos_ptr, sin_ptr, token, stride_rt, d, mask, ROUND_HALF: tl.constexpr):
+        """Rotate-half RoPE of rows x [rows, BLOCK_D] (x_swapped: each dim's partner) at their tokens' angles:
+        x * cos + x_swapped * signed_sin, rounded after each op in half precision as eager torch rounds;
+        returned in x's dtype."""
+        dtype = x.dtype
+        cos = tl.load(cos_ptr + token[:, None] * stride_rt + d[None, :], mask=mask, other=0.0).to(tl.float32)
+        sin = tl.load(sin_ptr + token[:, None] * stride_rt + d[None, :], mask=mask, other=0.0).to(tl.float32)
+        a = x.to(tl.float32) * cos
+        b = x_swapped.to(tl.float32) * sin
+        if ROUND_HALF:
+            a = a.to(dtype).to(tl.float32)
+            b = b.to(dtype).to(tl.float32)
+        return (a + b).to(dtype)
 
-def supports(query: torch.Tensor, kv_cache: torch.Tensor, queries_per_row: int, *new_kv: torch.Tensor) -> bool:
+
+def supports(query: torch.Tensor, kv_cache: torch.Tensor, queries_per_row: int, *new_kv: torch.Tensor,
+             rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> bool:
     """Whether :func:`paged_attention_uniform` takes this batch: triton present, one dtype, contiguous head
-    dims (of the query and of `new_kv`, this step's keys and values if the kernel writes them) and cache, and
-    at most MAX_QUERY_ROWS query rows per program."""
+    dims (of the query and of `new_kv`, this step's keys and values if the kernel writes them) and cache, at
+    most MAX_QUERY_ROWS query rows per program, and `rope` tables (if given) with contiguous rows of the query's
+    dtype and an even head dim."""
     group = query.shape[1] // kv_cache.shape[3]
+    rope_ok = rope is None or (query.shape[2] % 2 == 0 and all(
+        t.dtype == query.dtype and t.stride(1) == 1 and t.stride(0) == rope[0].stride(0) for t in rope))
     return (AVAILABLE and query.dtype == kv_cache.dtype and query.stride(2) == 1 and kv_cache.is_contiguous()
             and all(t.dtype == query.dtype and t.stride(2) == 1 for t in new_kv)
-            and group * queries_per_row <= MAX_QUERY_ROWS)
+            and group * queries_per_row <= MAX_QUERY_ROWS and rope_ok)
 
 
 def paged_attention_uniform(query: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor,
                             block_table: torch.Tensor, seq_lens: torch.Tensor, num_blocks: int,
                             scale: float, key: torch.Tensor | None = None, value: torch.Tensor | None = None,
-                            write_index: torch.Tensor | None = None) -> torch.Tensor:
+                            write_index: torch.Tensor | None = None,
+                            rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """Causal attention of a uniform batch over its rows' cached keys; with `key`/`value`/`write_index` it first
     writes this step's keys and values into the cache (in the same kernel), else they must be there already.
+    With `rope` = (cos, signed_sin), each [R * Q, D] contiguous (`layers.RotaryEmbedding`'s tables), the query
+    and the new keys are given before RoPE and rotated in the kernel (`pointwise.apply_rope`'s arithmetic and
+    roundings); it needs the new keys (only the step's keys are unrotated).
 
     query [R * Q, Hq, D] (row r's queries at tokens r*Q .. r*Q+Q-1; head dim contiguous); positions int64[R*Q];
     kv_cache [2, num_blocks_total, block_size, Hkv, D] (contiguous); block_table int32[R, >= num_blocks];
@@ -140,17 +174,20 @@ def paged_attention_uniform(query: torch.Tensor, positions: torch.Tensor, kv_cac
     q_per_row = num_tokens // num_rows
     out = torch.empty(num_tokens, num_heads * head_dim, device=query.device, dtype=query.dtype)
     write = key is not None
+    if rope is not None and not write:
+        raise ValueError("in-kernel RoPE needs this step's keys (key/value/write_index): cached keys are rotated")
     new_k, new_v, index = (key, value, write_index) if write else (query, query, positions)
+    cos, sin = rope if rope is not None else (query, query)
     _paged_attention_kernel[(num_rows, num_kv_heads)](
-        query, kv_cache, block_table, seq_lens, positions, out, new_k, new_v, index,
+        query, kv_cache, block_table, seq_lens, positions, out, new_k, new_v, index, cos, sin,
         query.stride(0), query.stride(1), kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2),
         kv_cache.stride(3), block_table.stride(0), out.stride(0),
-        new_k.stride(0), new_k.stride(1), new_v.stride(0), new_v.stride(1),
+        new_k.stride(0), new_k.stride(1), new_v.stride(0), new_v.stride(1), cos.stride(0),
         scale, num_blocks * block_size,
         Q=q_per_row, G=group, D=head_dim, BLOCK_SIZE=block_size,
         BLOCK_M=max(16, triton.next_power_of_2(group * q_per_row)), BLOCK_N=KEYS_PER_TILE,
         BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK_Q=max(2, triton.next_power_of_2(q_per_row)),
-        WRITE_KV=write,
+        WRITE_KV=write, ROPE=rope is not None, ROUND_HALF=query.dtype in (torch.float16, torch.bfloat16),
         IEEE=query.dtype == torch.float32, num_warps=4,
     )
     return out

@@ -12,6 +12,9 @@ from triton_interpreter import run_in_triton_interpreter
 from specexp.engine.config import EngineConfig, EngineConfigError
 from specexp.models import triton_attention
 from specexp.models.attention import padding_slot, paged_attention, write_kv_cache
+from specexp.models.config import RopeConfig
+from specexp.models.layers import RotaryEmbedding
+from specexp.models.pointwise import apply_rope
 
 # (queries per row, context lengths, Hq, Hkv, head dim, padded rows, cache block size): decode and verify rows,
 # GQA groups, a head dim that is not a power of 2, rows over several cache blocks and key tiles, graph padding,
@@ -53,6 +56,22 @@ def check_against_sdpa(device: str, dtype: torch.dtype, tol: float) -> None:
             err = (got[:real].double() - expected[:real].double()).abs().max().item()
             assert err < tol, f"{label}, kernel writes K/V: {writes}: error {err:.2e}"
             assert torch.equal(cache[:, 1:], kv_cache[:, 1:]), f"{label}: cache differs outside the NULL block"
+        # In-kernel RoPE: q and k given unrotated; the reference rotates them with the eager op first.
+        cos, signed_sin = RotaryEmbedding(RopeConfig(theta=500.0), dim).to(device)(positions, dtype)
+        raw_q, raw_k = q.flip(-1), k.flip(-1)  # any unrotated values
+        rotated_cache = fresh.clone()
+        write_kv_cache(rotated_cache, apply_rope(raw_k, cos, signed_sin), v, slots)
+        expected = paged_attention(apply_rope(raw_q, cos, signed_sin), positions, rotated_cache, meta,
+                                   scale=dim**-0.5)
+        assert triton_attention.supports(raw_q, kv_cache, q_len, raw_k, v, rope=(cos, signed_sin))
+        cache = fresh.clone()
+        got = triton_attention.paged_attention_uniform(raw_q, positions, cache, meta.block_table, meta.seq_lens,
+                                                       num_blocks=num_blocks, scale=dim**-0.5, key=raw_k, value=v,
+                                                       write_index=write_index, rope=(cos, signed_sin))
+        err = (got[:real].double() - expected[:real].double()).abs().max().item()
+        assert err < tol, f"{label}, in-kernel RoPE: error {err:.2e}"
+        cache_err = (cache[:, 1:].double() - rotated_cache[:, 1:].double()).abs().max().item()
+        assert cache_err <= tol, f"{label}: rotated keys differ: {cache_err:.2e}"  # fp32: FMA contraction
 
 
 @pytest.mark.cuda
@@ -65,6 +84,14 @@ def test_triton_attention_matches_sdpa_on_gpu(dtype, tol):
 def test_triton_attention_matches_sdpa_in_triton_interpreter():
     """The kernel's arithmetic on CPU tensors, in Triton's interpreter (skipped without triton)."""
     run_in_triton_interpreter('test_triton_attention', 'check_against_sdpa', "torch.float32", "1e-5")
+
+
+def test_in_kernel_rope_needs_the_new_keys():
+    q = torch.zeros(1, 2, 8)
+    with pytest.raises(ValueError, match="needs this step's keys"):
+        triton_attention.paged_attention_uniform(q, torch.zeros(1, dtype=torch.int64), torch.zeros(2, 2, 4, 1, 8),
+                                                 torch.zeros(1, 1, dtype=torch.int32), torch.ones(1, dtype=torch.int32),
+                                                 1, 1.0, rope=(torch.ones(1, 8), torch.zeros(1, 8)))
 
 
 def test_attention_kernel_is_validated():

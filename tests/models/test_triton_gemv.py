@@ -11,31 +11,42 @@ from triton_interpreter import run_in_triton_interpreter
 
 from specexp.engine.config import EngineConfig, EngineConfigError
 from specexp.models import triton_gemv
+from specexp.models.layers import RMSNorm
 from specexp.models.linear_ops import CUBLAS, TRITON_GEMV, add_linear_
 
 # (K, N): K below, at and past one 1024-wide chunk and not a multiple of it; N odd, below and past BLOCK_N
 SHAPES = [(5, 3), (64, 1), (1000, 37), (1024, 256), (2500, 130)]
 
 
-def check_products(device: str, dtypes) -> None:
-    """Every SHAPES x dtypes x (bias, residual) product of triton_gemv.gemv vs a float64 reference."""
+FUSIONS = ("none", "norm")  # the RMSNorm before the product fused in, or not
+
+
+def check_products(device: str, dtypes, fusions=FUSIONS) -> None:
+    """Every SHAPES x dtypes x fusions x (bias, residual) product of triton_gemv.gemv vs a float64 reference."""
     gen = torch.Generator().manual_seed(0)
-    for (k, n), dtype in [(s, d) for s in SHAPES for d in dtypes]:
+    for (k, n), dtype, fusion in [(s, d, f) for s in SHAPES for d in dtypes for f in fusions]:
         for with_bias, with_residual in [(False, False), (True, False), (False, True), (True, True)]:
-            x, w = torch.randn(1, k, generator=gen), torch.randn(n, k, generator=gen)
+            x, w = torch.randn(1, k, generator=gen) * 3, torch.randn(n, k, generator=gen) / k**0.5
             bias, residual = torch.randn(n, generator=gen), torch.randn(1, n, generator=gen)
-            expected = x.double() @ w.double().T + (bias.double() if with_bias else 0)
+            norm_weight = torch.rand(k, generator=gen) + 0.5
+            x, w, bias, residual, norm_weight = (t.to(dtype) for t in (x, w, bias, residual, norm_weight))
+            a = x.double()
+            if "norm" in fusion:
+                a = a * torch.rsqrt(a.pow(2).mean(-1, keepdim=True) + 1e-5) * norm_weight.double()
+            expected = a @ w.double().T + (bias.double() if with_bias else 0)
             expected = expected + (residual.double() if with_residual else 0)
-            cast = [t.to(device=device, dtype=dtype) for t in (x, w, bias, residual)]
-            res = cast[3].clone() if with_residual else None
-            got = triton_gemv.gemv(cast[0], cast[1], cast[2] if with_bias else None, residual=res)
+            res = residual.to(device).clone() if with_residual else None
+            norm = {"norm_weight": norm_weight.to(device), "eps": 1e-5} if "norm" in fusion else {}
+            got = triton_gemv.gemv(x.to(device), w.to(device), bias.to(device) if with_bias else None,
+                                   residual=res, **norm)
             assert got.shape == (1, n) and got.dtype == dtype
             if with_residual:
                 assert got.data_ptr() == res.data_ptr(), "the residual is updated in place"
             tol = {torch.float32: 1e-4, torch.bfloat16: 3e-2, torch.float16: 3e-3}[dtype]
             scale = expected.abs().max().item() + 1
             err = (got.double().cpu() - expected).abs().max().item() / scale
-            assert err < tol, f"K={k} N={n} {dtype} bias={with_bias} residual={with_residual}: error {err:.2e}"
+            label = f"K={k} N={n} {dtype} {fusion} bias={with_bias} residual={with_residual}"
+            assert err < tol, f"{label}: error {err:.2e}"
 
 
 @pytest.mark.cuda
@@ -54,6 +65,10 @@ def test_triton_table_takes_single_rows_only():
     residual = torch.randn(1, 96, device="cuda")
     expected = residual + F.linear(one, w)
     torch.testing.assert_close(TRITON_GEMV.add_linear_(residual, one, w, None), expected, atol=1e-4, rtol=1e-4)
+    norm = RMSNorm(200, 1e-6).cuda()
+    torch.testing.assert_close(TRITON_GEMV.norm_linear(one, norm, w, None), F.linear(norm(one), w),
+                               atol=1e-4, rtol=1e-4)
+    assert torch.equal(TRITON_GEMV.norm_linear(many, norm, w, None), F.linear(norm(many), w))
 
 
 def test_gemv_matches_reference_in_triton_interpreter():
@@ -69,6 +84,9 @@ def test_triton_table_falls_back_to_torch_off_the_gpu():
         x, residual = torch.randn(rows, 11, generator=gen), torch.randn(rows, 7, generator=gen)
         assert torch.equal(TRITON_GEMV.linear(x, w, b), CUBLAS.linear(x, w, b))
         assert torch.equal(TRITON_GEMV.add_linear_(residual.clone(), x, w, b), add_linear_(residual.clone(), x, w, b))
+        norm = RMSNorm(11, 1e-6)
+        for n in (norm, None):
+            assert torch.equal(TRITON_GEMV.norm_linear(x, n, w, b), CUBLAS.norm_linear(x, n, w, b))
 
 
 def test_linear_kernel_is_validated():
