@@ -38,6 +38,7 @@ kernel that reads the paged cache in place (`specexp.models.triton_attention`).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -148,11 +149,41 @@ def write_kv_cache(kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     flat[1].index_copy_(0, index, value.to(kv_cache.dtype))
 
 
+@dataclass(frozen=True)
+class HeadPrologue:
+    """What the query and key heads still need before attention, which a uniform-batch kernel may do itself:
+    per-head RMSNorms (Qwen3's / LFM2's q and k norms; None: none), then rotate-half RoPE.
+
+    cos, signed_sin: [T, D] (`layers.RotaryEmbedding`); apply_rope(x, cos, signed_sin): the eager op;
+    q_norm / k_norm: RMSNorm modules (`weight` [D], `eps`) or None."""
+
+    cos: torch.Tensor
+    signed_sin: torch.Tensor
+    apply_rope: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+    q_norm: nn.Module | None = None
+    k_norm: nn.Module | None = None
+
+    def apply(self, query: torch.Tensor, key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The eager ops: query [T, Hq, D], key [T, Hkv, D] normalised and rotated."""
+        if self.q_norm is not None:
+            query, key = self.q_norm(query), self.k_norm(key)
+        return self.apply_rope(query, self.cos, self.signed_sin), self.apply_rope(key, self.cos, self.signed_sin)
+
+    def kernel_args(self) -> dict:
+        """`rope` and `qk_norm` for :func:`triton_attention.paged_attention_uniform`."""
+        qk_norm = None
+        if self.q_norm is not None:
+            if self.q_norm.eps != self.k_norm.eps:
+                raise ValueError(f"q and k norms with different eps ({self.q_norm.eps}, {self.k_norm.eps})")
+            qk_norm = (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps)
+        return {"rope": (self.cos, self.signed_sin), "qk_norm": qk_norm}
+
+
 def _kernel_takes(kernel: UniformKernel, tensors: dict, query: torch.Tensor, kv_cache: torch.Tensor,
-                  max_query_len: int, *new_kv: torch.Tensor, rope: tuple | None = None) -> bool:
+                  max_query_len: int, *new_kv: torch.Tensor, prologue: dict | None = None) -> bool:
     """Whether `kernel.uniform` runs this batch: a uniform batch on the GPU that the kernel supports."""
     return (kernel.uniform is not None and tensors["uniform"] and query.is_cuda
-            and triton_attention.supports(query, kv_cache, max_query_len, *new_kv, rope=rope))
+            and triton_attention.supports(query, kv_cache, max_query_len, *new_kv, **(prologue or {})))
 
 
 def _token_rows(meta: AttentionMetadata, num_tokens: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -218,24 +249,23 @@ def attend(
     meta: AttentionMetadata | AttentionPlan,
     scale: float,
     kernel: UniformKernel = SDPA,
-    rope: tuple[torch.Tensor, torch.Tensor, Callable] | None = None,
+    prologue: HeadPrologue | None = None,
 ) -> torch.Tensor:
     """Write this step's key/value into the paged cache, then attend (uniform batches with `kernel`).
     query [T, Hq, D], key/value [T, Hkv, D] -> [T, Hq * D]. meta: the step's metadata, or the forward's
-    AttentionPlan (shared by layers). rope: None when query and key are already rotated; else (cos, signed_sin,
-    apply_rope): `kernel` rotates them in its kernel when it takes the batch, `apply_rope(x, cos, signed_sin)`
-    rotates them otherwise (cos/signed_sin [T, D], as `layers.RotaryEmbedding` returns them)."""
+    AttentionPlan (shared by layers). prologue: None when query and key are final; else their remaining norms
+    and RoPE, which `kernel` applies in its kernel when it takes the batch and the eager ops apply otherwise."""
     plan = meta if isinstance(meta, AttentionPlan) else AttentionPlan(meta, positions)
     group = query.shape[1] // key.shape[1]
     block_size = kv_cache.shape[2]
     tensors = plan.tensors(query.shape[0], block_size, group, query.device)
     max_query_len = max(plan.meta.max_query_len, 1)
-    tables = rope[:2] if rope is not None else None
-    if _kernel_takes(kernel, tensors, query, kv_cache, max_query_len, key, value, rope=tables):  # one kernel
+    extra = prologue.kernel_args() if prologue is not None else {}
+    if _kernel_takes(kernel, tensors, query, kv_cache, max_query_len, key, value, prologue=extra):  # one kernel
         return kernel.uniform(query, positions, kv_cache, plan.meta.block_table, plan.meta.seq_lens,
                               tensors["mask"].shape[-1] // block_size, scale, key=key, value=value,
-                              write_index=tensors["write_index"], rope=tables)
-    if rope is not None:
-        query, key = rope[2](query, *tables), rope[2](key, *tables)
+                              write_index=tensors["write_index"], **extra)
+    if prologue is not None:
+        query, key = prologue.apply(query, key)
     write_kv_cache(kv_cache, key, value, plan.meta.slot_mapping, tensors)
     return paged_attention(query, positions, kv_cache, plan, scale, kernel)

@@ -12,7 +12,7 @@ import math
 import torch
 from torch import nn
 
-from specexp.models.attention import SDPA, AttentionPlan, attend
+from specexp.models.attention import SDPA, AttentionPlan, HeadPrologue, attend
 from specexp.models.config import RopeConfig
 from specexp.models.kernels import UniformKernel
 from specexp.models.linear_ops import CUBLAS, LinearOps
@@ -118,14 +118,15 @@ class QKVAttention(nn.Module):
         split = (num_q + num_kv) * self.head_dim
         qk = qkv[:, :split].view(num_tokens, num_q + num_kv, self.head_dim)  # q and k heads, adjacent
         v = qkv[:, split:].view(num_tokens, num_kv, self.head_dim)
+        if self.attention_kernel.uniform is not None:  # norms and RoPE inside the uniform-batch kernel (eager on
+            # any batch it does not take)
+            prologue = HeadPrologue(*rope, self.ops.apply_rope, q_norm, k_norm)
+            return attend(qk[:, :num_q], qk[:, num_q:], v, positions, kv_cache, meta, self.scale,
+                          self.attention_kernel, prologue)
         if q_norm is not None:
             qk = torch.cat((q_norm(qk[:, :num_q]), k_norm(qk[:, num_q:])), dim=1)
-        if self.attention_kernel.uniform is None:  # queries and keys rotated in one pass
-            qk, rope = self.ops.apply_rope(qk, *rope), None
-        else:  # rotated inside the uniform-batch kernel (by the module's op on any batch it does not take)
-            rope = (*rope, self.ops.apply_rope)
-        q, k = qk[:, :num_q], qk[:, num_q:]
-        return attend(q, k, v, positions, kv_cache, meta, self.scale, self.attention_kernel, rope)
+        qk = self.ops.apply_rope(qk, *rope)  # queries and keys rotated in one pass
+        return attend(qk[:, :num_q], qk[:, num_q:], v, positions, kv_cache, meta, self.scale, self.attention_kernel)
 
 
 class GatedMLP(nn.Module):

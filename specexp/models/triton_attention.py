@@ -37,13 +37,14 @@ if AVAILABLE:
     @triton.jit
     def _paged_attention_kernel(
         q_ptr, kv_ptr, block_table_ptr, seq_lens_ptr, positions_ptr, out_ptr,
-        new_k_ptr, new_v_ptr, write_index_ptr, cos_ptr, sin_ptr,
+        new_k_ptr, new_v_ptr, write_index_ptr, cos_ptr, sin_ptr, q_norm_ptr, k_norm_ptr,
         stride_qt, stride_qh, stride_kv, stride_kb, stride_ks, stride_kh, stride_bt, stride_ot,
         stride_nkt, stride_nkh, stride_nvt, stride_nvh, stride_rt,
-        scale, num_keys,
+        scale, num_keys, eps,
         Q: tl.constexpr, G: tl.constexpr, D: tl.constexpr, BLOCK_SIZE: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr,
-        WRITE_KV: tl.constexpr, ROPE: tl.constexpr, ROUND_HALF: tl.constexpr, IEEE: tl.constexpr,
+        WRITE_KV: tl.constexpr, QK_NORM: tl.constexpr, ROPE: tl.constexpr, ROUND_HALF: tl.constexpr,
+        IEEE: tl.constexpr,
     ):
         row = tl.program_id(0)
         kv_head = tl.program_id(1)
@@ -61,11 +62,9 @@ if AVAILABLE:
             new_token = row * Q + i
             slot = tl.load(write_index_ptr + new_token, mask=i_ok, other=0)
             new_mask = i_ok[:, None] & d_ok[None, :]
-            new_k_row = new_k_ptr + new_token[:, None] * stride_nkt + kv_head * stride_nkh
-            new_k = tl.load(new_k_row + d[None, :], mask=new_mask, other=0.0)
-            if ROPE:
-                new_k = _rotate(new_k, tl.load(new_k_row + d_swapped[None, :], mask=new_mask, other=0.0),
-                                cos_ptr, sin_ptr, new_token, stride_rt, d, new_mask, ROUND_HALF)
+            new_k = _head_prologue(new_k_ptr + new_token[:, None] * stride_nkt + kv_head * stride_nkh, new_token,
+                                   new_mask, d, d_swapped, k_norm_ptr, cos_ptr, sin_ptr, stride_rt, eps,
+                                   D, QK_NORM, ROPE, ROUND_HALF)
             new_v = tl.load(new_v_ptr + new_token[:, None] * stride_nvt + kv_head * stride_nvh + d[None, :],
                             mask=new_mask, other=0.0)
             dst = kv_ptr + slot[:, None] * stride_ks + kv_head * stride_kh + d[None, :]
@@ -74,12 +73,9 @@ if AVAILABLE:
             tl.debug_barrier()
         token = row * Q + m // G
         head = kv_head * G + m % G
-        q_row = q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh
-        q_mask = m_ok[:, None] & d_ok[None, :]
-        q = tl.load(q_row + d[None, :], mask=q_mask, other=0.0)
-        if ROPE:
-            q = _rotate(q, tl.load(q_row + d_swapped[None, :], mask=q_mask, other=0.0), cos_ptr, sin_ptr, token,
-                        stride_rt, d, q_mask, ROUND_HALF)
+        q = _head_prologue(q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh, token,
+                           m_ok[:, None] & d_ok[None, :], d, d_swapped, q_norm_ptr, cos_ptr, sin_ptr, stride_rt, eps,
+                           D, QK_NORM, ROPE, ROUND_HALF)
         q_pos = tl.load(positions_ptr + token, mask=m_ok, other=0)
         seq_len = tl.load(seq_lens_ptr + row)
         n_idx = tl.arange(0, BLOCK_N)
@@ -119,45 +115,74 @@ if AVAILABLE:
                  out.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])
 
     @triton.jit
-    def _rotate(x, x_swapped, cos_ptr, sin_ptr, token, stride_rt, d, mask, ROUND_HALF: tl.constexpr):
-        """Rotate-half RoPE of rows x [rows, BLOCK_D] (x_swapped: each dim's partner) at their tokens' angles:
-        x * cos + x_swapped * signed_sin, rounded after each op in half precision as eager torch rounds;
-        returned in x's dtype."""
+    def _head_prologue(row_ptr, token, mask, d, d_swapped, norm_ptr, cos_ptr, sin_ptr, stride_rt, eps,
+                       D: tl.constexpr, NORM: tl.constexpr, ROPE: tl.constexpr, ROUND_HALF: tl.constexpr):
+        """Heads [rows, BLOCK_D] (row i's dims at row_ptr[i] + d) as attention reads them: per-head RMSNorm
+        (NORM: weight at norm_ptr), then rotate-half RoPE at their tokens' angles (ROPE): x * cos + partner *
+        signed_sin. Eager's arithmetic and, in half precision, its roundings after each op. In x's dtype."""
+        x = tl.load(row_ptr + d[None, :], mask=mask, other=0.0)
         dtype = x.dtype
-        cos = tl.load(cos_ptr + token[:, None] * stride_rt + d[None, :], mask=mask, other=0.0).to(tl.float32)
-        sin = tl.load(sin_ptr + token[:, None] * stride_rt + d[None, :], mask=mask, other=0.0).to(tl.float32)
-        a = x.to(tl.float32) * cos
-        b = x_swapped.to(tl.float32) * sin
+        x = x.to(tl.float32)
+        if ROPE:
+            partner = tl.load(row_ptr + d_swapped[None, :], mask=mask, other=0.0).to(tl.float32)
+        if NORM:
+            inv_rms = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / D + eps)
+            x = _norm_scale(x, inv_rms, norm_ptr, d, D, dtype, ROUND_HALF)
+            if ROPE:
+                partner = _norm_scale(partner, inv_rms, norm_ptr, d_swapped, D, dtype, ROUND_HALF)
+        if ROPE:
+            cos = tl.load(cos_ptr + token[:, None] * stride_rt + d[None, :], mask=mask, other=0.0).to(tl.float32)
+            sin = tl.load(sin_ptr + token[:, None] * stride_rt + d[None, :], mask=mask, other=0.0).to(tl.float32)
+            x = x * cos
+            partner = partner * sin
+            if ROUND_HALF:
+                x = x.to(dtype).to(tl.float32)
+                partner = partner.to(dtype).to(tl.float32)
+            x = x + partner
+        return x.to(dtype)
+
+    @triton.jit
+    def _norm_scale(x, inv_rms, norm_ptr, dims, D: tl.constexpr, dtype, ROUND_HALF: tl.constexpr):
+        """x [rows, BLOCK_D] (fp32) * inv_rms [rows] * weight[dims]: `pointwise.rms_norm`'s arithmetic (half
+        precision: the normalised x rounded to dtype, then the product)."""
+        x = x * inv_rms[:, None]
         if ROUND_HALF:
-            a = a.to(dtype).to(tl.float32)
-            b = b.to(dtype).to(tl.float32)
-        return (a + b).to(dtype)
+            x = x.to(dtype).to(tl.float32)
+        x = x * tl.load(norm_ptr + dims, mask=dims < D, other=0.0).to(tl.float32)[None, :]
+        if ROUND_HALF:
+            x = x.to(dtype).to(tl.float32)
+        return x
 
 
 def supports(query: torch.Tensor, kv_cache: torch.Tensor, queries_per_row: int, *new_kv: torch.Tensor,
-             rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> bool:
+             rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+             qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None) -> bool:
     """Whether :func:`paged_attention_uniform` takes this batch: triton present, one dtype, contiguous head
     dims (of the query and of `new_kv`, this step's keys and values if the kernel writes them) and cache, at
-    most MAX_QUERY_ROWS query rows per program, and `rope` tables (if given) with contiguous rows of the query's
-    dtype and an even head dim."""
+    most MAX_QUERY_ROWS query rows per program, `rope` tables (if given) with contiguous rows of the query's
+    dtype and an even head dim, and `qk_norm` weights (if given) of the query's dtype, contiguous."""
     group = query.shape[1] // kv_cache.shape[3]
     rope_ok = rope is None or (query.shape[2] % 2 == 0 and all(
         t.dtype == query.dtype and t.stride(1) == 1 and t.stride(0) == rope[0].stride(0) for t in rope))
+    norm_ok = qk_norm is None or all(t.dtype == query.dtype and t.is_contiguous() for t in qk_norm[:2])
     return (AVAILABLE and query.dtype == kv_cache.dtype and query.stride(2) == 1 and kv_cache.is_contiguous()
             and all(t.dtype == query.dtype and t.stride(2) == 1 for t in new_kv)
-            and group * queries_per_row <= MAX_QUERY_ROWS and rope_ok)
+            and group * queries_per_row <= MAX_QUERY_ROWS and rope_ok and norm_ok)
 
 
 def paged_attention_uniform(query: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor,
                             block_table: torch.Tensor, seq_lens: torch.Tensor, num_blocks: int,
                             scale: float, key: torch.Tensor | None = None, value: torch.Tensor | None = None,
                             write_index: torch.Tensor | None = None,
-                            rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                            rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+                            qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None) -> torch.Tensor:
     """Causal attention of a uniform batch over its rows' cached keys; with `key`/`value`/`write_index` it first
     writes this step's keys and values into the cache (in the same kernel), else they must be there already.
     With `rope` = (cos, signed_sin), each [R * Q, D] contiguous (`layers.RotaryEmbedding`'s tables), the query
     and the new keys are given before RoPE and rotated in the kernel (`pointwise.apply_rope`'s arithmetic and
-    roundings); it needs the new keys (only the step's keys are unrotated).
+    roundings). With `qk_norm` = (q_weight [D], k_weight [D], eps) they are first normalised per head
+    (`pointwise.rms_norm`'s arithmetic, Qwen3's and LFM2's q/k norms). Both need the new keys (the cached ones
+    are already normalised and rotated).
 
     query [R * Q, Hq, D] (row r's queries at tokens r*Q .. r*Q+Q-1; head dim contiguous); positions int64[R*Q];
     kv_cache [2, num_blocks_total, block_size, Hkv, D] (contiguous); block_table int32[R, >= num_blocks];
@@ -174,20 +199,22 @@ def paged_attention_uniform(query: torch.Tensor, positions: torch.Tensor, kv_cac
     q_per_row = num_tokens // num_rows
     out = torch.empty(num_tokens, num_heads * head_dim, device=query.device, dtype=query.dtype)
     write = key is not None
-    if rope is not None and not write:
-        raise ValueError("in-kernel RoPE needs this step's keys (key/value/write_index): cached keys are rotated")
+    if (rope is not None or qk_norm is not None) and not write:
+        raise ValueError("in-kernel RoPE / q-k norms need this step's keys (key/value/write_index): cached keys "
+                         "are already rotated and normalised")
     new_k, new_v, index = (key, value, write_index) if write else (query, query, positions)
     cos, sin = rope if rope is not None else (query, query)
+    q_norm, k_norm, eps = qk_norm if qk_norm is not None else (query, query, 0.0)
     _paged_attention_kernel[(num_rows, num_kv_heads)](
-        query, kv_cache, block_table, seq_lens, positions, out, new_k, new_v, index, cos, sin,
+        query, kv_cache, block_table, seq_lens, positions, out, new_k, new_v, index, cos, sin, q_norm, k_norm,
         query.stride(0), query.stride(1), kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2),
         kv_cache.stride(3), block_table.stride(0), out.stride(0),
         new_k.stride(0), new_k.stride(1), new_v.stride(0), new_v.stride(1), cos.stride(0),
-        scale, num_blocks * block_size,
+        scale, num_blocks * block_size, eps,
         Q=q_per_row, G=group, D=head_dim, BLOCK_SIZE=block_size,
         BLOCK_M=max(16, triton.next_power_of_2(group * q_per_row)), BLOCK_N=KEYS_PER_TILE,
         BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK_Q=max(2, triton.next_power_of_2(q_per_row)),
-        WRITE_KV=write, ROPE=rope is not None, ROUND_HALF=query.dtype in (torch.float16, torch.bfloat16),
+        WRITE_KV=write, QK_NORM=qk_norm is not None, ROPE=rope is not None, ROUND_HALF=query.dtype in (torch.float16, torch.bfloat16),
         IEEE=query.dtype == torch.float32, num_warps=4,
     )
     return out

@@ -14,7 +14,7 @@ from specexp.models import triton_attention
 from specexp.models.attention import padding_slot, paged_attention, write_kv_cache
 from specexp.models.config import RopeConfig
 from specexp.models.layers import RotaryEmbedding
-from specexp.models.pointwise import apply_rope
+from specexp.models.pointwise import apply_rope, rms_norm
 
 # (queries per row, context lengths, Hq, Hkv, head dim, padded rows, cache block size): decode and verify rows,
 # GQA groups, a head dim that is not a power of 2, rows over several cache blocks and key tiles, graph padding,
@@ -56,22 +56,29 @@ def check_against_sdpa(device: str, dtype: torch.dtype, tol: float) -> None:
             err = (got[:real].double() - expected[:real].double()).abs().max().item()
             assert err < tol, f"{label}, kernel writes K/V: {writes}: error {err:.2e}"
             assert torch.equal(cache[:, 1:], kv_cache[:, 1:]), f"{label}: cache differs outside the NULL block"
-        # In-kernel RoPE: q and k given unrotated; the reference rotates them with the eager op first.
+        # In-kernel prologue: q and k given before their per-head norms (or none) and RoPE; the reference applies
+        # the eager ops first.
         cos, signed_sin = RotaryEmbedding(RopeConfig(theta=500.0), dim).to(device)(positions, dtype)
-        raw_q, raw_k = q.flip(-1), k.flip(-1)  # any unrotated values
-        rotated_cache = fresh.clone()
-        write_kv_cache(rotated_cache, apply_rope(raw_k, cos, signed_sin), v, slots)
-        expected = paged_attention(apply_rope(raw_q, cos, signed_sin), positions, rotated_cache, meta,
-                                   scale=dim**-0.5)
-        assert triton_attention.supports(raw_q, kv_cache, q_len, raw_k, v, rope=(cos, signed_sin))
-        cache = fresh.clone()
-        got = triton_attention.paged_attention_uniform(raw_q, positions, cache, meta.block_table, meta.seq_lens,
-                                                       num_blocks=num_blocks, scale=dim**-0.5, key=raw_k, value=v,
-                                                       write_index=write_index, rope=(cos, signed_sin))
-        err = (got[:real].double() - expected[:real].double()).abs().max().item()
-        assert err < tol, f"{label}, in-kernel RoPE: error {err:.2e}"
-        cache_err = (cache[:, 1:].double() - rotated_cache[:, 1:].double()).abs().max().item()
-        assert cache_err <= tol, f"{label}: rotated keys differ: {cache_err:.2e}"  # fp32: FMA contraction
+        raw_q, raw_k = q.flip(-1), k.flip(-1)  # any values
+        gen = torch.Generator().manual_seed(seed)
+        q_weight, k_weight = ((torch.rand(dim, generator=gen) + 0.5).to(device=device, dtype=dtype) for _ in "qk")
+        for with_norm in (False, True):
+            qn, kn = (rms_norm(raw_q, q_weight, 1e-5), rms_norm(raw_k, k_weight, 1e-5)) if with_norm else (raw_q, raw_k)
+            rotated_cache = fresh.clone()
+            write_kv_cache(rotated_cache, apply_rope(kn, cos, signed_sin), v, slots)
+            expected = paged_attention(apply_rope(qn, cos, signed_sin), positions, rotated_cache, meta,
+                                       scale=dim**-0.5)
+            prologue = {"rope": (cos, signed_sin), "qk_norm": (q_weight, k_weight, 1e-5) if with_norm else None}
+            assert triton_attention.supports(raw_q, kv_cache, q_len, raw_k, v, **prologue)
+            cache = fresh.clone()
+            got = triton_attention.paged_attention_uniform(
+                raw_q, positions, cache, meta.block_table, meta.seq_lens, num_blocks=num_blocks, scale=dim**-0.5,
+                key=raw_k, value=v, write_index=write_index, **prologue)
+            err = (got[:real].double() - expected[:real].double()).abs().max().item()
+            assert err < tol, f"{label}, in-kernel RoPE, q/k norms: {with_norm}: error {err:.2e}"
+            cache_err = (cache[:, 1:].double() - rotated_cache[:, 1:].double()).abs().max().item()
+            scale = rotated_cache[:, 1:].abs().max().item()  # half precision: an ulp of the largest key
+            assert cache_err <= tol * max(scale, 1), f"{label}, q/k norms: {with_norm}: keys differ by {cache_err:.2e}"
 
 
 @pytest.mark.cuda
@@ -88,7 +95,7 @@ def test_triton_attention_matches_sdpa_in_triton_interpreter():
 
 def test_in_kernel_rope_needs_the_new_keys():
     q = torch.zeros(1, 2, 8)
-    with pytest.raises(ValueError, match="needs this step's keys"):
+    with pytest.raises(ValueError, match="need this step's keys"):
         triton_attention.paged_attention_uniform(q, torch.zeros(1, dtype=torch.int64), torch.zeros(2, 2, 4, 1, 8),
                                                  torch.zeros(1, 1, dtype=torch.int32), torch.ones(1, dtype=torch.int32),
                                                  1, 1.0, rope=(torch.ones(1, 8), torch.zeros(1, 8)))
