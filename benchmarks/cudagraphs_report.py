@@ -1,4 +1,5 @@
-"""Render benchmarks/gpu_cudagraphs.py's JSON as the markdown tables of an experiments/ report.
+"""Render benchmarks/gpu_cudagraphs.py's JSON as the markdown tables of an experiments/ report (speedups are
+re-derived from the raw runs with `leviathan.add_theory`, so older results get today's baseline rule).
 
     python benchmarks/cudagraphs_report.py RESULT.json > tables.md
 """
@@ -7,6 +8,11 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from leviathan import add_theory  # noqa: E402
 
 
 def _mb(num_bytes: float | None) -> str:
@@ -34,32 +40,48 @@ def _fmt(value) -> str:
     return "-" if value is None else f"{value:.2f}"
 
 
+def _capture_lines(pair: dict) -> list[str]:
+    """Graph memory / capture time per (manager, size) and the draft decode eager-vs-graph table, when measured."""
+    if "capture" not in pair:
+        return []
+    capture = pair["capture"]
+    lines = [f"Whole capture (k = 4): {_mb(capture['graph_capture_bytes'])} MiB (free-memory delta), "
+             f"{capture['graph_capture_s']:.2f} s; persistent buffers {_mb(capture['persistent_buffer_bytes'])} MiB.",
+             "", "| manager | batch | keys | capture MiB (free delta) | reserved MiB | capture ms |",
+             "|---|---|---|---|---|---|"]
+    for manager, summary in capture["managers"].items():
+        for r in sorted(summary["per_size"], key=lambda r: (r["num_reqs"], r.get("max_seq_len") or 0)):
+            lines.append(f"| {manager} | {r['num_reqs']} | {r.get('max_seq_len') or '-'} "
+                         f"| {_mb(r['capture_bytes'])} | {_mb(r['reserved_bytes'])} | {1e3 * r['capture_s']:.1f} |")
+    lines += ["", "| draft decode batch | eager ms/step | graph ms/step | graph speedup |", "|---|---|---|---|"]
+    for size, d in pair["draft_decode_step"].items():
+        lines.append(f"| {size} | {d['eager_step_ms']:.3f} | {d['graph_step_ms']:.3f} | {d['graph_speedup']:.1f}x |")
+    return lines
+
+
 def render(result: dict) -> str:
     lines = [f"Machine: {result['machine']['gpu']}, torch {result['machine']['torch']}, "
              f"Python {result['machine']['python']}. Measured copy bandwidth (read + write): "
              f"{result['copy_bandwidth_bytes_per_s'] / 1e12:.2f} TB/s.", ""]
     for name, pair in result["pairs"].items():
-        capture = pair["capture"]
         lines += [f"## {name}", "",
                   f"Target `{pair['target']}` ({pair['target_params'] / 1e6:.0f}M params), draft `{pair['draft']}` "
-                  f"({pair['draft_params'] / 1e6:.0f}M), {pair['weights']} weights, {pair['dtype']}.", "",
-                  f"Whole capture (k = 4): {_mb(capture['graph_capture_bytes'])} MiB (free-memory delta), "
-                  f"{capture['graph_capture_s']:.2f} s; persistent buffers {_mb(capture['persistent_buffer_bytes'])} MiB.",
-                  "", "| manager | batch | keys | capture MiB (free delta) | reserved MiB | capture ms |",
-                  "|---|---|---|---|---|---|"]
-        for manager, summary in capture["managers"].items():
-            for r in sorted(summary["per_size"], key=lambda r: (r["num_reqs"], r.get("max_seq_len") or 0)):
-                lines.append(f"| {manager} | {r['num_reqs']} | {r.get('max_seq_len') or '-'} "
-                             f"| {_mb(r['capture_bytes'])} | {_mb(r['reserved_bytes'])} | {1e3 * r['capture_s']:.1f} |")
-        lines += ["", "| draft decode batch | eager ms/step | graph ms/step | graph speedup |", "|---|---|---|---|"]
-        for size, d in pair["draft_decode_step"].items():
-            lines.append(f"| {size} | {d['eager_step_ms']:.3f} | {d['graph_step_ms']:.3f} | {d['graph_speedup']:.1f}x |")
+                  f"({pair['draft_params'] / 1e6:.0f}M), {pair['weights']} weights, {pair['dtype']}.", ""]
+        lines += _capture_lines(pair)  # each section only when the run measured it (--sections)
+        if "target_decode_step" not in pair:
+            continue
         t = pair["target_decode_step"]
+        back_to_back = t.get("graph_back_to_back_ms")
+        stream = ("" if back_to_back is None else f" Replays queued back to back: {back_to_back:.3f} ms, "
+                  f"{100 * t['fraction_of_copy_bandwidth_back_to_back']:.0f}%.")
         lines += ["", f"Target decode step, batch 1: graph {t['graph_ms']:.3f} ms, eager {t['eager_ms']:.2f} ms; "
                   f"weights {t['weight_bytes'] / 1e9:.2f} GB -> {t['achieved_bytes_per_s'] / 1e12:.2f} TB/s = "
                   f"{100 * t['fraction_of_copy_bandwidth']:.0f}% of the measured copy bandwidth. "
-                  f"Cost ratio c (draft step / target step, graphs) = {pair['cost_ratio_c']:.3f}.", ""]
+                  f"Cost ratio c (draft step / target step, graphs) = {pair['cost_ratio_c']:.3f}.{stream}", ""]
         lines += _kernel_lines(t.get("kernels"))
+        if "end_to_end" not in pair:
+            continue
+        add_theory(pair["end_to_end"], pair["cost_ratio_c"])  # re-derived from the raw runs (one k = 0 baseline)
         lines += ["| k | acceptance rate | acceptance length | tokens/s (median of runs) | speedup | theory speedup "
                   "| within 15% | step ms p50 | draft ms p50 | verify ms p50 | host ms p50 |",
                   "|---|---|---|---|---|---|---|---|---|---|---|"]

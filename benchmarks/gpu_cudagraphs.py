@@ -31,6 +31,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from leviathan import add_theory  # noqa: E402
 
 from specexp.engine.config import EngineConfig, SamplingConfig, SpeculatorConfig  # noqa: E402
 from specexp.engine.cudagraph import FULL, BatchExecutionDescriptor  # noqa: E402
@@ -209,17 +212,6 @@ def end_to_end(target, draft, ks, prompts, rates, synthetic: bool, repeats: int 
                   f"host {row['schedule_ms_p50']:.2f})", flush=True)
             del engine
     return rows
-
-
-def add_theory(rows: list[dict], c: float) -> None:
-    """Speedup over k=0 (same rate) and Leviathan's prediction with cost ratio c."""
-    base = {r["acceptance_rate"]: r["output_tokens_per_s"] for r in rows if r["k"] == 0}
-    for r in rows:
-        r["speedup"] = r["output_tokens_per_s"] / base[r["acceptance_rate"]]
-        a, k = r["acceptance_rate"], r["k"]
-        if a is not None:
-            r["theory_speedup"] = (1 - a ** (k + 1)) / ((1 - a) * (k * c + 1))
-            r["within_15pct_of_theory"] = abs(r["speedup"] / r["theory_speedup"] - 1) <= 0.15
 
 
 SECTIONS = ("capture", "step", "e2e")

@@ -1,0 +1,36 @@
+"""Speedup over no speculation, measured and as Leviathan et al. predict it: (1 - a^(k+1)) / ((1 - a)(k c + 1))
+for acceptance rate a, depth k and cost ratio c (draft step / target step). Shared by gpu_cudagraphs.py (which
+measures) and cudagraphs_report.py (which re-derives the figures from a result's raw runs). Standalone rather
+than `specexp.analysis.theory.expected_speedup` (the same formula) because the GPU benchmarks must run with only
+torch, safetensors and tokenizers, and specexp.analysis needs pandas."""
+
+from __future__ import annotations
+
+import statistics
+
+
+def leviathan_speedup(a: float, k: int, c: float) -> float:
+    """Expected tokens per step over the step's cost in target steps; a in [0, 1), k >= 0, c > 0."""
+    return (1 - a ** (k + 1)) / ((1 - a) * (k * c + 1))
+
+
+def add_theory(rows: list[dict], c: float) -> None:
+    """Set each end-to-end row's `speedup` (its median tokens/s over the k = 0 baseline), `theory_speedup` and
+    `within_15pct_of_theory` (rows with a synthetic acceptance rate only; None for k = 0).
+
+    The baseline is the median of every k = 0 run of the pair, whatever its row's acceptance rate: without a
+    draft nothing depends on the rate, so those rows are one configuration measured several times, and a single
+    slow k = 0 row would otherwise move every speedup of its rate. rows: dicts with `k`, `acceptance_rate`,
+    `output_tokens_per_s` and `output_tokens_per_s_runs` (tokens/s of each run)."""
+    runs = [tps for r in rows if r["k"] == 0 for tps in r.get("output_tokens_per_s_runs", [r["output_tokens_per_s"]])]
+    if not runs:
+        return
+    base = statistics.median(runs)
+    for r in rows:
+        r["baseline_tokens_per_s"] = base
+        r["speedup"] = r["output_tokens_per_s"] / base
+        a, k = r["acceptance_rate"], r["k"]
+        if a is not None:
+            r["theory_speedup"] = leviathan_speedup(a, k, c)
+            # a k = 0 row is (part of) the baseline itself: its spread is noise, not a prediction to check
+            r["within_15pct_of_theory"] = None if k == 0 else abs(r["speedup"] / r["theory_speedup"] - 1) <= 0.15

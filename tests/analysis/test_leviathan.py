@@ -1,0 +1,32 @@
+"""benchmarks/leviathan.py: the speedup formula and the one-baseline rule of the end-to-end tables."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+from leviathan import add_theory, leviathan_speedup
+
+
+def test_formula_is_expected_tokens_over_step_cost():
+    assert leviathan_speedup(0.8, 0, 0.3) == pytest.approx(1.0)
+    assert leviathan_speedup(0.8, 2, 0.0) == pytest.approx(1 + 0.8 + 0.64)  # free draft: expected tokens per step
+    assert leviathan_speedup(0.6, 3, 0.25) == pytest.approx((1 + 0.6 + 0.36 + 0.216) / 1.75)
+
+
+def test_speedups_share_one_baseline_over_every_k0_run():
+    rows = [{"k": 0, "acceptance_rate": 0.6, "output_tokens_per_s": 400.0, "output_tokens_per_s_runs": [300, 400, 410]},
+            {"k": 0, "acceptance_rate": 0.8, "output_tokens_per_s": 420.0, "output_tokens_per_s_runs": [420, 430, 440]},
+            {"k": 2, "acceptance_rate": 0.6, "output_tokens_per_s": 500.0, "output_tokens_per_s_runs": [500]},
+            {"k": 2, "acceptance_rate": None, "output_tokens_per_s": 600.0}]
+    add_theory(rows, c=0.2)
+    base = 415.0  # the median of all six k = 0 runs, whichever rate their row names
+    assert [r["speedup"] for r in rows] == pytest.approx([400 / base, 420 / base, 500 / base, 600 / base])
+    assert rows[2]["theory_speedup"] == pytest.approx(leviathan_speedup(0.6, 2, 0.2))
+    assert rows[2]["within_15pct_of_theory"] == (abs(rows[2]["speedup"] / rows[2]["theory_speedup"] - 1) <= 0.15)
+    assert rows[0]["within_15pct_of_theory"] is None  # the baseline's own runs: nothing predicted
+    assert "theory_speedup" not in rows[3]  # real acceptance: no synthetic rate to predict from
