@@ -288,7 +288,7 @@ class NativeEngine:
         batch = self.scheduler.schedule()
         if not batch.rows:
             raise RuntimeError("scheduler produced an empty step while requests are waiting")
-        uniform = all(not r.is_prefill and r.num_draft_tokens == self.k for r in batch.rows)
+        uniform = all(not r.is_prefill and r.num_query_tokens == self.k + 1 for r in batch.rows)
         max_seq_len = max(r.request.num_computed_tokens + r.num_query_tokens for r in batch.rows)
         desc = self.verify_graphs.dispatch(batch.num_reqs, batch.num_tokens, uniform, max_seq_len)
         prep = self._prepare_target_inputs(batch, desc)
@@ -328,7 +328,7 @@ class NativeEngine:
             if row.is_prefill:
                 token_lists.append(req.token_ids[start : start + row.num_query_tokens])
             else:
-                token_lists.append([req.token_ids[-1]] + req.draft_token_ids[: row.num_draft_tokens])
+                token_lists.append([req.token_ids[-1]] + req.draft_token_ids[: row.num_query_tokens - 1])
             starts.append(start)
             block_ids.append(req.block_ids)
         cpu = build_step_inputs(token_lists, starts, block_ids, self.cfg.block_size, self.max_blocks_per_req)
@@ -349,20 +349,20 @@ class NativeEngine:
             conv = self.conv_builder.build(
                 query_start_loc_cpu=cpu.query_start_loc,
                 num_computed_tokens_cpu=torch.tensor(starts, dtype=torch.int32),
-                num_decode_draft_tokens_cpu=torch.tensor(
-                    [r.num_draft_tokens if not r.is_prefill else -1 for r in rows], dtype=torch.int32),
+                num_decode_draft_tokens_cpu=torch.tensor(  # the drafts in each row's query (scored, not capped)
+                    [r.num_query_tokens - 1 if not r.is_prefill else -1 for r in rows], dtype=torch.int32),
                 num_accepted_tokens_cpu=num_accepted,
                 state_indices_cpu=slots,
                 num_reqs_padded=desc.num_reqs if desc.cg_mode == FULL else None,
             )
         # Per row, one int64 line of the packed host-to-device copy: logits rows [k+1] (verify rows score
-        # every query token, others their last one, repeated), drafts [k] (zero-padded), the draft count,
-        # and whether the row samples.
+        # every query token, others their last one, repeated), drafts [k] (zero-padded), the count of drafts
+        # it may accept, and whether the row samples.
         packed_rows = []
         for row, start in zip(rows, cpu.query_start_loc.tolist()):
             last = row.num_query_tokens - 1
             logits_rows = [start + (last if row.is_prefill else min(c, last)) for c in range(k + 1)]
-            drafts_row = row.request.draft_token_ids[: row.num_draft_tokens] if row.num_draft_tokens else []
+            drafts_row = [] if row.is_prefill else row.request.draft_token_ids[:last]
             packed_rows.append(logits_rows + drafts_row + [0] * (k - len(drafts_row))
                                + [row.num_draft_tokens, int(row.samples)])
         packed = torch.tensor(packed_rows, dtype=torch.int64).view(num_reqs, 2 * k + 3).to(dev, non_blocking=True)

@@ -20,8 +20,11 @@ from specexp.engine.request import Request
 class ScheduledRow:
     """One request's share of a step.
 
-    num_query_tokens: tokens the target runs for it (q). num_draft_tokens: drafts among them (q - 1 for a
-    verify row, 0 for a prefill chunk or a plain decode). samples: the row emits tokens this step (every
+    num_query_tokens: tokens the target runs for it (q): a verify row's last token and every draft it holds
+    (up to k), a prefill chunk's prompt tokens. num_draft_tokens: the drafts it may accept (0 for a prefill
+    chunk or a plain decode). Near max_new_tokens or max_model_len that is fewer than q - 1: the row still
+    scores all its drafts, so a batch of verify rows stays uniform (k + 1 tokens each, a captured graph), and
+    accepts no more than the request may still emit. samples: the row emits tokens this step (every
     decode/verify row, and the chunk that ends the prompt).
     """
 
@@ -128,15 +131,15 @@ class Scheduler:
         for request in self.running:
             if request.is_prefilling:
                 continue
-            num_drafts = min(
-                len(request.draft_token_ids),
-                self.k,
+            num_scored = min(len(request.draft_token_ids), self.k)
+            num_acceptable = min(
+                num_scored,
                 request.max_new_tokens - request.num_output_tokens - 1,
                 self.max_model_len - len(request.token_ids) - 1,
             )
-            num_drafts = max(num_drafts, 0)
-            decode_rows.append(ScheduledRow(request, 1 + num_drafts, num_drafts, is_prefill=False, samples=True))
-            budget -= 1 + num_drafts
+            decode_rows.append(ScheduledRow(request, 1 + num_scored, max(num_acceptable, 0), is_prefill=False,
+                                            samples=True))
+            budget -= 1 + num_scored
         for request in self.running:
             if not request.is_prefilling or budget <= 0:
                 continue

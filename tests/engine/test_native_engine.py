@@ -214,6 +214,32 @@ def test_padded_graph_execution_matches_eager(pair_dirs, prompts, pair, k):
 
 
 @pytest.mark.parametrize("pair", ["lfm2+lfm2", "llama+llama"])
+@pytest.mark.parametrize("k", [2, 5])
+def test_requests_ending_mid_speculation_still_replay_graphs(pair_dirs, prompts, pair, k):
+    """A verify row near max_new_tokens scores all k drafts (its batch stays uniform, so a captured graph runs
+    it) but accepts no more than fit: only prefill steps run eagerly, every request stops at exactly
+    max_new_tokens, and the tokens are the eager engine's."""
+    target, draft = (load_model(d) for d in pair_dirs[pair])
+
+    def run(mode):
+        engine = NativeEngine(
+            target, draft,
+            EngineConfig(max_num_seqs=1, max_model_len=64, block_size=4, cudagraph_mode=mode),
+            SpeculatorConfig(num_speculative_tokens=k, cudagraph_mode=mode),
+            SamplingConfig(max_new_tokens=11, ignore_eos=True), eos_token_ids=[2], emulate_graphs_on_cpu=True,
+        )
+        return engine, engine.generate(prompts)
+
+    _, eager = run("none")
+    engine, graphed = run("full")
+    assert [r.output_token_ids for r in graphed.requests] == [r.output_token_ids for r in eager.requests]
+    assert all(len(r.output_token_ids) == 11 for r in graphed.requests)
+    prefill_steps = sum(1 for step in graphed.steps if step.num_prefill_tokens > 0)
+    assert engine.verify_graphs.num_eager == prefill_steps
+    assert engine.verify_graphs.num_replays == len(graphed.steps) - prefill_steps
+
+
+@pytest.mark.parametrize("pair", ["lfm2+lfm2", "llama+llama"])
 def test_compiled_pointwise_ops_stay_lossless(pair_dirs, prompts, hf_greedy, pair):
     """engine.compile_pointwise: the fused ops serve the same greedy tokens, speculating or not."""
     target, draft = (load_model(d) for d in pair_dirs[pair])

@@ -45,10 +45,17 @@ def test_every_request_completes_within_budgets(prompt_lens, max_new, k, max_num
         assert kinds == sorted(kinds), "decode/verify rows come before prefill rows"
         for row in batch.rows:
             req = row.request
-            # Reserved blocks cover every position the target and the draft may write this step.
-            last_pos = req.num_computed_tokens + row.num_query_tokens + (2 * k if k else 0)
-            assert len(req.block_ids) * block_size > min(last_pos, max_model_len + 2 * k)
+            # Reserved blocks cover every position the target and the draft may write this step: the target
+            # its query, the draft a q+1-slot region from the row's start, then k-1 steps past its new token
+            # (at most num_draft_tokens + 1 past the start).
+            n, q = req.num_computed_tokens, row.num_query_tokens
+            last_pos = n + max(q, row.num_draft_tokens + 1) + k if k else n + q - 1
+            assert len(req.block_ids) * block_size > last_pos
             assert 0 <= row.num_draft_tokens <= k
+            if not row.is_prefill:  # every draft is scored (uniform rows); acceptance is capped
+                assert q == 1 + min(len(req.draft_token_ids), k)
+                assert req.num_output_tokens + row.num_draft_tokens + 1 <= req.max_new_tokens
+                assert len(req.token_ids) + row.num_draft_tokens + 1 <= max_model_len
             if row.is_prefill:
                 req.num_computed_tokens += row.num_query_tokens
                 if row.samples:
