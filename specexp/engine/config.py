@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specexp.models import triton_gemv
+from specexp.models import triton_support
 from specexp.models.attention import ATTENTION_KERNELS
 from specexp.models.linear_ops import LINEAR_KERNELS
 from specexp.models.short_conv_ops import CONV_KERNELS
@@ -85,10 +85,10 @@ class EngineConfig:
         value = getattr(self, name)
         if value not in valid:
             raise EngineConfigError(f"engine.{name}={value!r}: valid are " + ", ".join(repr(k) for k in valid))
-        if value == triton_choice and (self.device != "cuda" or not triton_gemv.AVAILABLE):
+        if value == triton_choice and (self.device != "cuda" or not triton_support.AVAILABLE):
             raise EngineConfigError(
                 f"engine.{name}={value!r} needs engine.device=cuda (got {self.device!r}) and triton "
-                f"(importable: {triton_gemv.AVAILABLE}; CUDA builds of torch ship it); or use {default!r}"
+                f"(importable: {triton_support.AVAILABLE}; CUDA builds of torch ship it); or use {default!r}"
             )
 
     @property

@@ -21,13 +21,8 @@ from __future__ import annotations
 
 import torch
 
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # CPU builds of torch ship without triton
-    triton = None
+from specexp.models.triton_support import AVAILABLE, tl, triton
 
-AVAILABLE = triton is not None
 MAX_QUERY_ROWS = 128  # G * Q per program: beyond this the default path is used
 KEYS_PER_TILE = 64  # keys per online-softmax step (a multiple of 16 for tl.dot)
 

@@ -22,13 +22,7 @@ from __future__ import annotations
 
 import torch
 
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # CPU builds of torch ship without triton
-    triton = None
-
-AVAILABLE = triton is not None
+from specexp.models.triton_support import AVAILABLE, tl, triton
 
 # Tuned on the H200 over (BLOCK_N, BLOCK_K, warps) in {4, 8, 16, 32} x {256, 512, 1024} x {4, 8} and (2, 1024, 4)
 # for every weight shape of both 1B-class targets: (2, 1024, 4) won on all of them.

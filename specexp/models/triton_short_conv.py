@@ -22,14 +22,8 @@ from __future__ import annotations
 import torch
 
 from specexp.models.metadata import NULL_BLOCK_ID
+from specexp.models.triton_support import AVAILABLE, tl, triton
 
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # CPU builds of torch ship without triton
-    triton = None
-
-AVAILABLE = triton is not None
 CHANNELS_PER_PROGRAM = 128
 
 if AVAILABLE:
