@@ -53,35 +53,36 @@ def build_step_inputs(
 ) -> StepInputsCPU:
     """Flatten rows: row r runs tokens `token_ids[r]` at positions `start_positions[r] + i`.
 
-    Built with Python lists and one tensor per field: a step has few rows, and a few dozen small-tensor ops
-    (each a dispatcher round trip) cost more host time than the list arithmetic they would vectorise.
+    Built with Python lists and two tensors, one per dtype, whose slices are the fields: a step has few rows,
+    and each small tensor op (a dispatcher round trip) costs more host time than the list arithmetic it would
+    vectorise.
     """
+    ids: list[int] = []
     positions: list[int] = []
     slots: list[int] = []
     token_req: list[int] = []
     query_start_loc = [0]
     seq_lens: list[int] = []
-    table: list[list[int]] = []
+    table: list[int] = []
     for r, (tokens, start, blocks) in enumerate(zip(token_ids, start_positions, block_ids, strict=True)):
         num = len(tokens)
         row_table = list(blocks[:max_blocks_per_req])
         row_table += [0] * (max_blocks_per_req - len(row_table))  # NULL block past the row's own
         row_positions = range(start, start + num)
+        ids.extend(tokens)
         positions.extend(row_positions)
         slots.extend(row_table[p // block_size] * block_size + p % block_size for p in row_positions)
         token_req.extend([r] * num)
         query_start_loc.append(query_start_loc[-1] + num)
         seq_lens.append(start + num)
-        table.append(row_table)
-    return StepInputsCPU(
-        input_ids=torch.tensor([t for row in token_ids for t in row], dtype=torch.int64),
-        positions=torch.tensor(positions, dtype=torch.int64),
-        query_start_loc=torch.tensor(query_start_loc, dtype=torch.int32),
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
-        block_table=torch.tensor(table, dtype=torch.int32).view(len(table), max_blocks_per_req),
-        slot_mapping=torch.tensor(slots, dtype=torch.int64),
-        token_req_indices=torch.tensor(token_req, dtype=torch.int64),
-    )
+        table.extend(row_table)
+    num_tokens, num_reqs = len(ids), len(seq_lens)
+    input_ids, positions_t, slot_mapping, token_req_indices = torch.tensor(
+        ids + positions + slots + token_req, dtype=torch.int64).view(4, num_tokens).unbind(0)
+    query_start_loc_t, seq_lens_t, block_table = torch.tensor(
+        query_start_loc + seq_lens + table, dtype=torch.int32).split([num_reqs + 1, num_reqs, len(table)])
+    return StepInputsCPU(input_ids, positions_t, query_start_loc_t, seq_lens_t,
+                         block_table.view(num_reqs, max_blocks_per_req), slot_mapping, token_req_indices)
 
 
 class InputBuffers:
