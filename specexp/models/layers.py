@@ -118,8 +118,8 @@ class QKVAttention(nn.Module):
         split = (num_q + num_kv) * self.head_dim
         qk = qkv[:, :split].view(num_tokens, num_q + num_kv, self.head_dim)  # q and k heads, adjacent
         v = qkv[:, split:].view(num_tokens, num_kv, self.head_dim)
-        if self.attention_kernel.uniform is not None:  # norms and RoPE inside the uniform-batch kernel (eager on
-            # any batch it does not take)
+        if self.attention_kernel.uniform is not None:
+            # q/k norms and RoPE inside the uniform-batch kernel (eagerly on any batch it does not take)
             prologue = HeadPrologue(*rope, self.ops.apply_rope, q_norm, k_norm)
             return attend(qk[:, :num_q], qk[:, num_q:], v, positions, kv_cache, meta, self.scale,
                           self.attention_kernel, prologue)

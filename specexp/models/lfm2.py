@@ -39,8 +39,8 @@ class Lfm2Attention(QKVAttention):
         self.q_layernorm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.k_layernorm = RMSNorm(self.head_dim, config.rms_norm_eps)
 
-    def forward(self, x, input_norm: RMSNorm | None, positions, rope, kv_cache: torch.Tensor, meta: AttentionMetadata,
-                residual: torch.Tensor) -> torch.Tensor:
+    def forward(self, x, input_norm: RMSNorm | None, positions, rope, kv_cache: torch.Tensor,
+                meta: AttentionMetadata, residual: torch.Tensor) -> torch.Tensor:
         """residual + attention(input_norm(x)), accumulated into residual in place; x, residual [T, hidden] (the
         same tensor in the decoder layer). Writes this step's K/V into kv_cache."""
         heads = self.attend_heads(x, input_norm, positions, rope, kv_cache, meta, self.q_layernorm,
