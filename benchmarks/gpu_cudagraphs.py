@@ -7,7 +7,8 @@ Measures, per pair (trained demo pairs when present, and real-size random-weight
      against the measured device copy bandwidth;
   4. end-to-end output tokens/s for k = 0..8 (batch 1, 64 prompt tokens, 128 new tokens), with synthetic
      acceptance rates (random pairs) or real greedy acceptance (demo pairs), next to Leviathan's speedup
-     (1 - a^(k+1)) / ((1 - a)(k c + 1)) with the measured cost ratio c.
+     (1 - a^(k+1)) / ((1 - a)(k c + 1)) with the measured cost ratio c. Each row also says where a request's
+     wall time goes: steps and their median / mean, prefill steps, and replays vs eager runs per graph manager.
 
     python benchmarks/gpu_cudagraphs.py --out results.json [--quick] [--pairs A,B] [--sections capture,step,e2e]
                                         [--compile-pointwise] [--linear-kernel triton_gemv|cublas]
@@ -193,18 +194,32 @@ def end_to_end(target, draft, ks, prompts, rates, synthetic: bool, repeats: int 
                                  rejection="synthetic" if synthetic else "standard", rate=rate if synthetic else 1.0,
                                  kernels=kernels)
             engine.generate(prompts[:1], max_new_tokens=8)
+            managers = _graph_managers(engine)
+            before = {name: (m.num_replays, m.num_eager) for name, m in managers.items()}
             runs = [engine.generate(prompts) for _ in range(repeats)]
             rates_per_run = [sum(r.num_output_tokens for r in out.requests) / out.total_s for out in runs]
             verifies = [v for out in runs for r in out.requests for v in r.verifies]
             steps = [s for out in runs for s in out.steps]
+            prefill_steps = [s for s in steps if s.num_prefill_tokens > 0]
             al = 1 + sum(a for _, a in verifies) / len(verifies) if verifies else 1.0
+            num_requests = repeats * len(prompts)
             row = {"k": k, "acceptance_rate": rate if synthetic else None, "acceptance_length": al,
                    "output_tokens_per_s": statistics.median(rates_per_run),
                    "output_tokens_per_s_runs": rates_per_run,
                    "step_ms_p50": statistics.median(s.step_ms for s in steps),
+                   "step_ms_mean": statistics.fmean(s.step_ms for s in steps),
                    "draft_ms_p50": statistics.median(s.draft_ms for s in steps),
                    "verify_ms_p50": statistics.median(s.verify_ms for s in steps),
-                   "schedule_ms_p50": statistics.median(s.schedule_ms for s in steps)}
+                   "schedule_ms_p50": statistics.median(s.schedule_ms for s in steps),
+                   # where the time beyond steps x median step goes: prefill steps, other slow steps, gaps
+                   "prefill_steps_per_request": len(prefill_steps) / num_requests,
+                   "prefill_step_ms_mean": statistics.fmean(s.step_ms for s in prefill_steps) if prefill_steps else 0.0,
+                   "steps_per_request": len(steps) / num_requests,
+                   "step_ms_sum_per_request": sum(s.step_ms for s in steps) / num_requests,
+                   "wall_ms_per_request": 1e3 * sum(out.total_s for out in runs) / num_requests,
+                   # replays / eager executions per graph manager over the timed runs
+                   "graph_replays": {name: m.num_replays - before[name][0] for name, m in managers.items()},
+                   "graph_eager": {name: m.num_eager - before[name][1] for name, m in managers.items()}}
             rows.append(row)
             print(f"    k={k} rate={rate} AL={al:.2f} tok/s={row['output_tokens_per_s']:.1f} "
                   f"(runs {', '.join(f'{r:.0f}' for r in rates_per_run)}) step={row['step_ms_p50']:.2f}ms "
@@ -212,6 +227,15 @@ def end_to_end(target, draft, ks, prompts, rates, synthetic: bool, repeats: int 
                   f"host {row['schedule_ms_p50']:.2f})", flush=True)
             del engine
     return rows
+
+
+def _graph_managers(engine) -> dict:
+    """The engine's CUDA-graph managers by name (target verify; the draft's prefill and decode if any)."""
+    managers = {"target_verify": engine.verify_graphs}
+    if engine.speculator is not None:
+        managers["draft_prefill"] = engine.speculator.prefill_graphs
+        managers["draft_decode"] = engine.speculator.decode_graphs
+    return managers
 
 
 SECTIONS = ("capture", "step", "e2e")
