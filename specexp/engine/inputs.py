@@ -32,6 +32,9 @@ class StepInputsCPU:
     block_table: torch.Tensor
     slot_mapping: torch.Tensor
     token_req_indices: torch.Tensor
+    # The step as `InputBuffers.load` copies it, padded to the (rows, tokens) it was built for (None: load
+    # copies the fields one by one and pads on the device).
+    padded: PaddedStep | None = None
 
     @property
     def num_reqs(self) -> int:
@@ -47,15 +50,36 @@ class StepInputsCPU:
         return int(lens.max()) if lens.numel() else 0
 
 
+@dataclass
+class PaddedStep:
+    """A step padded to R_pad rows and T_pad tokens: tokens int64[4, T_pad] (input ids, positions, slots,
+    token rows; padding 0, 0, -1, 0), query_start_loc int32[R_pad + 1] (flat tail), seq_lens int32[R_pad]
+    (padding 0), block_table int32[R_pad, B] (padding NULL)."""
+
+    tokens: torch.Tensor
+    query_start_loc: torch.Tensor
+    seq_lens: torch.Tensor
+    block_table: torch.Tensor
+
+    @property
+    def num_reqs(self) -> int:
+        return self.seq_lens.numel()
+
+    @property
+    def num_tokens(self) -> int:
+        return self.tokens.shape[1]
+
+
 def build_step_inputs(
     token_ids: list[list[int]], start_positions: list[int], block_ids: list[list[int]], block_size: int,
-    max_blocks_per_req: int,
+    max_blocks_per_req: int, num_reqs_padded: int | None = None, num_tokens_padded: int | None = None,
 ) -> StepInputsCPU:
-    """Flatten rows: row r runs tokens `token_ids[r]` at positions `start_positions[r] + i`.
+    """Flatten rows: row r runs tokens `token_ids[r]` at positions `start_positions[r] + i`; padded to
+    num_reqs_padded rows / num_tokens_padded tokens (None: no padding) for a graph's persistent buffers.
 
     Built with Python lists and two tensors, one per dtype, whose slices are the fields: a step has few rows,
-    and each small tensor op (a dispatcher round trip) costs more host time than the list arithmetic it would
-    vectorise.
+    and each small tensor op (a dispatcher round trip, a kernel launch or a copy on a GPU) costs more host
+    time than the list arithmetic it would vectorise.
     """
     ids: list[int] = []
     positions: list[int] = []
@@ -64,12 +88,12 @@ def build_step_inputs(
     query_start_loc = [0]
     seq_lens: list[int] = []
     table: list[int] = []
-    for r, (tokens, start, blocks) in enumerate(zip(token_ids, start_positions, block_ids, strict=True)):
-        num = len(tokens)
+    for r, (row_tokens, start, blocks) in enumerate(zip(token_ids, start_positions, block_ids, strict=True)):
+        num = len(row_tokens)
         row_table = list(blocks[:max_blocks_per_req])
         row_table += [0] * (max_blocks_per_req - len(row_table))  # NULL block past the row's own
         row_positions = range(start, start + num)
-        ids.extend(tokens)
+        ids.extend(row_tokens)
         positions.extend(row_positions)
         slots.extend(row_table[p // block_size] * block_size + p % block_size for p in row_positions)
         token_req.extend([r] * num)
@@ -77,12 +101,20 @@ def build_step_inputs(
         seq_lens.append(start + num)
         table.extend(row_table)
     num_tokens, num_reqs = len(ids), len(seq_lens)
-    input_ids, positions_t, slot_mapping, token_req_indices = torch.tensor(
-        ids + positions + slots + token_req, dtype=torch.int64).view(4, num_tokens).unbind(0)
-    query_start_loc_t, seq_lens_t, block_table = torch.tensor(
-        query_start_loc + seq_lens + table, dtype=torch.int32).split([num_reqs + 1, num_reqs, len(table)])
-    return StepInputsCPU(input_ids, positions_t, query_start_loc_t, seq_lens_t,
-                         block_table.view(num_reqs, max_blocks_per_req), slot_mapping, token_req_indices)
+    pad_tokens = max((num_tokens_padded or num_tokens) - num_tokens, 0)
+    pad_reqs = max((num_reqs_padded or num_reqs) - num_reqs, 0)
+    t_pad, r_pad = num_tokens + pad_tokens, num_reqs + pad_reqs
+    no_token, no_slot = [0] * pad_tokens, [-1] * pad_tokens
+    tokens = torch.tensor(ids + no_token + positions + no_token + slots + no_slot + token_req + no_token,
+                          dtype=torch.int64).view(4, t_pad)
+    rows = torch.tensor(query_start_loc + [num_tokens] * pad_reqs + seq_lens + [0] * pad_reqs
+                        + table + [0] * (pad_reqs * max_blocks_per_req), dtype=torch.int32)
+    qsl_pad, seq_pad, table_pad = rows.split([r_pad + 1, r_pad, r_pad * max_blocks_per_req])
+    table_pad = table_pad.view(r_pad, max_blocks_per_req)
+    padded = PaddedStep(tokens, qsl_pad, seq_pad, table_pad)
+    input_ids, positions_t, slot_mapping, token_req_indices = tokens[:, :num_tokens].unbind(0)
+    return StepInputsCPU(input_ids, positions_t, qsl_pad[: num_reqs + 1], seq_pad[:num_reqs], table_pad[:num_reqs],
+                         slot_mapping, token_req_indices, padded)
 
 
 class InputBuffers:
@@ -96,16 +128,19 @@ class InputBuffers:
     def __init__(self, max_num_reqs: int, max_num_tokens: int, max_blocks_per_req: int, device: torch.device):
         self.max_num_reqs = max_num_reqs
         self.max_num_tokens = max_num_tokens
-        self.input_ids = torch.zeros(max_num_tokens, dtype=torch.int64, device=device)
-        self.positions = torch.zeros(max_num_tokens, dtype=torch.int64, device=device)
+        # The per-token fields are the rows of one tensor, laid out as PaddedStep.tokens: one copy loads them.
+        self.tokens = torch.zeros(4, max_num_tokens, dtype=torch.int64, device=device)
+        self.input_ids, self.positions, self.slot_mapping, self.token_req_indices = self.tokens.unbind(0)
+        self.slot_mapping.fill_(-1)
         self.query_start_loc = torch.zeros(max_num_reqs + 1, dtype=torch.int32, device=device)
         self.seq_lens = torch.zeros(max_num_reqs, dtype=torch.int32, device=device)
         self.block_table = torch.zeros(max_num_reqs, max_blocks_per_req, dtype=torch.int32, device=device)
-        self.slot_mapping = torch.full((max_num_tokens,), -1, dtype=torch.int64, device=device)
-        self.token_req_indices = torch.zeros(max_num_tokens, dtype=torch.int64, device=device)
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in vars(self).values() if isinstance(t, torch.Tensor))
+        """Device bytes held (each storage once: the token fields are views of `tokens`)."""
+        storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+                    for t in vars(self).values() if isinstance(t, torch.Tensor)}
+        return sum(storages.values())
 
     def load(self, cpu: StepInputsCPU, num_reqs_padded: int | None = None,
              num_tokens_padded: int | None = None) -> None:
@@ -118,6 +153,14 @@ class InputBuffers:
                 f"step of {num_reqs_padded} rows / {num_tokens_padded} tokens exceeds the buffers "
                 f"({self.max_num_reqs} rows / {self.max_num_tokens} tokens)"
             )
+        padded = cpu.padded
+        if padded is not None and (padded.num_reqs, padded.num_tokens) == (num_reqs_padded, num_tokens_padded):
+            # four copies, padding included, instead of seven copies and seven fills
+            self.tokens[:, :num_tokens_padded].copy_(padded.tokens, non_blocking=True)
+            self.query_start_loc[: num_reqs_padded + 1].copy_(padded.query_start_loc, non_blocking=True)
+            self.seq_lens[:num_reqs_padded].copy_(padded.seq_lens, non_blocking=True)
+            self.block_table[:num_reqs_padded].copy_(padded.block_table, non_blocking=True)
+            return
         self.input_ids[:num_tokens].copy_(cpu.input_ids, non_blocking=True)
         self.positions[:num_tokens].copy_(cpu.positions, non_blocking=True)
         self.slot_mapping[:num_tokens].copy_(cpu.slot_mapping, non_blocking=True)

@@ -331,7 +331,8 @@ class NativeEngine:
                 token_lists.append([req.token_ids[-1]] + req.draft_token_ids[: row.num_query_tokens - 1])
             starts.append(start)
             block_ids.append(req.block_ids)
-        cpu = build_step_inputs(token_lists, starts, block_ids, self.cfg.block_size, self.max_blocks_per_req)
+        cpu = build_step_inputs(token_lists, starts, block_ids, self.cfg.block_size, self.max_blocks_per_req,
+                                desc.num_reqs, desc.num_tokens)
         self.buffers.load(cpu, desc.num_reqs, desc.num_tokens)
         num_reqs, num_tokens = cpu.num_reqs, cpu.num_tokens
         attn = self.buffers.attention_metadata(

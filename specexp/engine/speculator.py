@@ -239,7 +239,7 @@ class AutoRegressiveSpeculator:
         # Region r: q_r + 1 slots at positions start_r .. start_r + q_r (input ids filled on the device below).
         cpu = build_step_inputs([[0] * (q + 1) for q in query_lens], batch.start_positions.tolist(),
                                 batch.block_table.tolist(), self.block_size,
-                                self.prefill_buffers.block_table.shape[1])
+                                self.prefill_buffers.block_table.shape[1], desc.num_reqs, desc.num_tokens)
         # Per region slot: its row, its index in the region, and the target input it copies (src).
         region_row, region_i, src = [], [], []
         target_start = 0
