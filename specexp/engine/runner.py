@@ -339,19 +339,23 @@ class NativeEngine:
             num_reqs, num_tokens, max_seq_len=desc.max_seq_len, max_query_len=cpu.max_query_len,
             num_actual_tokens=num_tokens,
         )
-        query_lens = torch.tensor([r.num_query_tokens for r in rows], dtype=torch.int64)
-        # Every decode row is a spec row (0..k drafts), even without speculation: its conv window then
-        # sits at num_accepted - 1, and the spec path is the one full graphs replay.
-        is_spec = torch.tensor([not r.is_prefill for r in rows])
-        slots = torch.tensor([r.request.conv_slot for r in rows], dtype=torch.int32)
-        num_accepted = torch.tensor([r.request.num_accepted_tokens for r in rows], dtype=torch.int32)
+        # Per-row CPU facts, one tensor per dtype. Every decode row is a spec row (0..k drafts), even without
+        # speculation: its conv window then sits at num_accepted - 1, and the spec path is the one full graphs
+        # replay. The conv builder's draft count is the drafts in each row's query (scored, not capped).
+        query_lens, starts_t = torch.tensor(
+            [r.num_query_tokens for r in rows] + starts, dtype=torch.int64).view(2, num_reqs).unbind(0)
+        is_spec, samples_cpu = torch.tensor(
+            [not r.is_prefill for r in rows] + [r.samples for r in rows]).view(2, num_reqs).unbind(0)
+        slots, num_accepted, starts_32, query_drafts = torch.tensor(
+            [r.request.conv_slot for r in rows] + [r.request.num_accepted_tokens for r in rows] + starts
+            + [r.num_query_tokens - 1 if not r.is_prefill else -1 for r in rows],
+            dtype=torch.int32).view(4, num_reqs).unbind(0)
         conv = None
         if self.conv_states:
             conv = self.conv_builder.build(
                 query_start_loc_cpu=cpu.query_start_loc,
-                num_computed_tokens_cpu=torch.tensor(starts, dtype=torch.int32),
-                num_decode_draft_tokens_cpu=torch.tensor(  # the drafts in each row's query (scored, not capped)
-                    [r.num_query_tokens - 1 if not r.is_prefill else -1 for r in rows], dtype=torch.int32),
+                num_computed_tokens_cpu=starts_32,
+                num_decode_draft_tokens_cpu=query_drafts,
                 num_accepted_tokens_cpu=num_accepted,
                 state_indices_cpu=slots,
                 num_reqs_padded=desc.num_reqs if desc.cg_mode == FULL else None,
@@ -367,7 +371,6 @@ class NativeEngine:
             packed_rows.append(logits_rows + drafts_row + [0] * (k - len(drafts_row))
                                + [row.num_draft_tokens, int(row.samples)])
         packed = torch.tensor(packed_rows, dtype=torch.int64).view(num_reqs, 2 * k + 3).to(dev, non_blocking=True)
-        samples_cpu = torch.tensor([r.samples for r in rows])
         slots_dev = slots.to(dev, non_blocking=True).long()
         draft_probs = self.req_draft_probs[slots_dev] if self.req_draft_probs is not None else None
         return {
@@ -377,7 +380,7 @@ class NativeEngine:
             "num_drafts": packed[:, 2 * k + 1], "samples": packed[:, 2 * k + 2] != 0,
             "draft_probs": draft_probs,
             "samples_cpu": samples_cpu,
-            "starts": torch.tensor(starts, dtype=torch.int64),
+            "starts": starts_t,
         }
 
     def _verify(self, batch: ScheduledBatch, prep: dict) -> torch.Tensor:
