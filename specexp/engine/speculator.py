@@ -45,6 +45,17 @@ from specexp.models.caches import allocate_conv_state_stack, allocate_kv_caches
 from specexp.models.metadata import ForwardContext
 
 
+@dataclass(frozen=True)
+class StagedRows:
+    """Device facts per row of one propose call, staged with the draft prefill's inputs: num_valid int64[R]
+    (region slots holding committed inputs), start int64[R] (each row's start position), samples int64[R]
+    (nonzero: the row sampled a token this step)."""
+
+    num_valid: torch.Tensor
+    start: torch.Tensor
+    samples: torch.Tensor
+
+
 @dataclass
 class VerifiedBatch:
     """What the target step hands the speculator (R rows of the step just verified).
@@ -217,23 +228,23 @@ class AutoRegressiveSpeculator:
         max_region_end = int((batch.start_positions + batch.query_lens).max()) + 1
         prefill_desc = self.prefill_graphs.dispatch(num_reqs, int(batch.query_lens.sum()) + num_reqs, uniform,
                                                     max_region_end)
-        num_valid = self._prepare_prefill_inputs(batch, prefill_desc)
+        rows = self._prepare_prefill_inputs(batch, prefill_desc)
         self.on_prefill_begin(num_reqs)
         self.prefill_graphs.execute(prefill_desc, self._prefill)
         self.on_prefill_end(num_reqs)
         if self.k > 1:
             decode_desc = self.decode_graphs.dispatch(num_reqs, num_reqs, uniform=True,
                                                       max_seq_len=max_region_end + self.k - 1)
-            self._prepare_decode_inputs(batch, num_valid, decode_desc)
+            self._prepare_decode_inputs(batch, rows, decode_desc)
             self.on_multi_step_decode_begin(num_reqs)
             self.decode_graphs.execute(decode_desc, self._fused_multi_step_decode)
             self.on_multi_step_decode_end(num_reqs)
         probs = self.draft_probs[:num_reqs] if self.draft_probs is not None else None
         return self.draft_tokens[:num_reqs], probs
 
-    def _prepare_prefill_inputs(self, batch: VerifiedBatch, desc: BatchExecutionDescriptor) -> torch.Tensor:
-        """Fill the prefill buffers with the q+1-slot regions (padded to desc); returns num_valid int64[R]
-        (device): the leading region slots that hold committed target inputs."""
+    def _prepare_prefill_inputs(self, batch: VerifiedBatch, desc: BatchExecutionDescriptor) -> StagedRows:
+        """Fill the prefill buffers with the q+1-slot regions (padded to desc); returns the rows' device facts
+        the decode steps need (num_valid: the leading region slots that hold committed target inputs)."""
         num_reqs = batch.query_lens.numel()
         query_lens = batch.query_lens.tolist()
         # Region r: q_r + 1 slots at positions start_r .. start_r + q_r (input ids filled on the device below).
@@ -241,9 +252,10 @@ class AutoRegressiveSpeculator:
                                 batch.block_table.tolist(), self.block_size,
                                 self.prefill_buffers.block_table.shape[1], desc.num_reqs, desc.num_tokens)
         # Per region slot: its row, its index in the region, and the target input it copies (src).
-        region_row, region_i, src = [], [], []
+        region_row, region_i, src, region_start = [], [], [], []
         target_start = 0
         for r, q in enumerate(query_lens):
+            region_start.append(len(region_row))
             region_row += [r] * (q + 1)
             region_i += range(q + 1)
             src += [target_start + min(i, q - 1) for i in range(q + 1)]
@@ -251,12 +263,16 @@ class AutoRegressiveSpeculator:
         buffers = self.prefill_buffers
         buffers.load(cpu, desc.num_reqs, desc.num_tokens)
         dev = self.device
-        region_row_d, region_i_d, src_d = torch.tensor([region_row, region_i, src], dtype=torch.int64).to(
-            dev, non_blocking=True)
-        query_lens_d = batch.query_lens.to(dev, non_blocking=True)
-        is_spec_d = batch.is_spec.to(dev, non_blocking=True)
+        # One host-to-device copy: those three per region slot, then per row its query length, spec flag,
+        # region start, start position and samples flag (the last two for the decode steps).
+        n = len(region_row)
+        staged = torch.tensor(region_row + region_i + src + query_lens + batch.is_spec.tolist() + region_start
+                              + batch.start_positions.tolist() + batch.samples.tolist(), dtype=torch.int64)
+        staged = staged.to(dev, non_blocking=True)
+        region_row_d, region_i_d, src_d = staged[: 3 * n].view(3, n).unbind(0)
+        query_lens_d, is_spec_d, region_start_d, start_d, samples_d = staged[3 * n :].view(5, num_reqs).unbind(0)
         # Verify rows keep their accepted inputs (t_last + accepted drafts = num_sampled); prefill rows all.
-        num_valid = torch.where(is_spec_d, batch.num_sampled, query_lens_d)
+        num_valid = torch.where(is_spec_d != 0, batch.num_sampled, query_lens_d)
         last_col = (batch.num_sampled - 1).clamp(min=0).unsqueeze(1)
         new_token = batch.sampled.gather(1, last_col).squeeze(1).clamp(min=0)
         target_ids = batch.target_input_ids[src_d]
@@ -265,13 +281,14 @@ class AutoRegressiveSpeculator:
             region_i_d < valid_here, target_ids, torch.where(region_i_d == valid_here, new_token[region_row_d], 0)
         )
         buffers.input_ids[: ids.numel()].copy_(ids)
-        self.last_token_indices[:num_reqs].copy_(cpu.query_start_loc[:-1].to(dev, non_blocking=True) + num_valid)
+        torch.add(region_start_d, num_valid, out=self.last_token_indices[:num_reqs])
         self.last_token_indices[num_reqs : desc.num_reqs].zero_()
+        staged_rows = StagedRows(num_valid, start_d, samples_d)
         if desc.cg_mode == FULL:
             self._prefill_ctx = self._prefill_graph_ctx[(desc.num_reqs, desc.max_seq_len)]
             if self.conv_states:  # refresh the persistent conv buffers the graph reads
                 self._build_prefill_conv(batch, cpu, desc.num_reqs)
-            return num_valid
+            return staged_rows
         attn = buffers.attention_metadata(
             num_reqs, cpu.num_tokens, max_seq_len=desc.max_seq_len, max_query_len=cpu.max_query_len,
             num_actual_tokens=cpu.num_tokens,
@@ -280,7 +297,7 @@ class AutoRegressiveSpeculator:
         if self.conv_states:
             conv = dataclasses.replace(self._build_prefill_conv(batch, cpu, None), non_spec_state_lookahead=1)
         self._prefill_ctx = self._ctx(attn, conv)
-        return num_valid
+        return staged_rows
 
     def _build_prefill_conv(self, batch: VerifiedBatch, cpu: StepInputsCPU, num_reqs_padded: int | None):
         return self.prefill_conv_builder.build(
@@ -326,15 +343,15 @@ class AutoRegressiveSpeculator:
         buffers.seq_lens[:num_reqs].copy_((start_plus_valid + 1).to(torch.int32))
         self.decode_writes[:num_reqs].copy_(writes, non_blocking=True)
 
-    def _prepare_decode_inputs(self, batch: VerifiedBatch, num_valid: torch.Tensor,
+    def _prepare_decode_inputs(self, batch: VerifiedBatch, rows: StagedRows,
                                desc: BatchExecutionDescriptor) -> None:
         """Decode state before step 1: position of the new token, its seq_len, the block table, and the
         scratch conv windows ending at the new token."""
         num_reqs = batch.query_lens.numel()
         dev = self.device
-        start = batch.start_positions.to(dev, non_blocking=True)
         # Rows that sampled nothing (mid-prompt chunks) must not write KV.
-        self._load_decode_rows(num_reqs, desc.num_reqs, batch.block_table, start + num_valid, batch.samples)
+        self._load_decode_rows(num_reqs, desc.num_reqs, batch.block_table, rows.start + rows.num_valid,
+                               rows.samples)
         conv = None
         if self.conv_states:
             slots = batch.conv_slots.to(torch.int64)
