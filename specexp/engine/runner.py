@@ -362,16 +362,16 @@ class NativeEngine:
             )
         # Per row, one int64 line of the packed host-to-device copy: logits rows [k+1] (verify rows score
         # every query token, others their last one, repeated), drafts [k] (zero-padded), the count of drafts
-        # it may accept, and whether the row samples.
+        # it may accept, whether the row samples, and its conv slot (which also indexes its draft probs).
         packed_rows = []
         for row, start in zip(rows, cpu.query_start_loc.tolist()):
             last = row.num_query_tokens - 1
             logits_rows = [start + (last if row.is_prefill else min(c, last)) for c in range(k + 1)]
             drafts_row = [] if row.is_prefill else row.request.draft_token_ids[:last]
             packed_rows.append(logits_rows + drafts_row + [0] * (k - len(drafts_row))
-                               + [row.num_draft_tokens, int(row.samples)])
-        packed = torch.tensor(packed_rows, dtype=torch.int64).view(num_reqs, 2 * k + 3).to(dev, non_blocking=True)
-        slots_dev = slots.to(dev, non_blocking=True).long()
+                               + [row.num_draft_tokens, int(row.samples), row.request.conv_slot])
+        packed = torch.tensor(packed_rows, dtype=torch.int64).view(num_reqs, 2 * k + 4).to(dev, non_blocking=True)
+        slots_dev = packed[:, 2 * k + 3]
         draft_probs = self.req_draft_probs[slots_dev] if self.req_draft_probs is not None else None
         return {
             "cpu": cpu, "attn": attn, "conv": conv, "query_lens": query_lens, "is_spec": is_spec,
