@@ -194,7 +194,7 @@ def end_to_end(target, draft, ks, prompts, rates, synthetic: bool, repeats: int 
                                  rejection="synthetic" if synthetic else "standard", rate=rate if synthetic else 1.0,
                                  kernels=kernels)
             engine.generate(prompts[:1], max_new_tokens=8)
-            managers = _graph_managers(engine)
+            managers = {m.name: m for m in engine.graph_managers()}
             before = {name: (m.num_replays, m.num_eager) for name, m in managers.items()}
             runs = [engine.generate(prompts) for _ in range(repeats)]
             rates_per_run = [sum(r.num_output_tokens for r in out.requests) / out.total_s for out in runs]
@@ -227,15 +227,6 @@ def end_to_end(target, draft, ks, prompts, rates, synthetic: bool, repeats: int 
                   f"host {row['schedule_ms_p50']:.2f})", flush=True)
             del engine
     return rows
-
-
-def _graph_managers(engine) -> dict:
-    """The engine's CUDA-graph managers by name (target verify; the draft's prefill and decode if any)."""
-    managers = {"target_verify": engine.verify_graphs}
-    if engine.speculator is not None:
-        managers["draft_prefill"] = engine.speculator.prefill_graphs
-        managers["draft_decode"] = engine.speculator.decode_graphs
-    return managers
 
 
 SECTIONS = ("capture", "step", "e2e")
