@@ -6,11 +6,11 @@ q/k norms and RoPE, and must match the CPU's logits."""
 
 from __future__ import annotations
 
-import pytest
 import torch
 from harness import PagedRunner
+from triton_interpreter import on_triton_gpu
 
-from specexp.models import load_model, triton_gemv
+from specexp.models import load_model
 from specexp.models.attention import TRITON, use_attention_kernel
 from specexp.models.linear_ops import TRITON_GEMV, use_linear_ops
 from specexp.models.short_conv_ops import TRITON_CONV, use_conv_kernel
@@ -48,7 +48,6 @@ def test_fast_tables_fall_back_to_the_eager_ops_on_cpu(case):
     check_against_default(case, "cpu", 1e-6)
 
 
-@pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available() or not triton_gemv.AVAILABLE, reason="needs a CUDA GPU")
+@on_triton_gpu
 def test_fast_tables_on_gpu_match_the_cpu(case):
     check_against_default(case, "cuda", 2e-4)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from test_attention import build_batch
-from triton_interpreter import run_in_triton_interpreter
+from triton_interpreter import on_triton_gpu, run_in_triton_interpreter
 
 from specexp.engine.config import EngineConfig, EngineConfigError
 from specexp.models import triton_attention
@@ -81,8 +81,7 @@ def check_against_sdpa(device: str, dtype: torch.dtype, tol: float) -> None:
             assert cache_err <= tol * max(scale, 1), f"{label}, q/k norms: {with_norm}: keys differ by {cache_err:.2e}"
 
 
-@pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available() or not triton_attention.AVAILABLE, reason="needs a CUDA GPU")
+@on_triton_gpu
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2), (torch.float16, 4e-3)])
 def test_triton_attention_matches_sdpa_on_gpu(dtype, tol):
     check_against_sdpa("cuda", dtype, tol)

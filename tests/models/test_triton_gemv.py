@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from triton_interpreter import run_in_triton_interpreter
+from triton_interpreter import on_triton_gpu, run_in_triton_interpreter
 
 from specexp.engine.config import EngineConfig, EngineConfigError
 from specexp.models import triton_gemv
@@ -49,14 +49,12 @@ def check_products(device: str, dtypes, fusions=FUSIONS) -> None:
             assert err < tol, f"{label}: error {err:.2e}"
 
 
-@pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available() or not triton_gemv.AVAILABLE, reason="needs a CUDA GPU")
+@on_triton_gpu
 def test_gemv_matches_reference_on_gpu():
     check_products("cuda", (torch.float32, torch.bfloat16, torch.float16))
 
 
-@pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available() or not triton_gemv.AVAILABLE, reason="needs a CUDA GPU")
+@on_triton_gpu
 def test_triton_table_takes_single_rows_only():
     w = torch.randn(96, 200, device="cuda")
     one, many = torch.randn(1, 200, device="cuda"), torch.randn(3, 200, device="cuda")

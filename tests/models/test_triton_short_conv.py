@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from triton_interpreter import run_in_triton_interpreter
+from triton_interpreter import on_triton_gpu, run_in_triton_interpreter
 
 from specexp.models import triton_short_conv
 from specexp.models.metadata import NULL_BLOCK_ID
@@ -51,8 +51,7 @@ def check_against_default(device: str, dtype: torch.dtype, tol: float) -> None:
         assert torch.equal(got_state[untouched], conv_state[untouched]), f"{label}: other slots must not change"
 
 
-@pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available() or not triton_short_conv.AVAILABLE, reason="needs a CUDA GPU")
+@on_triton_gpu
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-6), (torch.bfloat16, 2e-2), (torch.float16, 3e-3)])
 def test_triton_short_conv_matches_default_on_gpu(dtype, tol):
     check_against_default("cuda", dtype, tol)

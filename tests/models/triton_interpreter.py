@@ -1,6 +1,7 @@
-"""Run a kernel check under Triton's CPU interpreter, in a subprocess (the interpreter is chosen when triton is
-imported, so it cannot be switched on inside the test process). Skips where triton is not installed (torch's
-CPU builds ship without it)."""
+"""Where the Triton kernel checks run: on a GPU (`on_triton_gpu`), or under Triton's CPU interpreter in a
+subprocess (`run_in_triton_interpreter`: the interpreter is chosen when triton is imported, so it cannot be
+switched on inside the test process). Both skip where triton is not installed (torch's CPU builds ship
+without it)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,19 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+
+from specexp.models import triton_support
 
 MODELS_TESTS = Path(__file__).resolve().parent
 ROOT = MODELS_TESTS.parents[1]
+
+
+def on_triton_gpu(test):
+    """Mark `test` as a GPU test (`pytest -m cuda`) that runs only where CUDA and triton are."""
+    needs = pytest.mark.skipif(not torch.cuda.is_available() or not triton_support.AVAILABLE,
+                               reason="needs a CUDA GPU")
+    return pytest.mark.cuda(needs(test))
 
 
 def run_in_triton_interpreter(module: str, check: str, *args: str) -> None:
