@@ -44,11 +44,10 @@ class StackedLinear:
             self.restack()
         return self.weight, self.bias
 
-    def __call__(self, x: torch.Tensor, linear=torch.nn.functional.linear) -> list[torch.Tensor]:
-        """x: [T, in] -> one [T, out_i] view per projection, from a single GEMM (`linear(x, weight, bias)`,
-        e.g. a :class:`specexp.models.linear_ops.LinearOps`' `linear`)."""
+    def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """x: [T, in] -> one [T, out_i] view per projection, from a single GEMM."""
         weight, bias = self.weights()
-        return list(linear(x, weight, bias).split(self.sizes, dim=-1))
+        return list(torch.nn.functional.linear(x, weight, bias).split(self.sizes, dim=-1))
 
     def _intact(self) -> bool:
         # Each part still starts where restack() put it. Sound by pointers alone: this object holds the stacked
