@@ -36,10 +36,8 @@ def engine_configs(spec: RunSpec) -> tuple[EngineConfig, SpeculatorConfig, Sampl
         num_kv_blocks=e.options.get("num_kv_blocks"), cudagraph_mode=e.cudagraph_mode, seed=e.seed,
         cudagraph_capture_sizes=_int_tuple(e.options.get("cudagraph_capture_sizes")),
         cudagraph_seq_len_buckets=_int_tuple(e.options.get("cudagraph_seq_len_buckets")),
-        compile_pointwise=e.options.get("compile_pointwise", False),
-        linear_kernel=e.options.get("linear_kernel", "cublas"),
-        attention_kernel=e.options.get("attention_kernel", "sdpa"),
-        conv_kernel=e.options.get("conv_kernel", "torch"),
+        **{name: e.options.get(name, getattr(EngineConfig, name))  # absent: EngineConfig's own defaults
+           for name in ("compile_pointwise", "linear_kernel", "attention_kernel", "conv_kernel")},
     )
     speculator = SpeculatorConfig(
         num_speculative_tokens=s.num_speculative_tokens, rejection=s.options.get("rejection", "standard"),

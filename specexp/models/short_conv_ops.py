@@ -241,9 +241,9 @@ def causal_conv1d_spec_update_uniform(
 
     x: [N >= R*q, D]; state_indices, num_accepted_tokens: int32[>= R] (rows past R: padding, untouched);
     conv_state [num_slots, D, S >= W-2+q]. indices: :func:`uniform_indices` of these rows, precomputed (a
-    forward's :class:`ConvPlan`), else computed here. taps: :func:`conv_taps` or a fused equivalent. Returns [N, D]: tokens past R*q and the tokens of
-    NULL-slot rows (graph padding captured as rows) get zeros, and NULL-slot rows leave every state
-    untouched.
+    forward's :class:`ConvPlan`), else computed here. taps: :func:`conv_taps` or a fused equivalent.
+    Returns [N, D]: tokens past R*q and the tokens of NULL-slot rows (graph padding captured as rows) get
+    zeros, and NULL-slot rows leave every state untouched.
     """
     width = weight.shape[1]
     num_tokens, dim = x.shape
