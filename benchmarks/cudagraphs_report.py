@@ -59,6 +59,11 @@ def _capture_lines(pair: dict) -> list[str]:
     return lines
 
 
+def _pair(measured, predicted) -> str:
+    """'measured / predicted' (either may be missing)."""
+    return f"{_fmt(measured)} / {_fmt(predicted)}"
+
+
 def render(result: dict) -> str:
     lines = [f"Machine: {result['machine']['gpu']}, torch {result['machine']['torch']}, "
              f"Python {result['machine']['python']}. Measured copy bandwidth (read + write): "
@@ -82,15 +87,23 @@ def render(result: dict) -> str:
         if "end_to_end" not in pair:
             continue
         add_theory(pair["end_to_end"], pair["cost_ratio_c"])  # re-derived from the raw runs (one k = 0 baseline)
-        lines += ["| k | acceptance rate | acceptance length | tokens/s (median of runs) | speedup | theory speedup "
-                  "| within 15% | step ms p50 | draft ms p50 | verify ms p50 | host ms p50 |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|"]
-        for r in pair["end_to_end"]:
-            theory = r.get("theory_speedup")
+        rows = pair["end_to_end"]
+        checked = [r["within_15pct_of_theory"] for r in rows if r.get("within_15pct_of_theory") is not None]
+        if checked:
+            lines += [f"Within 15% of the formula: {sum(checked)} of {len(checked)} points (k >= 1). Its two "
+                      "factors, measured / predicted: tokens per step (acceptance length) and a step's cost in "
+                      "plain decode steps (median step / median k = 0 step vs k c + 1).", ""]
+        lines += ["| k | acceptance rate | tokens/s (median of runs) | speedup | theory speedup | within 15% "
+                  "| acceptance length / theory | step cost / theory | step ms p50 | draft ms p50 | verify ms p50 "
+                  "| host ms p50 |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for r in rows:
             lines.append(
                 f"| {r['k']} | {r['acceptance_rate'] if r['acceptance_rate'] is not None else 'real'} "
-                f"| {r['acceptance_length']:.2f} | {r['output_tokens_per_s']:.1f} | {r['speedup']:.2f} "
-                f"| {'-' if theory is None else f'{theory:.2f}'} | {_yes_no(r.get('within_15pct_of_theory'))} "
+                f"| {r['output_tokens_per_s']:.1f} | {r['speedup']:.2f} | {_fmt(r.get('theory_speedup'))} "
+                f"| {_yes_no(r.get('within_15pct_of_theory'))} "
+                f"| {_pair(r['acceptance_length'], r.get('theory_acceptance_length'))} "
+                f"| {_pair(r.get('step_cost_in_plain_steps'), r.get('theory_step_cost_in_plain_steps'))} "
                 f"| {r['step_ms_p50']:.2f} | {r['draft_ms_p50']:.2f} | {r['verify_ms_p50']:.2f} "
                 f"| {_fmt(r.get('schedule_ms_p50'))} |")
         lines.append("")

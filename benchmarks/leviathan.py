@@ -14,9 +14,19 @@ def leviathan_speedup(a: float, k: int, c: float) -> float:
     return (1 - a ** (k + 1)) / ((1 - a) * (k * c + 1))
 
 
+def expected_acceptance_length(a: float, k: int) -> float:
+    """Expected tokens per step, (1 - a^(k+1)) / (1 - a): the formula's numerator."""
+    return (1 - a ** (k + 1)) / (1 - a)
+
+
 def add_theory(rows: list[dict], c: float) -> None:
     """Set each end-to-end row's `speedup` (its median tokens/s over the k = 0 baseline), `theory_speedup` and
     `within_15pct_of_theory` (rows with a synthetic acceptance rate only; None for k = 0).
+
+    The formula is a ratio of two factors, and each row also gets both as measured and as predicted, so a miss
+    says which one missed: tokens per step (`acceptance_length` vs `theory_acceptance_length`) and a step's
+    cost in plain decode steps (`step_cost_in_plain_steps`: its median step over the median step of the k = 0
+    rows, vs `theory_step_cost_in_plain_steps` = k c + 1; rows that timed their steps only).
 
     The baseline is the median of every k = 0 run of the pair, whatever its row's acceptance rate: without a
     draft nothing depends on the rate, so those rows are one configuration measured several times, and a single
@@ -26,11 +36,17 @@ def add_theory(rows: list[dict], c: float) -> None:
     if not runs:
         return
     base = statistics.median(runs)
+    plain_steps = [r["step_ms_p50"] for r in rows if r["k"] == 0 and r.get("step_ms_p50")]
+    plain_step_ms = statistics.median(plain_steps) if plain_steps else None
     for r in rows:
         r["baseline_tokens_per_s"] = base
         r["speedup"] = r["output_tokens_per_s"] / base
         a, k = r["acceptance_rate"], r["k"]
+        if plain_step_ms is not None and r.get("step_ms_p50"):
+            r["step_cost_in_plain_steps"] = r["step_ms_p50"] / plain_step_ms
+            r["theory_step_cost_in_plain_steps"] = k * c + 1
         if a is not None:
+            r["theory_acceptance_length"] = expected_acceptance_length(a, k)
             r["theory_speedup"] = leviathan_speedup(a, k, c)
             # a k = 0 row is (part of) the baseline itself: its spread is noise, not a prediction to check
             r["within_15pct_of_theory"] = None if k == 0 else abs(r["speedup"] / r["theory_speedup"] - 1) <= 0.15

@@ -30,3 +30,18 @@ def test_speedups_share_one_baseline_over_every_k0_run():
     assert rows[2]["within_15pct_of_theory"] == (abs(rows[2]["speedup"] / rows[2]["theory_speedup"] - 1) <= 0.15)
     assert rows[0]["within_15pct_of_theory"] is None  # the baseline's own runs: nothing predicted
     assert "theory_speedup" not in rows[3]  # real acceptance: no synthetic rate to predict from
+
+
+def test_each_row_splits_the_formula_into_tokens_per_step_and_step_cost():
+    rows = [{"k": 0, "acceptance_rate": 0.8, "output_tokens_per_s": 500.0, "step_ms_p50": 1.0},
+            {"k": 0, "acceptance_rate": 0.6, "output_tokens_per_s": 500.0, "step_ms_p50": 1.4},
+            {"k": 3, "acceptance_rate": 0.8, "output_tokens_per_s": 800.0, "step_ms_p50": 2.4},
+            {"k": 2, "acceptance_rate": 0.8, "output_tokens_per_s": 700.0}]  # an older row without step times
+    add_theory(rows, c=0.3)
+    k3 = rows[2]
+    assert k3["theory_acceptance_length"] == pytest.approx(1 + 0.8 + 0.64 + 0.512)
+    assert k3["step_cost_in_plain_steps"] == pytest.approx(2.4 / 1.2)  # over the median k = 0 step
+    assert k3["theory_step_cost_in_plain_steps"] == pytest.approx(3 * 0.3 + 1)
+    # the formula is exactly the ratio of its two predicted factors
+    assert k3["theory_speedup"] == pytest.approx(k3["theory_acceptance_length"] / k3["theory_step_cost_in_plain_steps"])
+    assert "step_cost_in_plain_steps" not in rows[3]
