@@ -104,8 +104,6 @@ class NativeEngine:
             check_pair(target, draft)
         self.cfg, self.spec_cfg, self.sampling = engine, speculator, sampling
         self.device = torch.device(engine.device)
-        # host-side step inputs in page-locked memory, so their copies never wait on the stream (build_step_inputs)
-        self.pin_memory = self.device.type == "cuda"
         self.dtype = DTYPES[engine.dtype]
         self.target = target
         # Every model of this engine calls the fused (compiled) pointwise ops, or the eager ones, as configured
@@ -334,7 +332,7 @@ class NativeEngine:
             starts.append(start)
             block_ids.append(req.block_ids)
         cpu = build_step_inputs(token_lists, starts, block_ids, self.cfg.block_size, self.max_blocks_per_req,
-                                desc.num_reqs, desc.num_tokens, pin_memory=self.pin_memory)
+                                desc.num_reqs, desc.num_tokens)
         self.buffers.load(cpu, desc.num_reqs, desc.num_tokens)
         num_reqs, num_tokens = cpu.num_reqs, cpu.num_tokens
         attn = self.buffers.attention_metadata(
@@ -372,8 +370,7 @@ class NativeEngine:
             drafts_row = [] if row.is_prefill else row.request.draft_token_ids[:last]
             packed_rows.append(logits_rows + drafts_row + [0] * (k - len(drafts_row))
                                + [row.num_draft_tokens, int(row.samples), row.request.conv_slot])
-        packed = torch.tensor(packed_rows, dtype=torch.int64, pin_memory=self.pin_memory).view(num_reqs, 2 * k + 4)
-        packed = packed.to(dev, non_blocking=True)
+        packed = torch.tensor(packed_rows, dtype=torch.int64).view(num_reqs, 2 * k + 4).to(dev, non_blocking=True)
         slots_dev = packed[:, 2 * k + 3]
         draft_probs = self.req_draft_probs[slots_dev] if self.req_draft_probs is not None else None
         return {
