@@ -5,10 +5,11 @@ Measures, per pair (trained demo pairs when present, and real-size random-weight
   2. draft decode step latency, eager vs graph, at batch 1..64;
   3. target decode-step latency at batch 1 and the HBM bandwidth it achieves (weight bytes / step time)
      against the measured device copy bandwidth;
-  4. end-to-end output tokens/s for k = 0..8 (batch 1, 64 prompt tokens, 128 new tokens), with synthetic
-     acceptance rates (random pairs) or real greedy acceptance (demo pairs), next to Leviathan's speedup
-     (1 - a^(k+1)) / ((1 - a)(k c + 1)) with the measured cost ratio c. Each row also says where a request's
-     wall time goes: steps and their median / mean, prefill steps, and replays vs eager runs per graph manager.
+  4. end-to-end output tokens/s for k = 0..8 (batch 1, 8 prompts of 64 tokens, 128 new tokens; one engine per k,
+     every k once per round over 5 interleaved rounds), with synthetic acceptance rates (random pairs) or real
+     greedy acceptance (demo pairs), next to Leviathan's speedup (1 - a^(k+1)) / ((1 - a)(k c + 1)) with the
+     measured cost ratio c. Each row also says where a request's wall time goes: steps and their median / mean,
+     prefill steps, and replays vs eager runs per graph manager.
 
     python benchmarks/gpu_cudagraphs.py --out results.json [--quick] [--pairs A,B] [--sections capture,step,e2e]
                                         [--compile-pointwise] [--linear-kernel triton_gemv|cublas]
