@@ -16,7 +16,13 @@ The weights are distinct tensors (no L2 reuse between layers), as in the model. 
 engine's batch-1 target step cannot beat the GEMV chain's time; the issue's 60%-of-copy-bandwidth target
 needs the chain itself well above 60%.
 
+With `--skinny-tokens M,...` it also times the same chain for M rows of x (a batch-1 verify of k + 1 = M tokens):
+`cublas_linear` against the skinny Triton kernel (`engine.linear_kernel=triton_skinny`) at its default block
+shape and at each of SKINNY_CONFIGS. A verify that streams its weights as fast as a decode step costs what
+Leviathan's formula assumes: one target step.
+
     python benchmarks/gemv_bandwidth.py --out gemv_bandwidth.json [--models llama-3.2-1b,lfm2-1.2b]
+                                        [--skinny-tokens 2,4,9]
 
 Prints figures as measured and writes the JSON after each model.
 """
@@ -45,6 +51,8 @@ ZOO = Path(__file__).resolve().parents[1] / "specexp" / "zoo"
 MODELS = {"llama-3.2-1b": "configs/llama-3.2-1b", "lfm2-1.2b": "configs/lfm2-1.2b"}
 # (BLOCK_N, BLOCK_K, num_warps) tried per weight shape; BLOCK_N * BLOCK_K bounds registers per program
 TRITON_CONFIGS = [*itertools.product((4, 8, 16), (256, 512), (4, 8)), (2, 1024, 4), (32, 256, 8)]
+# (BLOCK_N, BLOCK_K, num_warps) tried for the skinny kernel, next to its default
+SKINNY_CONFIGS = [*itertools.product((1, 2, 4), (128, 256, 512), (4,)), (2, 256, 8), (4, 256, 8)]
 
 def gemm_weights(model: nn.Module) -> list[torch.Tensor]:
     """Every weight a batch-1 forward streams through a GEMM, as the engine multiplies it: each stack's
@@ -74,10 +82,11 @@ def graph_ms(body) -> float:
     return cuda_ms(graph.replay)
 
 
-def chain(weights: list[torch.Tensor], impl: str, configs: dict | None = None):
-    """A body running one batch-1 GEMV per weight with implementation `impl`, on preallocated buffers."""
-    xs = [torch.randn(1, w.shape[1], device=w.device, dtype=w.dtype) for w in weights]
-    ys = [torch.zeros(1, w.shape[0], device=w.device, dtype=w.dtype) for w in weights]
+def chain(weights: list[torch.Tensor], impl: str, configs: dict | None = None, num_tokens: int = 1):
+    """A body running one product of `num_tokens` rows per weight with implementation `impl`, on preallocated
+    buffers (configs: {weight shape: triton config}, or None for the kernel's defaults)."""
+    xs = [torch.randn(num_tokens, w.shape[1], device=w.device, dtype=w.dtype) for w in weights]
+    ys = [torch.zeros(num_tokens, w.shape[0], device=w.device, dtype=w.dtype) for w in weights]
 
     def body():
         for w, x, y in zip(weights, xs, ys, strict=True):
@@ -86,7 +95,7 @@ def chain(weights: list[torch.Tensor], impl: str, configs: dict | None = None):
             elif impl == "cublas_addmm":
                 y.addmm_(x, w.t())
             else:
-                triton_gemv.gemv(x, w, residual=y, config=configs[tuple(w.shape)])
+                triton_gemv.gemv(x, w, residual=y, config=configs[tuple(w.shape)] if configs else None)
 
     return body
 
@@ -115,7 +124,32 @@ def tune_triton(weights: list[torch.Tensor], bytes_per_s: float) -> tuple[dict, 
     return best, tried
 
 
-def bench_model(name: str, path: str, copy_bw: float) -> dict:
+def bench_skinny(weights: list[torch.Tensor], num_tokens: int, total: int, copy_bw: float) -> dict:
+    """The chain at `num_tokens` rows: cuBLAS vs the skinny kernel (default block shape, then each of
+    SKINNY_CONFIGS for all weights at once), each checked against F.linear on one weight first."""
+    w = weights[0]
+    x = torch.randn(num_tokens, w.shape[1], device="cuda", dtype=w.dtype)
+    reference = torch.nn.functional.linear(x.float(), w.float())
+    rows = {}
+    for label, config in [("cublas_linear", None), ("triton_skinny", None),
+                          *[(f"triton_skinny {c}", c) for c in SKINNY_CONFIGS]]:
+        if label != "cublas_linear":
+            out = triton_gemv.gemv(x, w, config=config).float()
+            err = (out - reference).abs().max().item() / reference.abs().max().item()
+            if err > 2e-2:
+                raise AssertionError(f"skinny {label} M={num_tokens}: relative error {err:.2e}")
+        configs = None if config is None else {tuple(v.shape): config for v in weights}
+        ms = graph_ms(chain(weights, "cublas_linear" if label == "cublas_linear" else "triton", configs, num_tokens))
+        rows[label] = {"graph_ms": ms, "fraction_of_copy_bandwidth": total / (ms / 1e3) / copy_bw}
+    best = min((k for k in rows if k.startswith("triton")), key=lambda k: rows[k]["graph_ms"])
+    print(f"  M={num_tokens}: cublas_linear {rows['cublas_linear']['graph_ms']:.3f} ms "
+          f"({rows['cublas_linear']['fraction_of_copy_bandwidth']:.0%}), triton_skinny default "
+          f"{rows['triton_skinny']['graph_ms']:.3f} ms ({rows['triton_skinny']['fraction_of_copy_bandwidth']:.0%}), "
+          f"best {best} {rows[best]['graph_ms']:.3f} ms", flush=True)
+    return {"chains": rows, "best_triton": best}
+
+
+def bench_model(name: str, path: str, copy_bw: float, skinny_tokens: tuple[int, ...] = ()) -> dict:
     model = load_model(ZOO / path, dtype=torch.bfloat16, device="cuda", weights="random", seed=0)
     weights = gemm_weights(model)
     total = sum(w.numel() * w.element_size() for w in weights)
@@ -137,6 +171,8 @@ def bench_model(name: str, path: str, copy_bw: float) -> dict:
                                "fraction_of_copy_bandwidth": total / (ms / 1e3) / copy_bw}
         print(f"  {impl:14s} {ms:.3f} ms  {total / (ms / 1e3) / 1e12:.2f} TB/s "
               f"({total / (ms / 1e3) / copy_bw:.0%} of copy bw)", flush=True)
+    if triton_gemv.AVAILABLE and skinny_tokens:
+        out["skinny"] = {str(m): bench_skinny(weights, m, total, copy_bw) for m in skinny_tokens}
     del model, weights
     torch.cuda.empty_cache()
     return out
@@ -146,10 +182,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="gemv_bandwidth.json")
     parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated subset of {','.join(MODELS)}")
+    parser.add_argument("--skinny-tokens", default="",
+                        help=f"comma-separated rows of x (2..{triton_gemv.MAX_TOKENS}) to time the skinny kernel at")
     args = parser.parse_args()
     unknown = sorted(set(args.models.split(",")) - set(MODELS))
     if unknown:
         parser.error(f"--models: unknown {unknown}; valid: {', '.join(MODELS)}")
+    try:
+        skinny = tuple(int(m) for m in args.skinny_tokens.split(",") if m)
+    except ValueError:
+        parser.error(f"--skinny-tokens: integers expected, got {args.skinny_tokens!r}")
+    if any(not 2 <= m <= triton_gemv.MAX_TOKENS for m in skinny):
+        parser.error(f"--skinny-tokens: each must be 2..{triton_gemv.MAX_TOKENS}, got {args.skinny_tokens!r}")
     if not torch.cuda.is_available():
         sys.exit("gemv_bandwidth.py needs a CUDA GPU")
     result = {"machine": {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
@@ -157,7 +201,7 @@ def main() -> None:
               "copy_bandwidth_bytes_per_s": copy_bandwidth_bytes_per_s(), "models": {}}
     print(f"copy bandwidth {result['copy_bandwidth_bytes_per_s'] / 1e12:.2f} TB/s", flush=True)
     for name in args.models.split(","):
-        result["models"][name] = bench_model(name, MODELS[name], result["copy_bandwidth_bytes_per_s"])
+        result["models"][name] = bench_model(name, MODELS[name], result["copy_bandwidth_bytes_per_s"], skinny)
         Path(args.out).write_text(json.dumps(result, indent=1))
     print(f"wrote {args.out}")
 

@@ -307,8 +307,9 @@ def main() -> None:
     parser.add_argument("--compile-pointwise", action="store_true",
                         help="engine.compile_pointwise: fused (torch.compile) pointwise ops")
     # kernel defaults: those of conf/engine/cuda.yaml (what `engine=cuda` runs)
-    parser.add_argument("--linear-kernel", default="triton_gemv", choices=["cublas", "triton_gemv"],
-                        help="engine.linear_kernel: single-token projections on cuBLAS or the Triton GEMV")
+    parser.add_argument("--linear-kernel", default="triton_gemv", choices=["cublas", "triton_gemv", "triton_skinny"],
+                        help="engine.linear_kernel: single-token projections on cuBLAS or the Triton GEMV; "
+                             "triton_skinny: also projections of up to 16 tokens (verify, draft prefill)")
     parser.add_argument("--attention-kernel", default="triton", choices=["sdpa", "triton"],
                         help="engine.attention_kernel: decode/verify attention by gather + SDPA or one Triton kernel")
     parser.add_argument("--conv-kernel", default="triton", choices=["torch", "triton"],

@@ -30,7 +30,8 @@ class EngineConfig:
     target and draft into one torch.compile'd kernel (`specexp.models.pointwise`; needs a compiler for
     inductor's backend: Triton on a GPU, a C++ compiler on a CPU). Off: plain eager torch.
     linear_kernel: "cublas" (torch's GEMMs for every projection) | "triton_gemv" (single-token projections,
-    i.e. batch-1 decode and draft steps, on the Triton GEMV of `specexp.models.triton_gemv`; CUDA only).
+    i.e. batch-1 decode and draft steps, on the Triton GEMV of `specexp.models.triton_gemv`; CUDA only) |
+    "triton_skinny" (the same, and projections of up to 16 tokens, e.g. a batch-1 verify, on its skinny GEMM).
     attention_kernel: "sdpa" (gather each row's keys, then SDPA) | "triton" (uniform batches, i.e. decode
     and verify steps, on one Triton kernel reading the paged cache in place, `specexp.models.triton_attention`;
     CUDA only; other batches keep SDPA).
@@ -72,20 +73,20 @@ class EngineConfig:
                                         "(or null for the defaults)")
         if not isinstance(self.compile_pointwise, bool):
             raise EngineConfigError(f"engine.compile_pointwise={self.compile_pointwise!r}: must be true or false")
-        self._check_kernel("linear_kernel", LINEAR_KERNELS, "triton_gemv", "cublas")
-        self._check_kernel("attention_kernel", ATTENTION_KERNELS, "triton", "sdpa")
-        self._check_kernel("conv_kernel", CONV_KERNELS, "triton", "torch")
+        self._check_kernel("linear_kernel", LINEAR_KERNELS, ("triton_gemv", "triton_skinny"), "cublas")
+        self._check_kernel("attention_kernel", ATTENTION_KERNELS, ("triton",), "sdpa")
+        self._check_kernel("conv_kernel", CONV_KERNELS, ("triton",), "torch")
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
             raise EngineConfigError(
                 f"engine.max_num_batched_tokens={self.max_num_batched_tokens}: must be >= 1 (or null)"
             )
 
-    def _check_kernel(self, name: str, valid, triton_choice: str, default: str) -> None:
-        """engine.<name> is one of `valid`; its Triton choice needs CUDA and triton (else `default` is named)."""
+    def _check_kernel(self, name: str, valid, triton_choices: tuple[str, ...], default: str) -> None:
+        """engine.<name> is one of `valid`; its Triton choices need CUDA and triton (else `default` is named)."""
         value = getattr(self, name)
         if value not in valid:
             raise EngineConfigError(f"engine.{name}={value!r}: valid are " + ", ".join(repr(k) for k in valid))
-        if value == triton_choice and (self.device != "cuda" or not triton_support.AVAILABLE):
+        if value in triton_choices and (self.device != "cuda" or not triton_support.AVAILABLE):
             raise EngineConfigError(
                 f"engine.{name}={value!r} needs engine.device=cuda (got {self.device!r}) and triton "
                 f"(importable: {triton_support.AVAILABLE}; CUDA builds of torch ship it); or use {default!r}"

@@ -1,6 +1,7 @@
-"""The Triton batch-1 GEMV (`engine.linear_kernel=triton_gemv`): products against a float64 reference, on a
-GPU (`pytest -m cuda`) and, where triton is installed, under Triton's CPU interpreter; the linear-ops table's
-fallbacks and the config's checks everywhere."""
+"""The Triton batch-1 GEMV (`engine.linear_kernel=triton_gemv`) and its skinny sibling for 2..16 rows
+(`triton_skinny`): products against a float64 reference, on a GPU (`pytest -m cuda`) and, where triton is
+installed, under Triton's CPU interpreter; the linear-ops tables' routing and fallbacks and the config's checks
+everywhere."""
 
 from __future__ import annotations
 
@@ -12,22 +13,29 @@ from triton_interpreter import on_triton_gpu, run_in_triton_interpreter
 from specexp.engine.config import EngineConfig, EngineConfigError
 from specexp.models import triton_gemv
 from specexp.models.layers import RMSNorm
-from specexp.models.linear_ops import CUBLAS, TRITON_GEMV, add_linear_
+from specexp.models.linear_ops import CUBLAS, TRITON_GEMV, TRITON_SKINNY, add_linear_
 
 # (K, N): K below, at and past one 1024-wide chunk and not a multiple of it; N odd, below and past BLOCK_N
 SHAPES = [(5, 3), (64, 1), (1000, 37), (1024, 256), (2500, 130)]
 
 
 FUSIONS = ("none", "norm")  # the RMSNorm before the product fused in, or not
+# rows of x: the GEMV (1), then the skinny kernel at and between powers of 2 (a verify of k + 1 <= 9 tokens, a
+# draft prefill region of k + 2 <= 10, the 16 it takes at most)
+TOKENS = (1, 2, 3, 5, 9, 16)
 
 
-def check_products(device: str, dtypes, fusions=FUSIONS) -> None:
-    """Every SHAPES x dtypes x fusions x (bias, residual) product of triton_gemv.gemv vs a float64 reference."""
+def check_products(device: str, dtypes, fusions=FUSIONS, tokens=TOKENS) -> None:
+    """Every SHAPES x dtypes x fusions x tokens x (bias, residual) product of triton_gemv.gemv vs a float64
+    reference."""
     gen = torch.Generator().manual_seed(0)
-    for (k, n), dtype, fusion in [(s, d, f) for s in SHAPES for d in dtypes for f in fusions]:
+    cases = [(s, d, f, m) for s in SHAPES for d in dtypes for f in fusions for m in tokens]
+    for (k, n), dtype, fusion, m in cases:
         for with_bias, with_residual in [(False, False), (True, False), (False, True), (True, True)]:
-            x, w = torch.randn(1, k, generator=gen) * 3, torch.randn(n, k, generator=gen) / k**0.5
-            bias, residual = torch.randn(n, generator=gen), torch.randn(1, n, generator=gen)
+            x, w = torch.randn(m, k, generator=gen) * 3, torch.randn(n, k, generator=gen) / k**0.5
+            # rows of very different scale: each row's RMSNorm must use its own rms
+            x = x * torch.logspace(-1, 1, m).unsqueeze(1)
+            bias, residual = torch.randn(n, generator=gen), torch.randn(m, n, generator=gen)
             norm_weight = torch.rand(k, generator=gen) + 0.5
             x, w, bias, residual, norm_weight = (t.to(dtype) for t in (x, w, bias, residual, norm_weight))
             a = x.double()
@@ -39,13 +47,13 @@ def check_products(device: str, dtypes, fusions=FUSIONS) -> None:
             norm = {"norm_weight": norm_weight.to(device), "eps": 1e-5} if "norm" in fusion else {}
             got = triton_gemv.gemv(x.to(device), w.to(device), bias.to(device) if with_bias else None,
                                    residual=res, **norm)
-            assert got.shape == (1, n) and got.dtype == dtype
+            assert got.shape == (m, n) and got.dtype == dtype
             if with_residual:
                 assert got.data_ptr() == res.data_ptr(), "the residual is updated in place"
             tol = {torch.float32: 1e-4, torch.bfloat16: 3e-2, torch.float16: 3e-3}[dtype]
             scale = expected.abs().max().item() + 1
             err = (got.double().cpu() - expected).abs().max().item() / scale
-            label = f"K={k} N={n} {dtype} {fusion} bias={with_bias} residual={with_residual}"
+            label = f"M={m} K={k} N={n} {dtype} {fusion} bias={with_bias} residual={with_residual}"
             assert err < tol, f"{label}: error {err:.2e}"
 
 
@@ -78,18 +86,45 @@ def test_triton_table_falls_back_to_torch_off_the_gpu():
     """On CPU tensors (or without triton) the triton table is torch's GEMMs, bit for bit."""
     gen = torch.Generator().manual_seed(1)
     w, b = torch.randn(7, 11, generator=gen), torch.randn(7, generator=gen)
-    for rows in (1, 4):
-        x, residual = torch.randn(rows, 11, generator=gen), torch.randn(rows, 7, generator=gen)
-        assert torch.equal(TRITON_GEMV.linear(x, w, b), CUBLAS.linear(x, w, b))
-        assert torch.equal(TRITON_GEMV.add_linear_(residual.clone(), x, w, b), add_linear_(residual.clone(), x, w, b))
-        norm = RMSNorm(11, 1e-6)
-        for n in (norm, None):
-            assert torch.equal(TRITON_GEMV.norm_linear(x, n, w, b), CUBLAS.norm_linear(x, n, w, b))
+    for table in (TRITON_GEMV, TRITON_SKINNY):
+        for rows in (1, 4):
+            x, residual = torch.randn(rows, 11, generator=gen), torch.randn(rows, 7, generator=gen)
+            assert torch.equal(table.linear(x, w, b), CUBLAS.linear(x, w, b))
+            assert torch.equal(table.add_linear_(residual.clone(), x, w, b), add_linear_(residual.clone(), x, w, b))
+            norm = RMSNorm(11, 1e-6)
+            for n in (norm, None):
+                assert torch.equal(table.norm_linear(x, n, w, b), CUBLAS.norm_linear(x, n, w, b))
+
+
+@on_triton_gpu
+def test_skinny_table_takes_up_to_max_tokens_rows():
+    w, norm = torch.randn(96, 200, device="cuda"), RMSNorm(200, 1e-6).cuda()
+    for rows in (1, 2, 9, triton_gemv.MAX_TOKENS):
+        x = torch.randn(rows, 200, device="cuda")
+        torch.testing.assert_close(TRITON_SKINNY.linear(x, w, None), F.linear(x, w), atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(TRITON_SKINNY.norm_linear(x, norm, w, None), F.linear(norm(x), w),
+                                   atol=1e-4, rtol=1e-4)
+        residual = torch.randn(rows, 96, device="cuda")
+        expected = residual + F.linear(x, w)
+        torch.testing.assert_close(TRITON_SKINNY.add_linear_(residual, x, w, None), expected, atol=1e-4, rtol=1e-4)
+    many = torch.randn(triton_gemv.MAX_TOKENS + 1, 200, device="cuda")
+    assert torch.equal(TRITON_SKINNY.linear(many, w, None), F.linear(many, w))  # cuBLAS, bit for bit
+    strided = torch.randn(4, 400, device="cuda")[:, ::2]  # rows not contiguous: torch's GEMM
+    assert torch.equal(TRITON_SKINNY.linear(strided, w, None), F.linear(strided, w))
+
+
+def test_gemv_rejects_more_rows_than_it_takes():
+    if not triton_gemv.AVAILABLE:
+        pytest.skip("triton is not installed")
+    x = torch.zeros(triton_gemv.MAX_TOKENS + 1, 8)
+    with pytest.raises(ValueError, match=f"1..{triton_gemv.MAX_TOKENS} rows of x"):
+        triton_gemv.gemv(x, torch.zeros(4, 8))
 
 
 def test_linear_kernel_is_validated():
     with pytest.raises(EngineConfigError, match="engine.linear_kernel='gemv'.*'cublas', 'triton_gemv'"):
         EngineConfig(linear_kernel="gemv").validate()
-    with pytest.raises(EngineConfigError, match="engine.linear_kernel='triton_gemv' needs engine.device=cuda"):
-        EngineConfig(device="cpu", linear_kernel="triton_gemv").validate()
+    for choice in ("triton_gemv", "triton_skinny"):
+        with pytest.raises(EngineConfigError, match=f"engine.linear_kernel='{choice}' needs engine.device=cuda"):
+            EngineConfig(device="cpu", linear_kernel=choice).validate()
     EngineConfig(linear_kernel="cublas").validate()
