@@ -40,15 +40,23 @@ NUM_WARPS = 4
 # Measured on the H200 in a Llama-3.2-1B-shaped step over 1, 2, 4, 8, 16 (the q/k/v and gate/up products): 8 won.
 NORM_BLOCK_N = 8
 # Rows of x the skinny kernel takes (a verify of k + 1 <= 16 tokens, a draft prefill region of k + 2); more go to
-# torch's GEMMs. Its chunk width shrinks as M grows so each program's accumulator stays at ~8K fp32 values.
+# torch's GEMMs.
 MAX_TOKENS = 16
 
 
-def skinny_block_k(num_tokens: int, k: int) -> int:
-    """The skinny kernel's default chunk width for `num_tokens` rows of x and reduction length `k`."""
-    width = 1024 if num_tokens <= 2 else 512 if num_tokens <= 4 else 256
-    return min(width, triton.next_power_of_2(k))
+SKINNY_ACCUMULATOR = 8192  # fp32 values per program: 64 registers a thread at 4 warps
 
+
+def skinny_config(num_tokens: int, k: int, norm: bool) -> tuple[int, int, int]:
+    """The skinny kernel's default (BLOCK_N, BLOCK_K, num_warps) for `num_tokens` rows of x and reduction length
+    `k`: chunks narrow as rows grow, and weight rows per program (NORM_BLOCK_N with a fused norm, else BLOCK_N)
+    shrink until the [rows of x, weight rows, chunk] accumulator fits SKINNY_ACCUMULATOR."""
+    block_m = triton.next_power_of_2(num_tokens)
+    block_k = min(1024 if num_tokens <= 2 else 512 if num_tokens <= 4 else 256, triton.next_power_of_2(k))
+    block_n = NORM_BLOCK_N if norm else BLOCK_N
+    while block_n > 1 and block_m * block_n * block_k > SKINNY_ACCUMULATOR:
+        block_n //= 2
+    return block_n, block_k, NUM_WARPS
 
 if AVAILABLE:
 
@@ -132,17 +140,18 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
 
     M = 1 runs the GEMV kernel, M >= 2 the skinny kernel (module docstring). With `residual` ([M, N], contiguous)
     the sum is added to it in place and residual is returned: one rounding of (residual + product + bias), as
-    `residual.addmm_` rounds. config: (BLOCK_N, BLOCK_K, num_warps), for tuning (None = BLOCK_N rows per
-    program, NORM_BLOCK_N with a norm; for M = 1 min(MAX_BLOCK_K, K rounded up to a power of 2), for M >= 2
-    :func:`skinny_block_k`; NUM_WARPS).
+    `residual.addmm_` rounds. config: (BLOCK_N, BLOCK_K, num_warps), for tuning (None: for M = 1, BLOCK_N rows per
+    program, NORM_BLOCK_N with a norm, min(MAX_BLOCK_K, K rounded up to a power of 2) and NUM_WARPS; for M >= 2,
+    :func:`skinny_config`).
     """
     n, k = weight.shape
     m = x.shape[0]
     if not 1 <= m <= MAX_TOKENS:
         raise ValueError(f"triton_gemv.gemv takes 1..{MAX_TOKENS} rows of x, got x of shape {tuple(x.shape)}")
-    rows_per_program = BLOCK_N if norm_weight is None else NORM_BLOCK_N
-    default_k = min(MAX_BLOCK_K, triton.next_power_of_2(k)) if m == 1 else skinny_block_k(m, k)
-    block_n, block_k, warps = config or (rows_per_program, default_k, NUM_WARPS)
+    if config is None and m == 1:
+        config = (BLOCK_N if norm_weight is None else NORM_BLOCK_N, min(MAX_BLOCK_K, triton.next_power_of_2(k)),
+                  NUM_WARPS)
+    block_n, block_k, warps = config or skinny_config(m, k, norm_weight is not None)
     x = x.contiguous()
     out = residual if residual is not None else torch.empty(m, n, device=x.device, dtype=x.dtype)
     flags = dict(HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None, NORM=norm_weight is not None,
