@@ -17,6 +17,12 @@ Speculative rows (verifying k drafts, q <= k + 1) read the window at o = num_acc
 num_accepted (accepted drafts + 1) then selects the window that ends exactly at the last accepted input,
 so rejected tokens are rolled back without copying. The state therefore needs (W-1) + k columns.
 
+Other batches (prefill chunks, mixed and ragged steps) take the varlen path: each row's window columns and the
+step's inputs are stacked into one table, and every tap and every state column is a row of it, found by
+indices (:class:`VarlenIndices`) that depend on the step's metadata alone. One forward's conv layers derive them
+once (:class:`ConvPlan`), so a layer costs a gather, W multiply-adds and one state write. These batches run
+eagerly, where each op is host time: an LFM2 prefill step went from 685 to 410 ops (tiny-lfm2, 5 conv layers).
+
 Uniform pure-spec batches — every full-graph step (target verify of k+1 tokens a row, draft prefill of k+2,
 draft decode of 1) — take a dense path: `x` viewed as [R, q, D], ext built per row, W shifted
 multiply-adds, one state write: a handful of kernels per layer instead of the varlen gathers.
@@ -27,6 +33,8 @@ real token — are dropped with selects, never multiplied by zero, so even NaN g
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -50,75 +58,118 @@ def _token_rows(query_start_loc: torch.Tensor, num_tokens: int) -> tuple[torch.T
     return row, tokens - qsl[row], valid
 
 
-def _conv_over_ext(
+@dataclass(frozen=True)
+class VarlenIndices:
+    """Where the varlen paths read and write, derived from a step's metadata alone, so one forward's conv
+    layers share them (:class:`ConvPlan`). Everything indexes `ext`, the rows' read windows then the step's
+    inputs stacked as one table: ext = [window columns of row 0, of row 1, ..., x[0], ..., x[N-1]] ([R*(W-1) + N,
+    D]), so each row's ext_r (window ++ its inputs) is a set of table rows.
+
+    slots int64[R]: each row's state slot; window_cols int64[R, W-1]: the state columns its window reads;
+    conv_index int64[N, W]: ext rows of token t's taps (ext_r[i + j]); valid bool[N, 1]: real (non-padding)
+    tokens; write_index int64[R, S]: the ext row each state column would take; write_mask bool[R, 1, S]: the
+    columns a row writes (its own slot, not NULL).
+    """
+
+    slots: torch.Tensor
+    window_cols: torch.Tensor
+    conv_index: torch.Tensor
+    valid: torch.Tensor
+    write_index: torch.Tensor
+    write_mask: torch.Tensor
+
+
+def varlen_indices(query_start_loc: torch.Tensor, state_indices: torch.Tensor, window_offsets: torch.Tensor,
+                   first_ext_index: torch.Tensor, num_cols: torch.Tensor, num_tokens: int, width: int,
+                   state_len: int) -> VarlenIndices:
+    """:class:`VarlenIndices` of rows laid out by query_start_loc int32[R + 1] over `num_tokens` (N) inputs,
+    for conv width W and state length S. Per row [R]: its slot (state_indices), the first state column its
+    window reads (window_offsets), and the write, state column c <- ext_r[first_ext_index + c] for
+    c < num_cols (int tensors)."""
+    num_rows = query_start_loc.numel() - 1
+    window = width - 1
+    device = query_start_loc.device
+    qsl = query_start_loc.to(torch.int64)
+    slots = state_indices.to(torch.int64)
+    window_cols = (window_offsets.to(torch.int64).unsqueeze(1) + torch.arange(window, device=device)).clamp(
+        0, state_len - 1)
+    table_rows = max(num_rows * window + num_tokens - 1, 0)
+
+    def ext_rows(row_start: torch.Tensor, row: torch.Tensor, ext_index: torch.Tensor) -> torch.Tensor:
+        # ext_r[e]: window column e (e < W-1, clamped into the window) or input row_start + e - (W-1)
+        from_x = num_rows * window + (row_start + ext_index - window).clamp(0, max(num_tokens - 1, 0))
+        from_window = row * window + ext_index.clamp(min=0, max=max(window - 1, 0))
+        return torch.where(ext_index >= window, from_x, from_window).clamp(0, table_rows)
+
+    row, index_in_row, valid = _token_rows(query_start_loc, num_tokens)
+    conv_ext = index_in_row.unsqueeze(1) + torch.arange(width, device=device)  # [N, W]
+    conv_index = ext_rows(qsl[row].unsqueeze(1), row.unsqueeze(1), conv_ext)
+    cols = torch.arange(state_len, device=device)
+    write_ext = first_ext_index.to(torch.int64).unsqueeze(1) + cols  # [R, S]
+    write_index = ext_rows(qsl[:-1].unsqueeze(1), torch.arange(num_rows, device=device).unsqueeze(1), write_ext)
+    write = (cols < num_cols.to(torch.int64).unsqueeze(1)) & (slots != NULL_BLOCK_ID).unsqueeze(1)
+    if window == 0:  # no window to read columns before ext from: such columns keep their values
+        write = write & (write_ext >= 0)
+    return VarlenIndices(slots, window_cols, conv_index, valid.unsqueeze(1), write_index, write.unsqueeze(1))
+
+
+def _varlen_conv(
     x: torch.Tensor,
-    windows: torch.Tensor,
-    query_start_loc: torch.Tensor,
     weight: torch.Tensor,
     bias: torch.Tensor | None,
+    conv_state: torch.Tensor,
+    indices: VarlenIndices,
+    has_initial_state: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """out[t] = bias + sum_j weight[:, j] * ext_r[i + j] for each flat token t (row r, in-row index i).
-
-    x: [N, D]; windows: [R, D, W-1] (the state columns each row reads); weight: [D, W]. Returns [N, D];
-    rows of invalid (padding) tokens are zero.
-    """
+    """out[t] = bias + sum_j weight[:, j] * ext_r[i + j] for each flat token t (row r, in-row index i), then each
+    row's state columns rewritten as `indices` says. x: [N, D]; weight: [D, W]; has_initial_state: bool[R] or
+    None (False: the row's window reads zeros). Returns [N, D]; padding tokens get zeros."""
     num_tokens, dim = x.shape
     width = weight.shape[1]
-    row, index_in_row, valid = _token_rows(query_start_loc, num_tokens)
-    qsl = query_start_loc.to(torch.int64)
+    if num_tokens == 0:  # no row has inputs: nothing to compute, no column to write
+        return torch.zeros_like(x)
+    old = conv_state[indices.slots]  # [R, D, S]
+    ext = x
+    if width > 1:
+        windows = torch.gather(old, 2, indices.window_cols.unsqueeze(1).expand(-1, dim, -1))  # [R, D, W-1]
+        if has_initial_state is not None:
+            # Select, not multiply: a slot handed to a new request holds stale (even non-finite) values.
+            windows = torch.where(has_initial_state.view(-1, 1, 1), windows, torch.zeros_like(windows))
+        ext = torch.cat([windows.transpose(1, 2).reshape(-1, dim), x])
+    taps = ext[indices.conv_index]  # [N, W, D]
     out = torch.zeros_like(x) if bias is None else bias.to(x.dtype).expand(num_tokens, dim).clone()
     for j in range(width):
-        ext_index = index_in_row + j  # position in ext = window ++ x
-        from_x = ext_index >= width - 1
-        x_index = (qsl[row] + ext_index - (width - 1)).clamp(0, max(num_tokens - 1, 0))
-        window_col = ext_index.clamp(max=width - 2)
-        from_window = windows[row, :, window_col] if width > 1 else torch.zeros_like(x)
-        value = torch.where(from_x.unsqueeze(1), x[x_index], from_window)
-        out = out + weight[:, j].to(x.dtype) * value
+        out = out + weight[:, j].to(x.dtype) * taps[:, j]
     # A select, not a product: padded inputs may hold anything (NaN included) and must still give zeros.
-    return torch.where(valid.unsqueeze(1), out, torch.zeros_like(out))
+    out = torch.where(indices.valid, out, torch.zeros_like(out))
+    value = ext[indices.write_index].permute(0, 2, 1)  # [R, D, S]
+    conv_state.index_copy_(0, indices.slots, torch.where(indices.write_mask, value.to(old.dtype), old))
+    return out
 
 
-def _read_windows(
-    conv_state: torch.Tensor, state_indices: torch.Tensor, offsets: torch.Tensor, width: int
-) -> torch.Tensor:
-    """[R, D, W-1] state columns `offsets[r] .. offsets[r] + W-2` of each row's slot."""
-    states = conv_state[state_indices.to(torch.int64)]  # [R, D, S]
-    cols = offsets.to(torch.int64).unsqueeze(1) + torch.arange(width - 1, device=states.device)  # [R, W-1]
-    cols = cols.clamp(0, conv_state.shape[2] - 1)
-    return torch.gather(states, 2, cols.unsqueeze(1).expand(-1, states.shape[1], -1))
-
-
-def _write_states(
-    conv_state: torch.Tensor,
-    state_indices: torch.Tensor,
-    x: torch.Tensor,
-    windows: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    first_ext_index: torch.Tensor,
-    num_cols: torch.Tensor,
-) -> None:
-    """State column c of row r becomes ext_r[first_ext_index[r] + c] for c < num_cols[r]; other columns
-    and NULL-slot rows keep their values. All tensors are indexed per row r: [R]."""
-    num_rows = state_indices.numel()
-    if num_rows == 0:
-        return
-    width = windows.shape[2] + 1
-    state_len = conv_state.shape[2]
-    slots = state_indices.to(torch.int64)
-    old = conv_state[slots]  # [R, D, S]
-    cols = torch.arange(state_len, device=old.device)
-    ext_index = first_ext_index.to(torch.int64).unsqueeze(1) + cols  # [R, S]
+def non_spec_indices(query_start_loc: torch.Tensor, state_indices: torch.Tensor, num_tokens: int, width: int,
+                     state_len: int, state_lookahead: int = 0) -> VarlenIndices:
+    """:class:`VarlenIndices` of :func:`causal_conv1d_varlen`'s rows (their docstring says what they read and
+    keep)."""
     qsl = query_start_loc.to(torch.int64)
-    x_index = (qsl[:-1].unsqueeze(1) + ext_index - (width - 1)).clamp(0, max(x.shape[0] - 1, 0))
-    from_x = x[x_index].permute(0, 2, 1) if x.shape[0] > 0 else torch.zeros_like(old)  # [R, D, S]
-    # Columns a row does not write may index before ext (a lookahead row of fewer than L tokens) or past
-    # it; clamp them into range, the write mask below drops them.
-    window_col = ext_index.clamp(min=0, max=max(width - 2, 0))
-    from_window = torch.gather(windows, 2, window_col.unsqueeze(1).expand(-1, old.shape[1], -1)) if width > 1 else old
-    value = torch.where((ext_index >= width - 1).unsqueeze(1), from_x, from_window)
-    write = (cols.unsqueeze(0) < num_cols.to(torch.int64).unsqueeze(1)) & (slots != NULL_BLOCK_ID).unsqueeze(1)
-    conv_state.index_copy_(0, slots, torch.where(write.unsqueeze(1), value.to(old.dtype), old))
+    query_lens = qsl[1:] - qsl[:-1]
+    # Rows with no tokens (padding) keep their state: write zero columns.
+    num_cols = torch.where(query_lens > 0, width - 1 + state_lookahead, 0)
+    return varlen_indices(query_start_loc, state_indices, torch.zeros_like(query_lens), query_lens - state_lookahead,
+                          num_cols, num_tokens, width, state_len)
+
+
+def spec_indices(query_start_loc: torch.Tensor, state_indices: torch.Tensor, num_accepted_tokens: torch.Tensor,
+                 num_tokens: int, width: int, state_len: int) -> VarlenIndices:
+    """:class:`VarlenIndices` of :func:`causal_conv1d_spec_update`'s rows (their docstring says what they read
+    and keep)."""
+    qsl = query_start_loc.to(torch.int64)
+    query_lens = qsl[1:] - qsl[:-1]
+    # Rows with no tokens (graph padding) keep their state: dropping a column without appending one would
+    # shift the window the next step reads.
+    num_cols = torch.where(query_lens > 0, query_lens + (width - 2), 0)
+    return varlen_indices(query_start_loc, state_indices, num_accepted_tokens.to(torch.int64) - 1,
+                          torch.ones_like(query_lens), num_cols, num_tokens, width, state_len)
 
 
 def causal_conv1d_varlen(
@@ -130,6 +181,7 @@ def causal_conv1d_varlen(
     state_indices: torch.Tensor,
     has_initial_state: torch.Tensor,
     state_lookahead: int = 0,
+    indices: VarlenIndices | None = None,
 ) -> torch.Tensor:
     """Non-speculative short conv (prefill chunks and single-token decodes) over a varlen batch.
 
@@ -140,18 +192,10 @@ def causal_conv1d_varlen(
     Returns [N, D]. Each row's state ends as ext[q-L : q+W-1] (the window ending at its last committed input,
     then the L lookahead inputs), at columns [0, W-1+L).
     """
-    width = weight.shape[1]
-    windows = _read_windows(conv_state, state_indices, torch.zeros_like(state_indices), width)
-    # Select, not multiply: a slot handed to a new request holds stale (even non-finite) values.
-    windows = torch.where(has_initial_state.view(-1, 1, 1), windows, torch.zeros_like(windows))
-    out = _conv_over_ext(x, windows, query_start_loc, weight, bias)
-    query_lens = query_start_loc[1:] - query_start_loc[:-1]
-    # Rows with no tokens (padding) keep their state: write zero columns.
-    num_cols = torch.where(
-        query_lens > 0, torch.full_like(query_lens, width - 1 + state_lookahead), torch.zeros_like(query_lens)
-    )
-    _write_states(conv_state, state_indices, x, windows, query_start_loc, query_lens - state_lookahead, num_cols)
-    return out
+    if indices is None:
+        indices = non_spec_indices(query_start_loc, state_indices, x.shape[0], weight.shape[1], conv_state.shape[2],
+                                   state_lookahead)
+    return _varlen_conv(x, weight, bias, conv_state, indices, has_initial_state)
 
 
 def causal_conv1d_spec_update(
@@ -162,6 +206,7 @@ def causal_conv1d_spec_update(
     query_start_loc: torch.Tensor,
     state_indices: torch.Tensor,
     num_accepted_tokens: torch.Tensor,
+    indices: VarlenIndices | None = None,
 ) -> torch.Tensor:
     """Speculative short conv: each row verifies q <= k + 1 tokens starting from its accepted window.
 
@@ -170,16 +215,10 @@ def causal_conv1d_spec_update(
     conv_state: [num_slots, D, S] with S >= W-2+q for every row (S = W-1+k), updated in place: columns
     [0, W-2+q) become ext[1 : W-1+q]. Returns [N, D].
     """
-    width = weight.shape[1]
-    offsets = num_accepted_tokens.to(torch.int64) - 1
-    windows = _read_windows(conv_state, state_indices, offsets, width)
-    out = _conv_over_ext(x, windows, query_start_loc, weight, bias)
-    query_lens = query_start_loc[1:] - query_start_loc[:-1]
-    # Rows with no tokens (graph padding) keep their state: dropping a column without appending one would
-    # shift the window the next step reads.
-    num_cols = torch.where(query_lens > 0, query_lens + (width - 2), torch.zeros_like(query_lens))
-    _write_states(conv_state, state_indices, x, windows, query_start_loc, torch.ones_like(query_lens), num_cols)
-    return out
+    if indices is None:
+        indices = spec_indices(query_start_loc, state_indices, num_accepted_tokens, x.shape[0], weight.shape[1],
+                               conv_state.shape[2])
+    return _varlen_conv(x, weight, bias, conv_state, indices)
 
 
 def conv_taps(ext: torch.Tensor, weight: torch.Tensor, query_len: int) -> torch.Tensor:
@@ -196,13 +235,32 @@ def conv_taps(ext: torch.Tensor, weight: torch.Tensor, query_len: int) -> torch.
 
 class ConvPlan:
     """Per-forward cache of what every short-conv layer derives from the step's metadata alone (the uniform
-    path's slots, window columns and padding mask), so the first conv layer of a forward computes it and the
-    others reuse it. Each model forward builds a fresh plan (as `AttentionPlan`): a captured graph recomputes
+    path's slots, window columns and padding mask; the varlen paths' :class:`VarlenIndices`), so the first conv
+    layer of a forward computes it and the others reuse it. Each model forward builds a fresh plan (as `AttentionPlan`): a captured graph recomputes
     it from the persistent metadata at every replay, and no plan outlives its step."""
 
     def __init__(self, meta: ShortConvMetadata) -> None:
         self.meta = meta
         self._uniform: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        self._varlen: dict[tuple[str, int, int, int], VarlenIndices] = {}
+
+    def spec_indices(self, width: int, state_len: int, num_tokens: int) -> VarlenIndices:
+        """:func:`spec_indices` of this step's spec rows over their `num_tokens` inputs."""
+        key = ("spec", width, state_len, num_tokens)
+        if key not in self._varlen:
+            m = self.meta
+            self._varlen[key] = spec_indices(m.spec_query_start_loc, m.spec_state_indices_tensor,
+                                             m.num_accepted_tokens, num_tokens, width, state_len)
+        return self._varlen[key]
+
+    def non_spec_indices(self, width: int, state_len: int, num_tokens: int) -> VarlenIndices:
+        """:func:`non_spec_indices` of this step's prefill and decode rows over their `num_tokens` inputs."""
+        key = ("non_spec", width, state_len, num_tokens)
+        if key not in self._varlen:
+            m = self.meta
+            self._varlen[key] = non_spec_indices(m.non_spec_query_start_loc, m.state_indices_tensor, num_tokens,
+                                                 width, state_len, m.non_spec_state_lookahead)
+        return self._varlen[key]
 
     def uniform_indices(self, width: int, state_len: int, device: torch.device
                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -344,27 +402,30 @@ def short_conv(
             x, weight, bias, conv_state, meta.spec_state_indices_tensor, meta.num_accepted_tokens, uniform_len,
             meta.num_spec_decodes, plan.uniform_indices(weight.shape[1], conv_state.shape[2], x.device), taps,
         )
+    width, state_len = weight.shape[1], conv_state.shape[2]
     if has_spec and not has_non_spec and meta.spec_token_indx is None:
         return causal_conv1d_spec_update(
             x, weight, bias, conv_state, meta.spec_query_start_loc, meta.spec_state_indices_tensor,
-            meta.num_accepted_tokens,
+            meta.num_accepted_tokens, plan.spec_indices(width, state_len, x.shape[0]),
         )
     if not has_spec and meta.non_spec_token_indx is None:
         return causal_conv1d_varlen(
             x, weight, bias, conv_state, meta.non_spec_query_start_loc, meta.state_indices_tensor,
             meta.has_initial_states_non_spec(), meta.non_spec_state_lookahead,
+            plan.non_spec_indices(width, state_len, x.shape[0]),
         )
     out = torch.zeros_like(x)
     if has_spec:
         spec_idx = meta.spec_token_indx[:num_spec_tokens]
         out[spec_idx] = causal_conv1d_spec_update(
             x[spec_idx], weight, bias, conv_state, meta.spec_query_start_loc, meta.spec_state_indices_tensor,
-            meta.num_accepted_tokens,
+            meta.num_accepted_tokens, plan.spec_indices(width, state_len, num_spec_tokens),
         )
     if has_non_spec:
         ns_idx = meta.non_spec_token_indx
         out[ns_idx] = causal_conv1d_varlen(
             x[ns_idx], weight, bias, conv_state, meta.non_spec_query_start_loc, meta.state_indices_tensor,
             meta.has_initial_states_non_spec(), meta.non_spec_state_lookahead,
+            plan.non_spec_indices(width, state_len, ns_idx.numel()),
         )
     return out

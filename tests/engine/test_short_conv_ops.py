@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specexp.models.metadata import NULL_BLOCK_ID, ShortConvMetadata
-from specexp.models.short_conv_ops import causal_conv1d_spec_update, causal_conv1d_varlen, short_conv
+from specexp.models.short_conv_ops import ConvPlan, causal_conv1d_spec_update, causal_conv1d_varlen, short_conv
 
 DTYPE = torch.float64
 DIM = 3
@@ -241,3 +241,26 @@ def test_short_conv_of_an_empty_step_is_zeros_and_touches_nothing():
     out = short_conv(x, torch.randn(DIM, 3, dtype=DTYPE), None, state, meta)
     assert torch.equal(out, torch.zeros_like(x))
     assert torch.equal(state, before)
+
+
+def test_a_forwards_conv_layers_share_one_varlen_plan():
+    """Two conv layers of one prefill forward (one ConvPlan) derive the varlen indices once and each match the
+    full-sequence conv; a layer of another width gets its own."""
+    gen = torch.Generator().manual_seed(3)
+    lengths = [4, 1, 6]
+    qsl = _qsl(lengths)
+    meta = ShortConvMetadata(
+        num_prefills=3, num_prefill_tokens=11, num_decodes=0, num_decode_tokens=0, num_spec_decodes=0,
+        num_spec_decode_tokens=0, num_actual_tokens=11, spec_query_len=1, max_prefill_query_len=6,
+        query_start_loc=qsl, state_indices_tensor=_i32([1, 2, 3]), non_spec_query_start_loc=qsl,
+        has_initial_states_p=torch.zeros(3, dtype=torch.bool),
+    )
+    plan = ConvPlan(meta)
+    x = torch.randn(11, DIM, generator=gen, dtype=DTYPE)
+    for width in (3, 3, 4):
+        weight, bias = _params(gen, width)
+        out = short_conv(x, weight, bias, torch.zeros(4, DIM, width - 1, dtype=DTYPE), plan)
+        for r in range(3):
+            row = slice(int(qsl[r]), int(qsl[r + 1]))
+            torch.testing.assert_close(out[row], causal_conv(x[row], weight, bias))
+    assert len(plan._varlen) == 2  # widths 3 and 4
