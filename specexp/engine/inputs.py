@@ -35,6 +35,8 @@ class StepInputsCPU:
     # The step as `InputBuffers.load` copies it, padded to the (rows, tokens) it was built for (None: load
     # copies the fields one by one and pads on the device).
     padded: PaddedStep | None = None
+    # The longest row's query length, when the builder knew it (None: derived from query_start_loc).
+    known_max_query_len: int | None = None
 
     @property
     def num_reqs(self) -> int:
@@ -46,6 +48,8 @@ class StepInputsCPU:
 
     @property
     def max_query_len(self) -> int:
+        if self.known_max_query_len is not None:
+            return self.known_max_query_len
         lens = self.query_start_loc[1:] - self.query_start_loc[:-1]
         return int(lens.max()) if lens.numel() else 0
 
@@ -114,7 +118,8 @@ def build_step_inputs(
     padded = PaddedStep(tokens, qsl_pad, seq_pad, table_pad)
     input_ids, positions_t, slot_mapping, token_req_indices = tokens[:, :num_tokens].unbind(0)
     return StepInputsCPU(input_ids, positions_t, qsl_pad[: num_reqs + 1], seq_pad[:num_reqs], table_pad[:num_reqs],
-                         slot_mapping, token_req_indices, padded)
+                         slot_mapping, token_req_indices, padded,
+                         max((len(t) for t in token_ids), default=0))
 
 
 class InputBuffers:

@@ -339,17 +339,22 @@ class NativeEngine:
             num_reqs, num_tokens, max_seq_len=desc.max_seq_len, max_query_len=cpu.max_query_len,
             num_actual_tokens=num_tokens,
         )
-        # Per-row CPU facts, one tensor per dtype. Every decode row is a spec row (0..k drafts), even without
-        # speculation: its conv window then sits at num_accepted - 1, and the spec path is the one full graphs
-        # replay. The conv builder's draft count is the drafts in each row's query (scored, not capped).
-        query_lens, starts_t = torch.tensor(
-            [r.num_query_tokens for r in rows] + starts, dtype=torch.int64).view(2, num_reqs).unbind(0)
-        is_spec, samples_cpu = torch.tensor(
-            [not r.is_prefill for r in rows] + [r.samples for r in rows]).view(2, num_reqs).unbind(0)
-        slots, num_accepted, starts_32, query_drafts = torch.tensor(
-            [r.request.conv_slot for r in rows] + [r.request.num_accepted_tokens for r in rows] + starts
-            + [r.num_query_tokens - 1 if not r.is_prefill else -1 for r in rows],
-            dtype=torch.int32).view(4, num_reqs).unbind(0)
+        # Per-row CPU facts, one tensor per dtype, for the speculator (VerifiedBatch) and the conv builder:
+        # plain decoding of an attention-only target needs none. Every decode row is a spec row (0..k drafts),
+        # even without speculation: its conv window then sits at num_accepted - 1, and the spec path is the one
+        # full graphs replay. The conv builder's draft count is the drafts in each row's query (scored, not
+        # capped).
+        query_lens = starts_t = is_spec = samples_cpu = slots = num_accepted = None
+        if self.speculator is not None:
+            query_lens, starts_t = torch.tensor(
+                [r.num_query_tokens for r in rows] + starts, dtype=torch.int64).view(2, num_reqs).unbind(0)
+            is_spec, samples_cpu = torch.tensor(
+                [not r.is_prefill for r in rows] + [r.samples for r in rows]).view(2, num_reqs).unbind(0)
+        if self.speculator is not None or self.conv_states:
+            slots, num_accepted, starts_32, query_drafts = torch.tensor(
+                [r.request.conv_slot for r in rows] + [r.request.num_accepted_tokens for r in rows] + starts
+                + [r.num_query_tokens - 1 if not r.is_prefill else -1 for r in rows],
+                dtype=torch.int32).view(4, num_reqs).unbind(0)
         conv = None
         if self.conv_states:
             conv = self.conv_builder.build(
