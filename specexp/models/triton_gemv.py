@@ -42,8 +42,6 @@ NORM_BLOCK_N = 8
 # Rows of x the skinny kernel takes (a verify of k + 1 <= 16 tokens, a draft prefill region of k + 2); more go to
 # torch's GEMMs.
 MAX_TOKENS = 16
-
-
 SKINNY_ACCUMULATOR = 8192  # fp32 values per program: 64 registers a thread at 4 warps
 
 
@@ -57,6 +55,7 @@ def skinny_config(num_tokens: int, k: int, norm: bool) -> tuple[int, int, int]:
     while block_n > 1 and block_m * block_n * block_k > SKINNY_ACCUMULATOR:
         block_n //= 2
     return block_n, block_k, NUM_WARPS
+
 
 if AVAILABLE:
 
@@ -126,9 +125,9 @@ if AVAILABLE:
 
 
 def supports(x: torch.Tensor, weight: torch.Tensor, *same_dtype: torch.Tensor, max_tokens: int = 1) -> bool:
-    """Whether :func:`gemv` takes this product: 1..max_tokens (<= MAX_TOKENS) rows of x with contiguous rows,
-    Triton present, weight rows contiguous, and one dtype for x, weight and `same_dtype` (e.g. a norm weight)."""
-    return (AVAILABLE and x.dim() == 2 and 1 <= x.shape[0] <= min(max_tokens, MAX_TOKENS) and x.stride(1) == 1
+    """Whether :func:`gemv` takes this product: 1..max_tokens (<= MAX_TOKENS) rows of x, Triton present, weight
+    rows contiguous, and one dtype for x, weight and `same_dtype` (e.g. a norm weight)."""
+    return (AVAILABLE and x.dim() == 2 and 1 <= x.shape[0] <= min(max_tokens, MAX_TOKENS)
             and weight.stride(1) == 1 and all(t.dtype == x.dtype for t in (weight, *same_dtype)))
 
 

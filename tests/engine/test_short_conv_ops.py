@@ -15,7 +15,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specexp.models.metadata import NULL_BLOCK_ID, ShortConvMetadata
-from specexp.models.short_conv_ops import ConvPlan, causal_conv1d_spec_update, causal_conv1d_varlen, short_conv
+from specexp.models.short_conv_ops import (
+    ConvPlan,
+    causal_conv1d_spec_update,
+    causal_conv1d_varlen,
+    short_conv,
+)
 
 DTYPE = torch.float64
 DIM = 3
