@@ -9,14 +9,14 @@ from __future__ import annotations
 import statistics
 
 
-def leviathan_speedup(a: float, k: int, c: float) -> float:
-    """Expected tokens per step over the step's cost in target steps; a in [0, 1), k >= 0, c > 0."""
-    return (1 - a ** (k + 1)) / ((1 - a) * (k * c + 1))
-
-
 def expected_acceptance_length(a: float, k: int) -> float:
-    """Expected tokens per step, (1 - a^(k+1)) / (1 - a): the formula's numerator."""
+    """Expected tokens per step, (1 - a^(k+1)) / (1 - a): the formula's numerator; a in [0, 1), k >= 0."""
     return (1 - a ** (k + 1)) / (1 - a)
+
+
+def leviathan_speedup(a: float, k: int, c: float) -> float:
+    """Expected tokens per step over the step's cost in target steps (k c + 1); a in [0, 1), k >= 0, c > 0."""
+    return expected_acceptance_length(a, k) / (k * c + 1)
 
 
 def add_theory(rows: list[dict], c: float) -> None:
