@@ -43,6 +43,7 @@ from specexp.engine.sampling import logits_to_probs, sample_from_probs
 from specexp.engine.short_conv import ShortConvMetadataBuilder
 from specexp.models.caches import allocate_conv_state_stack, allocate_kv_caches
 from specexp.models.metadata import ForwardContext
+from specexp.models.short_conv_ops import window_columns
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,7 @@ def seed_scratch_windows(conv_states: torch.Tensor, slots: torch.Tensor, scratch
     conv_states: [L, num_slots, D, S] (all layers' states, stacked); slots, scratch_slots: int64[R];
     offsets: int64[R] (the window start in the real slot)."""
     num_layers, _, dim, state_len = conv_states.shape
-    cols = (offsets.unsqueeze(1) + torch.arange(width - 1, device=offsets.device)).clamp(0, state_len - 1)
+    cols = window_columns(offsets, width, state_len)
     src = conv_states[:, slots]  # [L, R, D, S]
     index = cols.view(1, -1, 1, width - 1).expand(num_layers, -1, dim, -1)
     conv_states[:, scratch_slots, :, : width - 1] = torch.gather(src, 3, index)

@@ -58,6 +58,12 @@ def _token_rows(query_start_loc: torch.Tensor, num_tokens: int) -> tuple[torch.T
     return row, tokens - qsl[row], valid
 
 
+def window_columns(offsets: torch.Tensor, width: int, state_len: int) -> torch.Tensor:
+    """int64[R, W-1]: the state columns offsets[r] .. offsets[r] + W-2 of each row's window, clamped into [0, S)."""
+    cols = offsets.to(torch.int64).unsqueeze(1) + torch.arange(width - 1, device=offsets.device)
+    return cols.clamp(0, state_len - 1)
+
+
 @dataclass(frozen=True)
 class VarlenIndices:
     """Where the varlen paths read and write, derived from a step's metadata alone, so one forward's conv
@@ -91,8 +97,7 @@ def varlen_indices(query_start_loc: torch.Tensor, state_indices: torch.Tensor, w
     device = query_start_loc.device
     qsl = query_start_loc.to(torch.int64)
     slots = state_indices.to(torch.int64)
-    window_cols = (window_offsets.to(torch.int64).unsqueeze(1) + torch.arange(window, device=device)).clamp(
-        0, state_len - 1)
+    window_cols = window_columns(window_offsets, width, state_len)
     table_rows = max(num_rows * window + num_tokens - 1, 0)
 
     def ext_rows(row_start: torch.Tensor, row: torch.Tensor, ext_index: torch.Tensor) -> torch.Tensor:
@@ -262,24 +267,23 @@ class ConvPlan:
                                                  width, state_len, m.non_spec_state_lookahead)
         return self._varlen[key]
 
-    def uniform_indices(self, width: int, state_len: int, device: torch.device
-                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def uniform_indices(self, width: int, state_len: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """:func:`uniform_indices` of this step's spec rows, for conv width W and state length S."""
         key = (width, state_len)
         if key not in self._uniform:
             meta = self.meta
             self._uniform[key] = uniform_indices(meta.spec_state_indices_tensor, meta.num_accepted_tokens,
-                                                 meta.num_spec_decodes, width, state_len, device)
+                                                 meta.num_spec_decodes, width, state_len)
         return self._uniform[key]
 
 
 def uniform_indices(state_indices: torch.Tensor, num_accepted_tokens: torch.Tensor, num_rows: int, width: int,
-                    state_len: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                    state_len: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """For the first R = num_rows rows: (slots int64[R], window columns int64[R, W-1] — num_accepted - 1 ..
     num_accepted + W - 3, clamped into [0, S) — and padded bool[R, 1, 1], true for NULL-slot rows)."""
     slots = state_indices[:num_rows].to(torch.int64)
-    cols = (num_accepted_tokens[:num_rows].to(torch.int64) - 1).unsqueeze(1) + torch.arange(width - 1, device=device)
-    return slots, cols.clamp(0, state_len - 1), (slots == NULL_BLOCK_ID).view(-1, 1, 1)
+    cols = window_columns(num_accepted_tokens[:num_rows].to(torch.int64) - 1, width, state_len)
+    return slots, cols, (slots == NULL_BLOCK_ID).view(-1, 1, 1)
 
 
 def causal_conv1d_spec_update_uniform(
@@ -308,8 +312,7 @@ def causal_conv1d_spec_update_uniform(
     if num_rows == 0:
         return torch.zeros_like(x)
     if indices is None:
-        indices = uniform_indices(state_indices, num_accepted_tokens, num_rows, width, conv_state.shape[2],
-                                  x.device)
+        indices = uniform_indices(state_indices, num_accepted_tokens, num_rows, width, conv_state.shape[2])
     slots, cols, padded = indices
     states = conv_state[slots]  # [R, D, S]
     windows = torch.gather(states, 2, cols.unsqueeze(1).expand(-1, dim, -1))
@@ -400,7 +403,7 @@ def short_conv(
     if uniform_len is not None:
         return causal_conv1d_spec_update_uniform(
             x, weight, bias, conv_state, meta.spec_state_indices_tensor, meta.num_accepted_tokens, uniform_len,
-            meta.num_spec_decodes, plan.uniform_indices(weight.shape[1], conv_state.shape[2], x.device), taps,
+            meta.num_spec_decodes, plan.uniform_indices(weight.shape[1], conv_state.shape[2]), taps,
         )
     width, state_len = weight.shape[1], conv_state.shape[2]
     if has_spec and not has_non_spec and meta.spec_token_indx is None:
