@@ -184,7 +184,7 @@ def kernel_breakdown(fn, steps: int = 5, top: int = 20) -> dict:
             "kernel_ms_per_step": sum(r["ms_per_step"] for r in rows), "top": rows[:top]}
 
 
-def _timed_generate(engine, prompts):
+def timed_generate(engine, prompts):
     """One timed run with the garbage collector paused (collected just before), so a collection of the
     process's objects cannot land inside one k's run and not another's."""
     gc.collect()
@@ -214,7 +214,7 @@ def end_to_end(target, draft, ks, prompts, rates, synthetic: bool, repeats: int 
         runs_by_k = {k: [] for k in ks}
         for round_index in range(repeats):
             for k in (ks if round_index % 2 == 0 else ks[::-1]):
-                runs_by_k[k].append(_timed_generate(engines[k], prompts))
+                runs_by_k[k].append(timed_generate(engines[k], prompts))
         for k in ks:
             row = _end_to_end_row(k, rate if synthetic else None, runs_by_k[k], engines[k], before[k], len(prompts))
             rows.append(row)

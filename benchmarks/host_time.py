@@ -17,7 +17,6 @@ Needs only torch, safetensors and tokenizers (and a CUDA GPU). Kernels as `engin
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import statistics
 import sys
@@ -29,7 +28,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpu_cudagraphs import RANDOM_PAIRS, ZOO, make_engine  # noqa: E402
+from gpu_cudagraphs import RANDOM_PAIRS, ZOO, make_engine, timed_generate  # noqa: E402
 
 from specexp.models import load_model  # noqa: E402
 
@@ -119,13 +118,7 @@ def main() -> None:
               "pair": args.pair, "rate": args.rate, "runs": {n: [] for n in names}, "host_us": {}}
     for round_index in range(args.rounds):
         for name in (names if round_index % 2 == 0 else names[::-1]):
-            gc.collect()
-            gc.disable()
-            try:
-                out = engines[name].generate(prompts)
-            finally:
-                gc.enable()
-            row = run_summary(out)
+            row = run_summary(timed_generate(engines[name], prompts))
             result["runs"][name].append(row)
             print(f"k={name} round {round_index}: " + ", ".join(f"{key} {value:.3f}" for key, value in row.items()),
                   flush=True)
