@@ -29,9 +29,7 @@ def on_triton_gpu(test):
 def run_in_triton_interpreter(module: str, check: str, *args: str) -> None:
     """`from {module} import {check}; {check}("cpu", *args)` with TRITON_INTERPRET=1; args are Python
     expressions (torch is imported). Fails with the subprocess's stderr when the check fails."""
-    try:
-        import triton  # noqa: F401
-    except ImportError:
+    if not triton_support.AVAILABLE:
         pytest.skip("triton is not installed")
     code = (f"import sys, torch; sys.path.insert(0, {str(MODELS_TESTS)!r}); from {module} import {check}; "
             f"{check}('cpu', {', '.join(args)}); print('ok')")
