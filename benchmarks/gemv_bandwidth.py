@@ -100,20 +100,25 @@ def chain(weights: list[torch.Tensor], impl: str, configs: dict | None = None, n
     return body
 
 
+def check_gemv(x: torch.Tensor, w: torch.Tensor, config: tuple[int, int, int] | None, label: str) -> None:
+    """triton_gemv.gemv(x [M, K], w [N, K]) at `config` within 2% (of the largest output) of F.linear in fp32."""
+    reference = torch.nn.functional.linear(x.float(), w.float())
+    err = (triton_gemv.gemv(x, w, config=config).float() - reference).abs().max().item()
+    err /= reference.abs().max().item()
+    if err > 2e-2:
+        raise AssertionError(f"{label}: relative error {err:.2e}")
+
+
 def tune_triton(weights: list[torch.Tensor], bytes_per_s: float) -> tuple[dict, dict]:
     """Best TRITON_CONFIGS entry per weight shape (timing a graph of all weights of that shape), checked
     against F.linear first. Returns ({shape: config}, {shape: per-config ms})."""
     best, tried = {}, {}
     for shape in sorted({tuple(w.shape) for w in weights}):
         same = [w for w in weights if tuple(w.shape) == shape]
-        x = torch.randn(shape[1], device="cuda", dtype=same[0].dtype)
-        reference = torch.nn.functional.linear(x.float(), same[0].float())
+        x = torch.randn(1, shape[1], device="cuda", dtype=same[0].dtype)
         timings = {}
         for config in TRITON_CONFIGS:
-            out = triton_gemv.gemv(x.view(1, -1), same[0], config=config).view(-1)
-            err = (out.float() - reference).abs().max().item() / reference.abs().max().item()
-            if err > 2e-2:
-                raise AssertionError(f"triton gemv {shape} {config}: relative error {err:.2e}")
+            check_gemv(x, same[0], config, f"triton gemv {shape} {config}")
             timings[config] = graph_ms(chain(same, "triton", {shape: config}))
         best[shape] = min(timings, key=timings.get)
         tried[str(shape)] = {str(c): ms for c, ms in timings.items()}
@@ -129,15 +134,11 @@ def bench_skinny(weights: list[torch.Tensor], num_tokens: int, total: int, copy_
     SKINNY_CONFIGS for all weights at once), each checked against F.linear on one weight first."""
     w = weights[0]
     x = torch.randn(num_tokens, w.shape[1], device="cuda", dtype=w.dtype)
-    reference = torch.nn.functional.linear(x.float(), w.float())
     rows = {}
     for label, config in [("cublas_linear", None), ("triton_skinny", None),
                           *[(f"triton_skinny {c}", c) for c in SKINNY_CONFIGS]]:
         if label != "cublas_linear":
-            out = triton_gemv.gemv(x, w, config=config).float()
-            err = (out - reference).abs().max().item() / reference.abs().max().item()
-            if err > 2e-2:
-                raise AssertionError(f"skinny {label} M={num_tokens}: relative error {err:.2e}")
+            check_gemv(x, w, config, f"skinny {label} M={num_tokens}")
         configs = None if config is None else {tuple(v.shape): config for v in weights}
         ms = graph_ms(chain(weights, "cublas_linear" if label == "cublas_linear" else "triton", configs, num_tokens))
         rows[label] = {"graph_ms": ms, "fraction_of_copy_bandwidth": total / (ms / 1e3) / copy_bw}
