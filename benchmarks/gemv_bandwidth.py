@@ -48,11 +48,13 @@ from specexp.models import load_model, triton_gemv  # noqa: E402
 from specexp.models.stacked import StackedLinear  # noqa: E402
 
 ZOO = Path(__file__).resolve().parents[1] / "specexp" / "zoo"
-MODELS = {"llama-3.2-1b": "configs/llama-3.2-1b", "lfm2-1.2b": "configs/lfm2-1.2b"}
+MODELS = {"llama-3.2-1b": "configs/llama-3.2-1b", "lfm2-1.2b": "configs/lfm2-1.2b",
+          "lfm2-350m": "configs/lfm2-350m", "llama-100m": "configs/llama-100m-draft"}
 # (BLOCK_N, BLOCK_K, num_warps) tried per weight shape; BLOCK_N * BLOCK_K bounds registers per program
 TRITON_CONFIGS = [*itertools.product((4, 8, 16), (256, 512), (4, 8)), (2, 1024, 4), (32, 256, 8)]
-# (BLOCK_N, BLOCK_K, num_warps) tried for the skinny kernel, next to its default
-SKINNY_CONFIGS = [*itertools.product((1, 2, 4), (128, 256, 512), (4,)), (2, 256, 8), (4, 256, 8)]
+# (BLOCK_N, BLOCK_K, num_warps, num_stages) tried per weight shape for the skinny kernel, next to its default
+SKINNY_CONFIGS = [*itertools.product((16, 32), (128, 256, 512), (4,), (2, 4)), (64, 128, 4, 4), (64, 256, 8, 3),
+                  (16, 1024, 4, 2), (16, 512, 8, 3), (32, 256, 8, 3)]
 
 def gemm_weights(model: nn.Module) -> list[torch.Tensor]:
     """Every weight a batch-1 forward streams through a GEMM, as the engine multiplies it: each stack's
@@ -100,7 +102,7 @@ def chain(weights: list[torch.Tensor], impl: str, configs: dict | None = None, n
     return body
 
 
-def check_gemv(x: torch.Tensor, w: torch.Tensor, config: tuple[int, int, int] | None, label: str) -> None:
+def check_gemv(x: torch.Tensor, w: torch.Tensor, config: tuple[int, ...] | None, label: str) -> None:
     """triton_gemv.gemv(x [M, K], w [N, K]) at `config` within 2% (of the largest output) of F.linear in fp32."""
     reference = torch.nn.functional.linear(x.float(), w.float())
     err = (triton_gemv.gemv(x, w, config=config).float() - reference).abs().max().item()
@@ -109,17 +111,18 @@ def check_gemv(x: torch.Tensor, w: torch.Tensor, config: tuple[int, int, int] | 
         raise AssertionError(f"{label}: relative error {err:.2e}")
 
 
-def tune_triton(weights: list[torch.Tensor], bytes_per_s: float) -> tuple[dict, dict]:
-    """Best TRITON_CONFIGS entry per weight shape (timing a graph of all weights of that shape), checked
-    against F.linear first. Returns ({shape: config}, {shape: per-config ms})."""
+def tune_triton(weights: list[torch.Tensor], bytes_per_s: float, candidates=TRITON_CONFIGS,
+                num_tokens: int = 1) -> tuple[dict, dict]:
+    """Best `candidates` entry per weight shape for `num_tokens` rows of x (timing a graph of all weights of
+    that shape), each checked against F.linear first. Returns ({shape: config}, {shape: per-config ms})."""
     best, tried = {}, {}
     for shape in sorted({tuple(w.shape) for w in weights}):
         same = [w for w in weights if tuple(w.shape) == shape]
-        x = torch.randn(1, shape[1], device="cuda", dtype=same[0].dtype)
+        x = torch.randn(num_tokens, shape[1], device="cuda", dtype=same[0].dtype)
         timings = {}
-        for config in TRITON_CONFIGS:
-            check_gemv(x, same[0], config, f"triton gemv {shape} {config}")
-            timings[config] = graph_ms(chain(same, "triton", {shape: config}))
+        for config in candidates:
+            check_gemv(x, same[0], config, f"triton M={num_tokens} {shape} {config}")
+            timings[config] = graph_ms(chain(same, "triton", {shape: config}, num_tokens))
         best[shape] = min(timings, key=timings.get)
         tried[str(shape)] = {str(c): ms for c, ms in timings.items()}
         ms = timings[best[shape]]
@@ -130,24 +133,21 @@ def tune_triton(weights: list[torch.Tensor], bytes_per_s: float) -> tuple[dict, 
 
 
 def bench_skinny(weights: list[torch.Tensor], num_tokens: int, total: int, copy_bw: float) -> dict:
-    """The chain at `num_tokens` rows: cuBLAS vs the skinny kernel (default block shape, then each of
-    SKINNY_CONFIGS for all weights at once), each checked against F.linear on one weight first."""
+    """The chain at `num_tokens` rows: cuBLAS vs the skinny kernel at its default block shape and at the best
+    SKINNY_CONFIGS entry per weight shape (each checked against F.linear)."""
     w = weights[0]
-    x = torch.randn(num_tokens, w.shape[1], device="cuda", dtype=w.dtype)
+    check_gemv(torch.randn(num_tokens, w.shape[1], device="cuda", dtype=w.dtype), w, None,
+               f"skinny default M={num_tokens}")
+    best, tried = tune_triton(weights, copy_bw, SKINNY_CONFIGS, num_tokens)
     rows = {}
-    for label, config in [("cublas_linear", None), ("triton_skinny", None),
-                          *[(f"triton_skinny {c}", c) for c in SKINNY_CONFIGS]]:
-        if label != "cublas_linear":
-            check_gemv(x, w, config, f"skinny {label} M={num_tokens}")
-        configs = None if config is None else {tuple(v.shape): config for v in weights}
-        ms = graph_ms(chain(weights, "cublas_linear" if label == "cublas_linear" else "triton", configs, num_tokens))
+    for label, impl, configs in [("cublas_linear", "cublas_linear", None), ("triton_skinny", "triton", None),
+                                 ("triton_skinny tuned", "triton", best)]:
+        ms = graph_ms(chain(weights, impl, configs, num_tokens))
         rows[label] = {"graph_ms": ms, "fraction_of_copy_bandwidth": total / (ms / 1e3) / copy_bw}
-    best = min((k for k in rows if k.startswith("triton")), key=lambda k: rows[k]["graph_ms"])
-    print(f"  M={num_tokens}: cublas_linear {rows['cublas_linear']['graph_ms']:.3f} ms "
-          f"({rows['cublas_linear']['fraction_of_copy_bandwidth']:.0%}), triton_skinny default "
-          f"{rows['triton_skinny']['graph_ms']:.3f} ms ({rows['triton_skinny']['fraction_of_copy_bandwidth']:.0%}), "
-          f"best {best} {rows[best]['graph_ms']:.3f} ms", flush=True)
-    return {"chains": rows, "best_triton": best}
+    print(f"  M={num_tokens}: " + ", ".join(
+        f"{label} {row['graph_ms']:.3f} ms ({row['fraction_of_copy_bandwidth']:.0%})" for label, row in rows.items()),
+        flush=True)
+    return {"chains": rows, "best_config": {str(s): c for s, c in best.items()}, "tuning_ms": tried}
 
 
 def bench_model(name: str, path: str, copy_bw: float, skinny_tokens: tuple[int, ...] = ()) -> dict:

@@ -16,10 +16,14 @@ of x as it streams it and scales its dot products by 1/rms(x) at the end, (W (x 
 W (rms_norm(x) * g) up to rounding. In half precision that skips eager's two roundings of the normalised input
 (fp32 throughout: one rounding fewer), so fused and eager agree to rounding, not bit for bit.
 
-The skinny kernel keeps the GEMV's structure with a row axis added: each program streams BLOCK_N weight rows once
-and multiplies every chunk by all M rows of x (masked to M), so its weight traffic is the GEMV's and its x traffic
-M times the GEMV's (x is small and stays in L2). cuBLAS's GEMMs at M = 2..16 read the same weights; what the
-kernel can win is the GEMV's better streaming of them. benchmarks/gemv_bandwidth.py measures both.
+The skinny kernel streams each weight once for all M rows on the tensor cores: a program owns BLOCK_N weight
+rows and multiplies each [BLOCK_N, BLOCK_K] chunk by the [16, BLOCK_K] tile of x (rows past M masked to 0) into an
+fp32 [16, BLOCK_N] accumulator, software-pipelined over num_stages chunks. Its weight traffic is the GEMV's; its
+compute is free at these shapes, so its time is flat in M. Each output is one tensor-core dot product in a fixed
+order whatever M is. With a fused norm, x * g is rounded to x's dtype before the product (eager rounds
+rms_norm(x) * g). On the H200, bf16, in one CUDA graph (gemv_skinny_dot.json): the projections of a
+Llama-3.2-1B-shaped step at M = 2 / 4 / 10 take 0.849 / 0.856 / 0.863 ms against cuBLAS's 0.926 / 0.931 / 0.941
+and the GEMV's 0.804 at M = 1; an LFM2-350M-shaped draft's 0.462-0.471 ms against cuBLAS's 0.538-0.557.
 
 Importable without Triton (`AVAILABLE` is then False); the kernel itself needs a CUDA device, or Triton's
 interpreter (`TRITON_INTERPRET=1`) for CPU tensors.
@@ -42,19 +46,20 @@ NORM_BLOCK_N = 8
 # Rows of x the skinny kernel takes (a verify of k + 1 <= 16 tokens, a draft prefill region of k + 2); more go to
 # torch's GEMMs.
 MAX_TOKENS = 16
-SKINNY_ACCUMULATOR = 8192  # fp32 values per program: 64 registers a thread at 4 warps
+TOKEN_TILE = 16  # rows of x per skinny tile (padded): tensor-core products take at least 16
+# The skinny kernel's (BLOCK_N, BLOCK_K, num_warps, num_stages) by output width N, up to each bound. Tuned on the
+# H200 (benchmarks/gemv_bandwidth.py --skinny-tokens 2,4,10; gemv_skinny_dot.json) per weight shape of the four
+# real-size targets and drafts over BLOCK_N 16/32/64 x BLOCK_K 128..1024 x 4/8 warps x 2..4 stages; the same
+# shape won at 2, 4 and 10 rows. Wide outputs take wide, short tiles; narrow ones long chunks so that enough
+# bytes are in flight per program.
+SKINNY_CONFIGS_BY_N = ((2048, (16, 512, 4, 4)), (4096, (32, 512, 4, 4)), (None, (64, 128, 4, 4)))
 
 
-def skinny_config(num_tokens: int, k: int, norm: bool) -> tuple[int, int, int]:
-    """The skinny kernel's default (BLOCK_N, BLOCK_K, num_warps) for `num_tokens` rows of x and reduction length
-    `k`: chunks narrow as rows grow, and weight rows per program (NORM_BLOCK_N with a fused norm, else BLOCK_N)
-    shrink until the [rows of x, weight rows, chunk] accumulator fits SKINNY_ACCUMULATOR."""
-    block_m = triton.next_power_of_2(num_tokens)
-    block_k = min(1024 if num_tokens <= 2 else 512 if num_tokens <= 4 else 256, triton.next_power_of_2(k))
-    block_n = NORM_BLOCK_N if norm else BLOCK_N
-    while block_n > 1 and block_m * block_n * block_k > SKINNY_ACCUMULATOR:
-        block_n //= 2
-    return block_n, block_k, NUM_WARPS
+def skinny_config(n: int, k: int) -> tuple[int, int, int, int]:
+    """The skinny kernel's default (BLOCK_N, BLOCK_K, num_warps, num_stages) for a weight [n, k]
+    (SKINNY_CONFIGS_BY_N, its chunk no longer than k rounded up to a power of 2, and at least 16)."""
+    block_n, block_k, warps, stages = next(c for bound, c in SKINNY_CONFIGS_BY_N if bound is None or n <= bound)
+    return block_n, max(16, min(block_k, triton.next_power_of_2(k))), warps, stages
 
 
 if AVAILABLE:
@@ -92,27 +97,31 @@ if AVAILABLE:
     @triton.jit
     def _skinny_kernel(x_ptr, norm_w_ptr, w_ptr, bias_ptr, res_ptr, y_ptr, M, N, K, stride_x, stride_w, stride_y,
                        eps, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, NORM: tl.constexpr,
-                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                       IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
         rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         tokens = tl.arange(0, BLOCK_M)
         cols = tl.arange(0, BLOCK_K)
         row_ok = rows < N
         token_ok = tokens < M
-        acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         if NORM:
             squares = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
             k = k0 + cols
             k_ok = k < K
             x = tl.load(x_ptr + tokens[:, None] * stride_x + k[None, :], mask=token_ok[:, None] & k_ok[None, :],
-                        other=0.0).to(tl.float32)
+                        other=0.0)
             if NORM:  # each token's 1/rms scale is applied to its dot products at the end
-                squares += x * x
-                x = x * tl.load(norm_w_ptr + k, mask=k_ok, other=0.0).to(tl.float32)[None, :]
+                xf = x.to(tl.float32)
+                squares += xf * xf
+                x = (xf * tl.load(norm_w_ptr + k, mask=k_ok, other=0.0).to(tl.float32)[None, :]).to(x.dtype)
             w = tl.load(w_ptr + rows[:, None] * stride_w + k[None, :], mask=row_ok[:, None] & k_ok[None, :],
                         other=0.0)
-            acc += w.to(tl.float32)[None, :, :] * x[:, None, :]
-        y = tl.sum(acc, axis=2)  # [BLOCK_M, BLOCK_N]
+            if IEEE:  # fp32 operands: full-precision products, not TF32
+                acc = tl.dot(x, tl.trans(w), acc, input_precision="ieee")
+            else:
+                acc = tl.dot(x, tl.trans(w), acc)
+        y = acc  # [BLOCK_M, BLOCK_N]
         if NORM:
             y = y / tl.sqrt(tl.sum(squares, axis=1) / K + eps)[:, None]
         out_offsets = tokens[:, None] * stride_y + rows[None, :]
@@ -132,7 +141,7 @@ def supports(x: torch.Tensor, weight: torch.Tensor, *same_dtype: torch.Tensor, m
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-         residual: torch.Tensor | None = None, config: tuple[int, int, int] | None = None, *,
+         residual: torch.Tensor | None = None, config: tuple[int, ...] | None = None, *,
          norm_weight: torch.Tensor | None = None, eps: float = 0.0) -> torch.Tensor:
     """x [M, K] (1 <= M <= MAX_TOKENS), weight [N, K] (rows contiguous), bias [N] or None -> a @ weight^T + bias,
     [M, N] in x's dtype, where a = x, or rms_norm(x) * norm_weight row by row with `norm_weight` [K] (and `eps`).
@@ -150,15 +159,18 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     if config is None and m == 1:
         config = (BLOCK_N if norm_weight is None else NORM_BLOCK_N, min(MAX_BLOCK_K, triton.next_power_of_2(k)),
                   NUM_WARPS)
-    block_n, block_k, warps = config or skinny_config(m, k, norm_weight is not None)
+    block_n, block_k, warps, *stages = config or skinny_config(n, k)
     x = x.contiguous()
     out = residual if residual is not None else torch.empty(m, n, device=x.device, dtype=x.dtype)
     flags = dict(HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None, NORM=norm_weight is not None,
                  BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps)
+    if stages:
+        flags["num_stages"] = stages[0]
     operands = (x, norm_weight if norm_weight is not None else x, weight, bias if bias is not None else x, out, out)
     if m == 1:
         _gemv_kernel[(triton.cdiv(n, block_n),)](*operands, n, k, weight.stride(0), eps, **flags)
     else:
         _skinny_kernel[(triton.cdiv(n, block_n),)](*operands, m, n, k, x.stride(0), weight.stride(0),
-                                                   out.stride(0), eps, BLOCK_M=triton.next_power_of_2(m), **flags)
+                                                   out.stride(0), eps, IEEE=x.dtype == torch.float32,
+                                                   BLOCK_M=TOKEN_TILE, **flags)
     return out
