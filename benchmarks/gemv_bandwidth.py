@@ -6,7 +6,8 @@ real-size random-weight targets, stacked as the engine stacks them (q/k/v, gate/
 LM head -- inside one CUDA graph per implementation, and reports weight bytes / replay time against the
 device's copy bandwidth:
 
-  * `cublas_linear`: `F.linear(x, W)`, the engine's path for stacked projections;
+  * `cublas_linear`: `x @ W^T` (the GEMM `F.linear(x, W)` runs) into a preallocated output, the engine's path for
+    stacked projections;
   * `cublas_addmm`: `residual.addmm_(x, W.t())`, the engine's path for residual-adding output projections;
   * `triton_gemv`: `specexp.models.triton_gemv` (`engine.linear_kernel=triton_gemv`), a row-blocked Triton
     GEMV with fp32 accumulation, adding into the output as addmm_ does; its block shape tuned per weight
@@ -92,8 +93,8 @@ def chain(weights: list[torch.Tensor], impl: str, configs: dict | None = None, n
 
     def body():
         for w, x, y in zip(weights, xs, ys, strict=True):
-            if impl == "cublas_linear":
-                y.copy_(torch.nn.functional.linear(x, w))
+            if impl == "cublas_linear":  # F.linear's GEMM, written straight into y (no extra copy kernel)
+                torch.mm(x, w.t(), out=y)
             elif impl == "cublas_addmm":
                 y.addmm_(x, w.t())
             else:

@@ -31,7 +31,8 @@ class EngineConfig:
     inductor's backend: Triton on a GPU, a C++ compiler on a CPU). Off: plain eager torch.
     linear_kernel: "cublas" (torch's GEMMs for every projection) | "triton_gemv" (single-token projections,
     i.e. batch-1 decode and draft steps, on the Triton GEMV of `specexp.models.triton_gemv`; CUDA only) |
-    "triton_skinny" (the same, and projections of up to 16 tokens, e.g. a batch-1 verify, on its skinny GEMM).
+    "triton_skinny" (the same, and projections of up to 16 tokens, e.g. a batch-1 verify, on its skinny GEMM;
+    slower than cuBLAS inside the engine on the H200, see `triton_gemv`'s docstring).
     attention_kernel: "sdpa" (gather each row's keys, then SDPA) | "triton" (uniform batches, i.e. decode
     and verify steps, on one Triton kernel reading the paged cache in place, `specexp.models.triton_attention`;
     CUDA only; other batches keep SDPA).

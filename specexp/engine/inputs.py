@@ -77,6 +77,7 @@ class PaddedStep:
 def build_step_inputs(
     token_ids: list[list[int]], start_positions: list[int], block_ids: list[list[int]], block_size: int,
     max_blocks_per_req: int, num_reqs_padded: int | None = None, num_tokens_padded: int | None = None,
+    *, pin_memory: bool = False,
 ) -> StepInputsCPU:
     """Flatten rows: row r runs tokens `token_ids[r]` at positions `start_positions[r] + i`; padded to
     num_reqs_padded rows / num_tokens_padded tokens (None: no padding) for a graph's persistent buffers.
@@ -84,6 +85,9 @@ def build_step_inputs(
     Built with Python lists and two tensors, one per dtype, whose slices are the fields: a step has few rows,
     and each small tensor op (a dispatcher round trip, a kernel launch or a copy on a GPU) costs more host
     time than the list arithmetic it would vectorise.
+
+    pin_memory: build the tensors in page-locked memory (CUDA engines): a copy to the GPU from pageable memory
+    may first wait for the stream to drain, which would hold the host while the device still runs earlier work.
     """
     ids: list[int] = []
     positions: list[int] = []
@@ -110,9 +114,9 @@ def build_step_inputs(
     t_pad, r_pad = num_tokens + pad_tokens, num_reqs + pad_reqs
     no_token, no_slot = [0] * pad_tokens, [-1] * pad_tokens
     tokens = torch.tensor(ids + no_token + positions + no_token + slots + no_slot + token_req + no_token,
-                          dtype=torch.int64).view(4, t_pad)
+                          dtype=torch.int64, pin_memory=pin_memory).view(4, t_pad)
     rows = torch.tensor(query_start_loc + [num_tokens] * pad_reqs + seq_lens + [0] * pad_reqs
-                        + table + [0] * (pad_reqs * max_blocks_per_req), dtype=torch.int32)
+                        + table + [0] * (pad_reqs * max_blocks_per_req), dtype=torch.int32, pin_memory=pin_memory)
     qsl_pad, seq_pad, table_pad = rows.split([r_pad + 1, r_pad, r_pad * max_blocks_per_req])
     table_pad = table_pad.view(r_pad, max_blocks_per_req)
     padded = PaddedStep(tokens, qsl_pad, seq_pad, table_pad)

@@ -12,7 +12,8 @@ class Request:
     token_ids: prompt + emitted tokens (the committed stream). num_computed_tokens: leading tokens of
     token_ids whose KV / conv state the target has written. While decoding, exactly one committed token
     (the last) is not computed yet: it opens the next verify query.
-    draft_token_ids: drafts proposed at the end of the last step, verified next step.
+    num_pending_drafts: drafts proposed at the end of the last step, verified next step. They stay on the device:
+    row `draft_row` of the speculator's draft buffer holds them until the next step gathers them.
     num_accepted_tokens: tokens the last verify accepted, bonus included (1 after a prefill) — selects the
     conv window the next step reads.
     """
@@ -24,7 +25,8 @@ class Request:
     num_computed_tokens: int = 0
     block_ids: list[int] = field(default_factory=list)
     conv_slot: int = 0
-    draft_token_ids: list[int] = field(default_factory=list)
+    num_pending_drafts: int = 0
+    draft_row: int = -1
     num_accepted_tokens: int = 1
     finished: bool = False
     finish_reason: str | None = None

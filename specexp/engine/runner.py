@@ -1,8 +1,14 @@
 """The native engine: continuous batching with draft-model speculation, one `step()` at a time.
 
 A step:  schedule (CPU) -> target forward over all rows' queries (verify + prefill chunks) ->
-rejection sampling (device) -> draft proposal (device) -> ONE device-to-host read (sampled tokens,
-their counts and the next drafts) -> bookkeeping on the CPU. Nothing else is read back.
+rejection sampling (device) -> ONE device-to-host read (the emitted tokens and their counts) -> draft proposal
+(device) -> bookkeeping on the CPU. Nothing else is read back.
+
+The read-back is ordered before the draft and waited for after it is queued: while the draft runs on the device,
+the host commits the step, schedules the next one and stages its inputs, so the next verify follows the draft
+with no gap for the host's work. The drafts never leave the device: the next step gathers them from the
+speculator's draft buffer into its input ids and the rejection sampler's inputs. Each step's phase times are
+read one step late, when its draft has finished.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from specexp.engine.request import Request
 from specexp.engine.scheduler import ScheduledBatch, Scheduler
 from specexp.engine.short_conv import ShortConvMetadataBuilder
 from specexp.engine.speculator import AutoRegressiveSpeculator, VerifiedBatch
-from specexp.engine.timing import PhaseTimer
+from specexp.engine.timing import PhaseStamps, PhaseTimer
 from specexp.models.attention import ATTENTION_KERNELS, use_attention_kernel
 from specexp.models.caches import allocate_conv_states, allocate_kv_caches
 from specexp.models.linear_ops import LINEAR_KERNELS, use_linear_ops
@@ -104,6 +110,9 @@ class NativeEngine:
             check_pair(target, draft)
         self.cfg, self.spec_cfg, self.sampling = engine, speculator, sampling
         self.device = torch.device(engine.device)
+        # Host-side step inputs in page-locked memory: a copy from pageable memory may wait for the stream to
+        # drain, which would hold the host until the draft still running on the device has finished.
+        self.pin_memory = self.device.type == "cuda"
         self.dtype = DTYPES[engine.dtype]
         self.target = target
         # Every model of this engine calls the fused (compiled) pointwise ops, or the eager ones, as configured
@@ -184,6 +193,12 @@ class NativeEngine:
                     engine.max_num_seqs + 1, self.k, target.config.vocab_size, device=self.device
                 )
         self.timer = PhaseTimer(self.device)
+        # The step's read-back lands here (page-locked on a GPU, so the copy is asynchronous): sampled tokens
+        # [k+1] and their count per row.
+        self.host_out = torch.zeros(engine.max_num_seqs, self.k + 2, dtype=torch.int64, pin_memory=self.pin_memory)
+        self.readback_done = torch.cuda.Event() if self.device.type == "cuda" else None
+        # The last step's record, whose phase times are read when its draft has finished (one step late).
+        self._pending: tuple[StepRecord, PhaseStamps] | None = None
         self.steps: list[StepRecord] = []
         self._t0 = 0.0
         self.graph_capture: dict | None = None
@@ -268,20 +283,38 @@ class NativeEngine:
         """Serve all prompts (arriving together) to completion. prompts: token ids per request."""
         max_new = max_new_tokens or self.sampling.max_new_tokens
         requests = [Request(i, list(p), max_new) for i, p in enumerate(prompts)]
-        self.steps = []
+        self.steps, self._pending = [], None
         for request in requests:
             self.scheduler.add(request)
         self._t0 = time.perf_counter()
         while self.scheduler.has_work:
-            record = self.step()
-            if on_step is not None:
-                on_step(record)
+            timed = self.step()
+            if timed is not None and on_step is not None:
+                on_step(timed)
+        last = self.finish_timing()
+        if last is not None and on_step is not None:
+            on_step(last)
         return EngineOutput(requests, list(self.steps), time.perf_counter() - self._t0,
                             self.persistent_buffer_bytes(), self.graph_summary())
 
+    def finish_timing(self) -> StepRecord | None:
+        """Read the phase times of the last step (waiting for its draft); returns its record, or None if every
+        step's times are in."""
+        if self._pending is None:
+            return None
+        record, stamps = self._pending
+        self._pending = None
+        phases = stamps.elapsed_ms()
+        record.schedule_ms, record.verify_ms, record.sample_ms, record.draft_ms = (
+            phases.get(name, 0.0) for name in ("schedule", "verify", "sample", "draft"))
+        return record
+
     # ------------------------------------------------------------------ step
     @torch.inference_mode()
-    def step(self) -> StepRecord:
+    def step(self) -> StepRecord | None:
+        """Run one step. Its record is appended to `steps` at once, with its phase times filled in one step
+        late (the draft is still running when it returns); returns the previous step's record, now complete
+        (None for the first step). `finish_timing()` completes the last one."""
         timer = self.timer
         t_start = time.perf_counter()
         timer.start("schedule")
@@ -302,21 +335,31 @@ class NativeEngine:
         verified = self.rejection(
             logits, prep["drafts"], prep["num_drafts"], prep["draft_probs"], prep["samples"]
         )
+        host = self._start_read_back(verified)
         timer.mark("draft")
-        drafts = None
         if self.speculator is not None:
-            drafts, probs = self.speculator.propose(self._verified_batch(batch, prep, verified))
+            _, probs = self.speculator.propose(self._verified_batch(batch, prep, verified))
             if probs is not None:
                 self.req_draft_probs[prep["slots_dev"]] = probs
-        # The step's single device-to-host read.
-        parts = [verified.sampled, verified.num_sampled.unsqueeze(1)]
-        if drafts is not None:
-            parts.append(drafts)
-        host = torch.cat(parts, dim=1).cpu()
         timer.mark("end")
-        record = self._commit(batch, host, timer.elapsed_ms(), t_start)
+        if self.readback_done is not None:
+            self.readback_done.synchronize()  # the verify and the sampler are done; the draft may still run
+        finished = self.finish_timing()  # the previous step's draft ran before this step's verify: its times are in
+        record = self._commit(batch, host, t_start)
+        self._pending = (record, timer.stamps())
         self.steps.append(record)
-        return record
+        return finished
+
+    def _start_read_back(self, verified) -> torch.Tensor:
+        """Queue the step's one device-to-host copy: int64[R, k+2], the emitted tokens [k+1] and their count per
+        row. On a GPU the copy lands in page-locked `host_out` once `readback_done` has fired."""
+        out = torch.cat([verified.sampled, verified.num_sampled.unsqueeze(1)], dim=1)
+        if self.readback_done is None:
+            return out.cpu()
+        host = self.host_out[: out.shape[0]]
+        host.copy_(out, non_blocking=True)
+        self.readback_done.record()
+        return host
 
     def _prepare_target_inputs(self, batch: ScheduledBatch, desc: BatchExecutionDescriptor) -> dict:
         k, dev = self.k, self.device
@@ -327,12 +370,12 @@ class NativeEngine:
             start = req.num_computed_tokens
             if row.is_prefill:
                 token_lists.append(req.token_ids[start : start + row.num_query_tokens])
-            else:
-                token_lists.append([req.token_ids[-1]] + req.draft_token_ids[: row.num_query_tokens - 1])
+            else:  # the drafts are gathered on the device below
+                token_lists.append([req.token_ids[-1]] + [0] * (row.num_query_tokens - 1))
             starts.append(start)
             block_ids.append(req.block_ids)
         cpu = build_step_inputs(token_lists, starts, block_ids, self.cfg.block_size, self.max_blocks_per_req,
-                                desc.num_reqs, desc.num_tokens)
+                                desc.num_reqs, desc.num_tokens, pin_memory=self.pin_memory)
         self.buffers.load(cpu, desc.num_reqs, desc.num_tokens)
         num_reqs, num_tokens = cpu.num_reqs, cpu.num_tokens
         attn = self.buffers.attention_metadata(
@@ -366,23 +409,37 @@ class NativeEngine:
                 num_reqs_padded=desc.num_reqs if desc.cg_mode == FULL else None,
             )
         # Per row, one int64 line of the packed host-to-device copy: logits rows [k+1] (verify rows score
-        # every query token, others their last one, repeated), drafts [k] (zero-padded), the count of drafts
-        # it may accept, whether the row samples, and its conv slot (which also indexes its draft probs).
-        packed_rows = []
+        # every query token, others their last one, repeated), the row of the speculator's draft buffer holding
+        # its drafts, the count of drafts it may accept, whether the row samples, and its conv slot (which also
+        # indexes its draft probs). Then, per draft in a query, the token it fills and its place in the draft
+        # buffer (flat).
+        packed_rows, fill_tokens, fill_drafts = [], [], []
         for row, start in zip(rows, cpu.query_start_loc.tolist()):
             last = row.num_query_tokens - 1
-            logits_rows = [start + (last if row.is_prefill else min(c, last)) for c in range(k + 1)]
-            drafts_row = [] if row.is_prefill else row.request.draft_token_ids[:last]
-            packed_rows.append(logits_rows + drafts_row + [0] * (k - len(drafts_row))
-                               + [row.num_draft_tokens, int(row.samples), row.request.conv_slot])
-        packed = torch.tensor(packed_rows, dtype=torch.int64).view(num_reqs, 2 * k + 4).to(dev, non_blocking=True)
-        slots_dev = packed[:, 2 * k + 3]
+            packed_rows += [start + (last if row.is_prefill else min(c, last)) for c in range(k + 1)]
+            packed_rows += [max(row.request.draft_row, 0), row.num_draft_tokens, int(row.samples),
+                            row.request.conv_slot]
+            if not row.is_prefill and last > 0:
+                fill_tokens += range(start + 1, start + 1 + last)
+                fill_drafts += range(row.request.draft_row * k, row.request.draft_row * k + last)
+        width = k + 5
+        packed = torch.tensor(packed_rows + fill_tokens + fill_drafts, dtype=torch.int64, pin_memory=self.pin_memory)
+        packed = packed.to(dev, non_blocking=True)
+        per_row = packed[: num_reqs * width].view(num_reqs, width)
+        slots_dev = per_row[:, k + 4]
+        drafts = per_row[:, :0]
+        if self.speculator is not None:
+            draft_buffer = self.speculator.draft_tokens
+            if fill_tokens:
+                fill = packed[num_reqs * width :].view(2, -1)
+                self.buffers.input_ids[fill[0]] = draft_buffer.view(-1)[fill[1]]
+            drafts = draft_buffer[per_row[:, k + 1]]
         draft_probs = self.req_draft_probs[slots_dev] if self.req_draft_probs is not None else None
         return {
             "cpu": cpu, "attn": attn, "conv": conv, "query_lens": query_lens, "is_spec": is_spec,
             "slots": slots, "slots_dev": slots_dev, "num_accepted": num_accepted,
-            "logits_indices": packed[:, : k + 1], "drafts": packed[:, k + 1 : 2 * k + 1],
-            "num_drafts": packed[:, 2 * k + 1], "samples": packed[:, 2 * k + 2] != 0,
+            "logits_indices": per_row[:, : k + 1], "drafts": drafts,
+            "num_drafts": per_row[:, k + 2], "samples": per_row[:, k + 3] != 0,
             "draft_probs": draft_probs,
             "samples_cpu": samples_cpu,
             "starts": starts_t,
@@ -414,13 +471,16 @@ class NativeEngine:
         )
 
     # ------------------------------------------------------------------ bookkeeping
-    def _commit(self, batch: ScheduledBatch, host: torch.Tensor, phases_ms: dict, t_start: float) -> StepRecord:
+    def _commit(self, batch: ScheduledBatch, host: torch.Tensor, t_start: float) -> StepRecord:
+        """Commit the step's emitted tokens (host: int64[R, k+2] as read back) to its requests. The record's
+        phase times are filled in once the step's draft has finished (finish_timing)."""
         k = self.k
         now = time.perf_counter() - self._t0
         num_drafts = num_draft_tokens = num_accepted_total = num_output = 0
+        host_rows = host.tolist()
         for r, row in enumerate(batch.rows):
             req = row.request
-            n_sampled = int(host[r, k + 1])
+            n_sampled = host_rows[r][k + 1]
             if row.is_prefill:
                 req.num_computed_tokens += row.num_query_tokens
             else:
@@ -434,7 +494,7 @@ class NativeEngine:
                 num_draft_tokens += row.num_draft_tokens
                 num_accepted_total += accepted
             req.num_accepted_tokens = n_sampled
-            emitted = self._append_tokens(req, host[r, :n_sampled].tolist())
+            emitted = self._append_tokens(req, host_rows[r][:n_sampled])
             req.emitted_per_step.append(emitted)
             num_output += emitted
             if emitted and req.first_token_s is None:
@@ -442,16 +502,15 @@ class NativeEngine:
             if req.finished:
                 req.finish_s = now
                 self.scheduler.finish(req)
-            elif k > 0:
-                req.draft_token_ids = host[r, k + 2 :].tolist()
-        phases = {name: phases_ms.get(name, 0.0) for name in ("schedule", "verify", "sample", "draft")}
+            elif k > 0:  # its drafts wait in row r of the speculator's draft buffer
+                req.num_pending_drafts, req.draft_row = k, r
         return StepRecord(
             step=len(self.steps), num_reqs=batch.num_reqs, num_tokens=batch.num_tokens,
             num_prefill_tokens=sum(r.num_query_tokens for r in batch.rows if r.is_prefill),
             num_drafts=num_drafts, num_draft_tokens=num_draft_tokens, num_accepted_tokens=num_accepted_total,
             num_output_tokens=num_output,
-            schedule_ms=phases["schedule"], verify_ms=phases["verify"], sample_ms=phases["sample"],
-            draft_ms=phases["draft"], step_ms=(time.perf_counter() - t_start) * 1e3,
+            schedule_ms=0.0, verify_ms=0.0, sample_ms=0.0, draft_ms=0.0,
+            step_ms=(time.perf_counter() - t_start) * 1e3,
         )
 
     def _append_tokens(self, req: Request, tokens: list[int]) -> int:

@@ -131,7 +131,7 @@ class Scheduler:
         for request in self.running:
             if request.is_prefilling:
                 continue
-            num_scored = min(len(request.draft_token_ids), self.k)
+            num_scored = min(request.num_pending_drafts, self.k)
             num_acceptable = min(
                 num_scored,
                 request.max_new_tokens - request.num_output_tokens - 1,

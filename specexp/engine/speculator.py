@@ -125,6 +125,8 @@ class AutoRegressiveSpeculator:
         self.block_size = block_size
         self.temperature = temperature
         self.device = device
+        # Host-side inputs in page-locked memory: staged while the verify still runs (inputs.build_step_inputs).
+        self.pin_memory = torch.device(device).type == "cuda"
         self.generator = generator
         self.max_graph_seq_len = max_blocks_per_req * block_size
         self.kv_caches = allocate_kv_caches(draft_model, num_blocks, block_size, device, dtype)
@@ -251,7 +253,8 @@ class AutoRegressiveSpeculator:
         # Region r: q_r + 1 slots at positions start_r .. start_r + q_r (input ids filled on the device below).
         cpu = build_step_inputs([[0] * (q + 1) for q in query_lens], batch.start_positions.tolist(),
                                 batch.block_table.tolist(), self.block_size,
-                                self.prefill_buffers.block_table.shape[1], desc.num_reqs, desc.num_tokens)
+                                self.prefill_buffers.block_table.shape[1], desc.num_reqs, desc.num_tokens,
+                                pin_memory=self.pin_memory)
         # Per region slot: its row, its index in the region, and the target input it copies (src).
         region_row, region_i, src, region_start = [], [], [], []
         target_start = 0
@@ -268,7 +271,8 @@ class AutoRegressiveSpeculator:
         # region start, start position and samples flag (the last two for the decode steps).
         n = len(region_row)
         staged = torch.tensor(region_row + region_i + src + query_lens + batch.is_spec.tolist() + region_start
-                              + batch.start_positions.tolist() + batch.samples.tolist(), dtype=torch.int64)
+                              + batch.start_positions.tolist() + batch.samples.tolist(), dtype=torch.int64,
+                              pin_memory=self.pin_memory)
         staged = staged.to(dev, non_blocking=True)
         region_row_d, region_i_d, src_d = staged[: 3 * n].view(3, n).unbind(0)
         query_lens_d, is_spec_d, region_start_d, start_d, samples_d = staged[3 * n :].view(5, num_reqs).unbind(0)
@@ -357,7 +361,8 @@ class AutoRegressiveSpeculator:
         if self.conv_states:
             slots = batch.conv_slots.to(torch.int64)
             scratch = slots + self.max_num_reqs
-            slots_d, scratch_d = torch.stack((slots, scratch)).to(dev, non_blocking=True)
+            staged = torch.stack((slots, scratch))
+            slots_d, scratch_d = (staged.pin_memory() if self.pin_memory else staged).to(dev, non_blocking=True)
             seed_scratch_windows(self.conv_state_stack, slots_d, scratch_d, batch.num_sampled, self.conv_width)
             conv = self.decode_conv_builder.build(
                 query_start_loc_cpu=torch.arange(num_reqs + 1, dtype=torch.int32),

@@ -21,9 +21,14 @@ rows and multiplies each [BLOCK_N, BLOCK_K] chunk by the [16, BLOCK_K] tile of x
 fp32 [16, BLOCK_N] accumulator, software-pipelined over num_stages chunks. Its weight traffic is the GEMV's; its
 compute is free at these shapes, so its time is flat in M. Each output is one tensor-core dot product in a fixed
 order whatever M is. With a fused norm, x * g is rounded to x's dtype before the product (eager rounds
-rms_norm(x) * g). On the H200, bf16, in one CUDA graph (gemv_skinny_dot.json): the projections of a
-Llama-3.2-1B-shaped step at M = 2 / 4 / 10 take 0.849 / 0.856 / 0.863 ms against cuBLAS's 0.926 / 0.931 / 0.941
-and the GEMV's 0.804 at M = 1; an LFM2-350M-shaped draft's 0.462-0.471 ms against cuBLAS's 0.538-0.557.
+rms_norm(x) * g).
+
+Measured on the H200 (bf16, session 7; experiments/2026-11-29-cudagraphs-h200): in a chain of the projections
+alone (gemv_skinny_dot.json, no norm fused) the kernel is flat in M and beat the `F.linear` + copy chain of
+that benchmark (Llama-3.2-1B shape at M = 2 / 4 / 10: 0.849 / 0.856 / 0.863 ms against 0.926 / 0.931 / 0.941).
+Inside the engine it loses to cuBLAS: a LFM2-1.2B-shaped verify of 2 tokens spent 1.18 ms in 65 skinny kernels
+against 0.76 ms in cuBLAS's GEMMs (plus 0.06 ms of separate RMSNorms), and an LFM2-350M draft prefill of 3
+tokens 0.64 ms against 0.36 ms (diag_verify.log). So `triton_skinny` stays off by default.
 
 Importable without Triton (`AVAILABLE` is then False); the kernel itself needs a CUDA device, or Triton's
 interpreter (`TRITON_INTERPRET=1`) for CPU tensors.
@@ -105,7 +110,7 @@ if AVAILABLE:
         token_ok = tokens < M
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         if NORM:
-            squares = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)
+            squares = tl.zeros([BLOCK_M], dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
             k = k0 + cols
             k_ok = k < K
@@ -113,7 +118,7 @@ if AVAILABLE:
                         other=0.0)
             if NORM:  # each token's 1/rms scale is applied to its dot products at the end
                 xf = x.to(tl.float32)
-                squares += xf * xf
+                squares += tl.sum(xf * xf, axis=1)
                 x = (xf * tl.load(norm_w_ptr + k, mask=k_ok, other=0.0).to(tl.float32)[None, :]).to(x.dtype)
             w = tl.load(w_ptr + rows[:, None] * stride_w + k[None, :], mask=row_ok[:, None] & k_ok[None, :],
                         other=0.0)
@@ -123,7 +128,7 @@ if AVAILABLE:
                 acc = tl.dot(x, tl.trans(w), acc)
         y = acc  # [BLOCK_M, BLOCK_N]
         if NORM:
-            y = y / tl.sqrt(tl.sum(squares, axis=1) / K + eps)[:, None]
+            y = y / tl.sqrt(squares / K + eps)[:, None]
         out_offsets = tokens[:, None] * stride_y + rows[None, :]
         out_ok = token_ok[:, None] & row_ok[None, :]
         if HAS_BIAS:

@@ -53,7 +53,7 @@ def test_every_request_completes_within_budgets(prompt_lens, max_new, k, max_num
             assert len(req.block_ids) * block_size > last_pos
             assert 0 <= row.num_draft_tokens <= k
             if not row.is_prefill:  # every draft is scored (uniform rows); acceptance is capped
-                assert q == 1 + min(len(req.draft_token_ids), k)
+                assert q == 1 + min(req.num_pending_drafts, k)
                 assert req.num_output_tokens + row.num_draft_tokens + 1 <= req.max_new_tokens
                 assert len(req.token_ids) + row.num_draft_tokens + 1 <= max_model_len
             if row.is_prefill:
@@ -61,7 +61,7 @@ def test_every_request_completes_within_budgets(prompt_lens, max_new, k, max_num
                 if row.samples:
                     assert req.num_computed_tokens == req.num_prompt_tokens
                     req.token_ids.append(7)
-                    req.draft_token_ids = [7] * k
+                    req.num_pending_drafts = k
             else:
                 accepted = data.draw(st.integers(0, row.num_draft_tokens))
                 req.num_computed_tokens += accepted + 1

@@ -1,4 +1,5 @@
-"""PhaseTimer: phases close at the next mark, repeated names add up, and a GPU timer reuses its events."""
+"""PhaseTimer: phases close at the next mark, repeated names add up, a step's marks stay readable one step
+late, and a GPU timer reuses its events."""
 
 from __future__ import annotations
 
@@ -34,13 +35,25 @@ def test_cpu_phases_close_at_the_next_mark_and_repeated_names_add_up():
     assert set(again) == {"c"}
 
 
+def test_a_steps_marks_read_one_step_late_are_its_own():
+    timer = PhaseTimer(torch.device("cpu"))
+    _step(timer, {"a": 0.010}, ["a"])
+    late = timer.stamps()
+    _step(timer, {"b": 0.001}, ["b"])
+    out = late.elapsed_ms()
+    assert set(out) == {"a"} and out["a"] >= 10.0
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_gpu_timer_times_device_work_and_reuses_its_events():
     timer = PhaseTimer(torch.device("cuda"))
     _step(timer, {"a": 0.001, "b": 0.001}, ["a", "b"])  # warm-up: the first kernel of a process loads its module
+    _step(timer, {"a": 0.001, "b": 0.001}, ["a", "b"])  # and the second bank's
+    banks = [list(bank) for bank in timer._banks]
     first = _step(timer, {"a": 0.002, "b": 0.006}, ["a", "b"])
-    events = list(timer._events)
+    first_late = timer.stamps()
     second = _step(timer, {"a": 0.006, "b": 0.002}, ["a", "b"])
-    assert timer._events == events and len(events) == 3  # start, one mark, end: made once
+    assert [list(bank) for bank in timer._banks] == banks and all(len(b) == 3 for b in banks)  # made once
     assert first["b"] > first["a"] and second["a"] > second["b"]  # each step reads its own times
+    assert first_late.elapsed_ms() == first  # one step late, still the first step's events
