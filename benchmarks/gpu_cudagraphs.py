@@ -14,6 +14,8 @@ Measures, per pair (trained demo pairs when present, and real-size random-weight
     python benchmarks/gpu_cudagraphs.py --out results.json [--quick] [--pairs A,B] [--sections capture,step,e2e]
                                         [--compile-pointwise] [--linear-kernel triton_gemv|cublas]
                                         [--attention-kernel triton|sdpa] [--conv-kernel triton|torch]
+                                        [--ks 0,1,4] [--rates 0.8] [--repeats 3] [--prompts 4]
+                                        [--no-plain-decode-lookahead]
 
 Prints each figure as it is measured and rewrites the JSON after every section, so a run cut short keeps
 what it finished.
@@ -103,7 +105,7 @@ def model_bytes(model: torch.nn.Module) -> int:
 
 def make_engine(target, draft, k, max_num_seqs, graphs, rejection="standard", rate=0.7, max_model_len=512,
                 kernels=None):
-    """kernels: EngineConfig's kernel switches (compile_pointwise, linear_kernel); None = the defaults."""
+    """kernels: EngineConfig switches (compile_pointwise, the kernels, plain_decode_lookahead); None = defaults."""
     mode = FULL if graphs else "none"
     return NativeEngine(
         target, draft,
@@ -260,7 +262,9 @@ SECTIONS = ("capture", "step", "e2e")
 
 
 def bench_pair(name, target_path, draft_path, weights, dtype, quick, copy_bw, sections=SECTIONS,
-               kernels=None) -> dict:
+               kernels=None, e2e=None) -> dict:
+    """e2e: overrides of the end-to-end grid ({"ks", "rates", "repeats", "prompts"}; None = the defaults)."""
+    e2e = e2e or {}
     print(f"== {name} ({weights}, {dtype})", flush=True)
     target = load_model(ZOO / target_path, dtype=dtype, device="cuda", weights=weights, seed=0)
     draft = load_model(ZOO / draft_path, dtype=dtype, device="cuda", weights=weights, seed=1)
@@ -286,11 +290,13 @@ def bench_pair(name, target_path, draft_path, weights, dtype, quick, copy_bw, se
     vocab = target.config.vocab_size
     # 8 prompts x 128 tokens per run: at k = 8 a run then holds ~230 verifies, so its acceptance length (and
     # with it its tokens/s) is within ~4% of the expected one; 4 prompts left ~6%
-    prompts = [torch.randint(3, vocab, (64,), generator=gen).tolist() for _ in range(2 if quick else 8)]
-    ks = [0, 1, 2, 4, 8] if quick else list(range(9))
+    num_prompts = e2e.get("prompts") or (2 if quick else 8)
+    prompts = [torch.randint(3, vocab, (64,), generator=gen).tolist() for _ in range(num_prompts)]
+    ks = e2e.get("ks") or ([0, 1, 2, 4, 8] if quick else list(range(9)))
     synthetic = weights == "random"
-    out["end_to_end"] = end_to_end(target, draft, ks, prompts, [0.6, 0.8] if synthetic else [None], synthetic,
-                                   repeats=1 if quick else 5, kernels=kernels)
+    rates = (e2e.get("rates") or [0.6, 0.8]) if synthetic else [None]
+    out["end_to_end"] = end_to_end(target, draft, ks, prompts, rates, synthetic,
+                                   repeats=e2e.get("repeats") or (1 if quick else 5), kernels=kernels)
     add_theory(out["end_to_end"], c)
     del target, draft
     torch.cuda.empty_cache()
@@ -312,10 +318,30 @@ def main() -> None:
                              "triton_skinny: also projections of up to 16 tokens (verify, draft prefill)")
     parser.add_argument("--attention-kernel", default="triton", choices=["sdpa", "triton"],
                         help="engine.attention_kernel: decode/verify attention by gather + SDPA or one Triton kernel")
+    parser.add_argument("--ks", default=None, help="end to end: comma-separated depths (must include 0; default 0..8)")
+    parser.add_argument("--rates", default=None, help="end to end: comma-separated synthetic acceptance rates "
+                                                      "(default 0.6,0.8)")
+    parser.add_argument("--repeats", type=int, default=None, help="end to end: interleaved rounds (default 5)")
+    parser.add_argument("--prompts", type=int, default=None, help="end to end: prompts per run (default 8)")
+    parser.add_argument("--no-plain-decode-lookahead", action="store_true",
+                        help="engine.plain_decode_lookahead=false: k = 0 reads each step back before the next")
     parser.add_argument("--conv-kernel", default="triton", choices=["torch", "triton"],
                         help="engine.conv_kernel: LFM2's decode/verify short conv in torch or one Triton kernel")
     args = parser.parse_args()
     sections = tuple(args.sections.split(","))
+    try:
+        e2e = {"ks": [int(k) for k in args.ks.split(",")] if args.ks else None,
+               "rates": [float(a) for a in args.rates.split(",")] if args.rates else None,
+               "repeats": args.repeats, "prompts": args.prompts}
+    except ValueError:
+        parser.error(f"--ks / --rates: comma-separated numbers expected, got {args.ks!r} / {args.rates!r}")
+    if e2e["ks"] is not None and (0 not in e2e["ks"] or min(e2e["ks"]) < 0):
+        parser.error(f"--ks={args.ks}: depths >= 0, including 0 (the baseline every speedup is over)")
+    if e2e["rates"] is not None and any(not 0 <= a < 1 for a in e2e["rates"]):
+        parser.error(f"--rates={args.rates}: each in [0, 1)")
+    for name in ("repeats", "prompts"):
+        if e2e[name] is not None and e2e[name] < 1:
+            parser.error(f"--{name}={e2e[name]}: must be >= 1")
     unknown = sorted(set(sections) - set(SECTIONS))
     if unknown:
         parser.error(f"--sections: unknown {unknown}; valid: {', '.join(SECTIONS)}")
@@ -323,9 +349,11 @@ def main() -> None:
     result = {"machine": {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
                           "python": platform.python_version()}, "pairs": {}, "errors": {},
               "compile_pointwise": args.compile_pointwise, "linear_kernel": args.linear_kernel,
-              "attention_kernel": args.attention_kernel, "conv_kernel": args.conv_kernel}
+              "attention_kernel": args.attention_kernel, "conv_kernel": args.conv_kernel,
+              "plain_decode_lookahead": not args.no_plain_decode_lookahead, "end_to_end_grid": e2e}
     kernels = {"compile_pointwise": args.compile_pointwise, "linear_kernel": args.linear_kernel,
-               "attention_kernel": args.attention_kernel, "conv_kernel": args.conv_kernel}
+               "attention_kernel": args.attention_kernel, "conv_kernel": args.conv_kernel,
+               "plain_decode_lookahead": not args.no_plain_decode_lookahead}
     result["copy_bandwidth_bytes_per_s"] = copy_bandwidth_bytes_per_s()
     print(f"copy bandwidth {result['copy_bandwidth_bytes_per_s'] / 1e12:.2f} TB/s", flush=True)
     pairs = [(n, t, d, "random", torch.bfloat16) for n, (t, d) in RANDOM_PAIRS.items()]
@@ -338,7 +366,7 @@ def main() -> None:
         try:
             result["pairs"][name] = bench_pair(name, t, d, weights, dtype, args.quick,
                                                result["copy_bandwidth_bytes_per_s"], sections,
-                                               kernels)
+                                               kernels, e2e)
         except Exception:  # noqa: BLE001 - keep the other pairs' figures
             result["errors"][name] = traceback.format_exc()
             print(result["errors"][name], flush=True)

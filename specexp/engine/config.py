@@ -38,6 +38,10 @@ class EngineConfig:
     CUDA only; other batches keep SDPA).
     conv_kernel: "torch" | "triton" (LFM2's gated short conv of uniform batches in one Triton kernel per layer,
     `specexp.models.triton_short_conv`; CUDA only; other batches keep the torch path).
+    plain_decode_lookahead: without speculation (k = 0), queue each step before the last one's tokens are read
+    back (a step emits one token a row, so everything but the token's value is known; the device gathers it):
+    the host's work for a step overlaps the device's previous step. A request that stops at EOS costs one
+    discarded row. With speculation the host's work overlaps the draft instead (always on).
     """
 
     device: str = "cpu"
@@ -54,6 +58,7 @@ class EngineConfig:
     linear_kernel: str = "cublas"
     attention_kernel: str = "sdpa"
     conv_kernel: str = "torch"
+    plain_decode_lookahead: bool = True
     seed: int = 0
 
     def validate(self) -> None:
@@ -72,8 +77,9 @@ class EngineConfig:
             if values is not None and (not values or any(not isinstance(v, int) or v < 1 for v in values)):
                 raise EngineConfigError(f"engine.{name}={values!r}: must be a non-empty list of integers >= 1 "
                                         "(or null for the defaults)")
-        if not isinstance(self.compile_pointwise, bool):
-            raise EngineConfigError(f"engine.compile_pointwise={self.compile_pointwise!r}: must be true or false")
+        for name in ("compile_pointwise", "plain_decode_lookahead"):
+            if not isinstance(getattr(self, name), bool):
+                raise EngineConfigError(f"engine.{name}={getattr(self, name)!r}: must be true or false")
         self._check_kernel("linear_kernel", LINEAR_KERNELS, ("triton_gemv", "triton_skinny"), "cublas")
         self._check_kernel("attention_kernel", ATTENTION_KERNELS, ("triton",), "sdpa")
         self._check_kernel("conv_kernel", CONV_KERNELS, ("triton",), "torch")

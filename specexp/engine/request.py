@@ -14,6 +14,8 @@ class Request:
     (the last) is not computed yet: it opens the next verify query.
     num_pending_drafts: drafts proposed at the end of the last step, verified next step. They stay on the device:
     row `draft_row` of the speculator's draft buffer holds them until the next step gathers them.
+    pending_token_row: >= 0 while the last token of token_ids is a placeholder (plain-decoding lookahead): the
+    token is still on the device, in this row of the in-flight step's sampled tokens.
     num_accepted_tokens: tokens the last verify accepted, bonus included (1 after a prefill) — selects the
     conv window the next step reads.
     """
@@ -27,6 +29,7 @@ class Request:
     conv_slot: int = 0
     num_pending_drafts: int = 0
     draft_row: int = -1
+    pending_token_row: int = -1
     num_accepted_tokens: int = 1
     finished: bool = False
     finish_reason: str | None = None

@@ -67,6 +67,19 @@ class StepRecord:
 
 
 @dataclass
+class InFlightStep:
+    """A plain-decoding step queued but not read back yet (plain_decode_lookahead): its rows, where its
+    read-back lands (`host`, once `done` has fired), its emitted tokens on the device (`sampled` int64[R, 1],
+    which the next step gathers its input tokens from), and which rows were committed provisionally."""
+
+    batch: ScheduledBatch
+    host: torch.Tensor
+    done: torch.cuda.Event | None
+    sampled: torch.Tensor
+    committed_rows: list[bool] = field(default_factory=list)
+
+
+@dataclass
 class EngineOutput:
     requests: list[Request]
     steps: list[StepRecord] = field(default_factory=list)
@@ -195,8 +208,14 @@ class NativeEngine:
         self.timer = PhaseTimer(self.device)
         # The step's read-back lands here (page-locked on a GPU, so the copy is asynchronous): sampled tokens
         # [k+1] and their count per row.
-        self.host_out = torch.zeros(engine.max_num_seqs, self.k + 2, dtype=torch.int64, pin_memory=self.pin_memory)
-        self.readback_done = torch.cuda.Event() if self.device.type == "cuda" else None
+        # Two of each: with plain_decode_lookahead a step's read-back is queued before the last one is consumed.
+        self.host_out = [torch.zeros(engine.max_num_seqs, self.k + 2, dtype=torch.int64, pin_memory=self.pin_memory)
+                         for _ in range(2)]
+        self.readback_done = [torch.cuda.Event() for _ in range(2)] if self.device.type == "cuda" else None
+        self._read_back_slot = 0
+        # Plain decoding (k = 0) queues each step before the last one is read back.
+        self.lookahead = self.k == 0 and engine.plain_decode_lookahead
+        self._in_flight: InFlightStep | None = None
         # The last step's record, whose phase times are read when its draft has finished (one step late).
         self._pending: tuple[StepRecord, PhaseStamps] | None = None
         self.steps: list[StepRecord] = []
@@ -283,7 +302,7 @@ class NativeEngine:
         """Serve all prompts (arriving together) to completion. prompts: token ids per request."""
         max_new = max_new_tokens or self.sampling.max_new_tokens
         requests = [Request(i, list(p), max_new) for i, p in enumerate(prompts)]
-        self.steps, self._pending = [], None
+        self.steps, self._pending, self._in_flight = [], None, None
         for request in requests:
             self.scheduler.add(request)
         self._t0 = time.perf_counter()
@@ -291,6 +310,9 @@ class NativeEngine:
             timed = self.step()
             if timed is not None and on_step is not None:
                 on_step(timed)
+        if self._in_flight is not None:  # the last queued step's tokens
+            self._commit_read_back(self._in_flight)
+            self._in_flight = None
         last = self.finish_timing()
         if last is not None and on_step is not None:
             on_step(last)
@@ -335,31 +357,43 @@ class NativeEngine:
         verified = self.rejection(
             logits, prep["drafts"], prep["num_drafts"], prep["draft_probs"], prep["samples"]
         )
-        host = self._start_read_back(verified)
+        host, done = self._start_read_back(verified)
         timer.mark("draft")
         if self.speculator is not None:
             _, probs = self.speculator.propose(self._verified_batch(batch, prep, verified))
             if probs is not None:
                 self.req_draft_probs[prep["slots_dev"]] = probs
         timer.mark("end")
-        if self.readback_done is not None:
-            self.readback_done.synchronize()  # the verify and the sampler are done; the draft may still run
-        finished = self.finish_timing()  # the previous step's draft ran before this step's verify: its times are in
-        record = self._commit(batch, host, t_start)
+        if self.lookahead:
+            # Commit the previous step's tokens now that this one is queued, then this step's counts.
+            previous = self._in_flight
+            self._in_flight = InFlightStep(batch, host, done, verified.sampled)
+            finished = None
+            if previous is not None:
+                finished = self._commit_read_back(previous)
+            record = self._commit_provisional(self._in_flight, t_start)
+        else:
+            if done is not None:
+                done.synchronize()  # the verify and the sampler are done; the draft may still run
+            finished = self.finish_timing()  # the previous step's draft ran before this verify: its times are in
+            record = self._commit(batch, host, t_start)
         self._pending = (record, timer.stamps())
         self.steps.append(record)
         return finished
 
-    def _start_read_back(self, verified) -> torch.Tensor:
+    def _start_read_back(self, verified) -> tuple[torch.Tensor, torch.cuda.Event | None]:
         """Queue the step's one device-to-host copy: int64[R, k+2], the emitted tokens [k+1] and their count per
-        row. On a GPU the copy lands in page-locked `host_out` once `readback_done` has fired."""
+        row. On a GPU the copy lands in page-locked memory (one of two buffers, used by alternate steps) once
+        the returned event has fired; on CPU it is done on return (event None)."""
         out = torch.cat([verified.sampled, verified.num_sampled.unsqueeze(1)], dim=1)
         if self.readback_done is None:
-            return out.cpu()
-        host = self.host_out[: out.shape[0]]
+            return out.cpu(), None
+        self._read_back_slot ^= 1
+        host = self.host_out[self._read_back_slot][: out.shape[0]]
         host.copy_(out, non_blocking=True)
-        self.readback_done.record()
-        return host
+        done = self.readback_done[self._read_back_slot]
+        done.record()
+        return host, done
 
     def _prepare_target_inputs(self, batch: ScheduledBatch, desc: BatchExecutionDescriptor) -> dict:
         k, dev = self.k, self.device
@@ -413,27 +447,31 @@ class NativeEngine:
         # its drafts, the count of drafts it may accept, whether the row samples, and its conv slot (which also
         # indexes its draft probs). Then, per draft in a query, the token it fills and its place in the draft
         # buffer (flat).
-        packed_rows, fill_tokens, fill_drafts = [], [], []
+        packed_rows, fill_tokens, fill_sources = [], [], []
         for row, start in zip(rows, cpu.query_start_loc.tolist()):
-            last = row.num_query_tokens - 1
+            req, last = row.request, row.num_query_tokens - 1
             packed_rows += [start + (last if row.is_prefill else min(c, last)) for c in range(k + 1)]
-            packed_rows += [max(row.request.draft_row, 0), row.num_draft_tokens, int(row.samples),
-                            row.request.conv_slot]
-            if not row.is_prefill and last > 0:
+            packed_rows += [max(req.draft_row, 0), row.num_draft_tokens, int(row.samples), req.conv_slot]
+            if row.is_prefill:
+                continue
+            if last > 0:  # its drafts, from the speculator's draft buffer
                 fill_tokens += range(start + 1, start + 1 + last)
-                fill_drafts += range(row.request.draft_row * k, row.request.draft_row * k + last)
+                fill_sources += range(req.draft_row * k, req.draft_row * k + last)
+            if req.pending_token_row >= 0:  # its last token, from the in-flight step's (k = 0)
+                fill_tokens.append(start)
+                fill_sources.append(req.pending_token_row)
         width = k + 5
-        packed = torch.tensor(packed_rows + fill_tokens + fill_drafts, dtype=torch.int64, pin_memory=self.pin_memory)
+        packed = torch.tensor(packed_rows + fill_tokens + fill_sources, dtype=torch.int64, pin_memory=self.pin_memory)
         packed = packed.to(dev, non_blocking=True)
         per_row = packed[: num_reqs * width].view(num_reqs, width)
         slots_dev = per_row[:, k + 4]
+        if fill_tokens:
+            source = self.speculator.draft_tokens if self.speculator is not None else self._in_flight.sampled
+            fill = packed[num_reqs * width :].view(2, -1)
+            self.buffers.input_ids[fill[0]] = source.reshape(-1)[fill[1]]
         drafts = per_row[:, :0]
         if self.speculator is not None:
-            draft_buffer = self.speculator.draft_tokens
-            if fill_tokens:
-                fill = packed[num_reqs * width :].view(2, -1)
-                self.buffers.input_ids[fill[0]] = draft_buffer.view(-1)[fill[1]]
-            drafts = draft_buffer[per_row[:, k + 1]]
+            drafts = self.speculator.draft_tokens[per_row[:, k + 1]]
         draft_probs = self.req_draft_probs[slots_dev] if self.req_draft_probs is not None else None
         return {
             "cpu": cpu, "attn": attn, "conv": conv, "query_lens": query_lens, "is_spec": is_spec,
@@ -512,6 +550,65 @@ class NativeEngine:
             schedule_ms=0.0, verify_ms=0.0, sample_ms=0.0, draft_ms=0.0,
             step_ms=(time.perf_counter() - t_start) * 1e3,
         )
+
+    def _commit_provisional(self, step: InFlightStep, t_start: float) -> StepRecord:
+        """Plain-decoding lookahead: commit a queued step's counts before its tokens are read back. Each row
+        that samples emits exactly one token: a placeholder in token_ids until `_commit_read_back`, which the
+        next step's input gathers from the device. Rows of requests that stopped at EOS in the step before are
+        discarded. Requests that reach max_new_tokens or max_model_len stop here."""
+        num_output = 0
+        for r, row in enumerate(step.batch.rows):
+            req = row.request
+            step.committed_rows.append(not req.finished)
+            if req.finished:
+                continue
+            req.num_computed_tokens += row.num_query_tokens  # one token a decode row
+            if not row.samples:
+                continue
+            req.token_ids.append(0)
+            req.pending_token_row = r
+            req.num_accepted_tokens = 1
+            req.emitted_per_step.append(1)
+            num_output += 1
+            if req.num_output_tokens >= req.max_new_tokens:
+                req.finished, req.finish_reason = True, "length"
+            elif len(req.token_ids) >= self.cfg.max_model_len:
+                req.finished, req.finish_reason = True, "max_model_len"
+            if req.finished:
+                self.scheduler.finish(req)
+        batch = step.batch
+        return StepRecord(
+            step=len(self.steps), num_reqs=batch.num_reqs, num_tokens=batch.num_tokens,
+            num_prefill_tokens=sum(r.num_query_tokens for r in batch.rows if r.is_prefill),
+            num_drafts=0, num_draft_tokens=0, num_accepted_tokens=0, num_output_tokens=num_output,
+            schedule_ms=0.0, verify_ms=0.0, sample_ms=0.0, draft_ms=0.0,
+            step_ms=(time.perf_counter() - t_start) * 1e3,
+        )
+
+    def _commit_read_back(self, step: InFlightStep) -> StepRecord | None:
+        """Plain-decoding lookahead: wait for a queued step's read-back and put its tokens in place of the
+        placeholders; a request whose token is EOS stops here. Returns the record finish_timing completed."""
+        if step.done is not None:
+            step.done.synchronize()
+        finished = self.finish_timing()
+        now = time.perf_counter() - self._t0
+        host_rows = step.host.tolist()
+        for r, row in enumerate(step.batch.rows):
+            req = row.request
+            if not (step.committed_rows[r] and row.samples):
+                continue
+            token = host_rows[r][0]
+            req.token_ids[-1] = token  # no placeholder has been added after this one
+            req.pending_token_row = -1
+            if req.first_token_s is None:
+                req.first_token_s = now
+            if token in self.eos_token_ids and not self.sampling.ignore_eos:
+                if not req.finished:
+                    self.scheduler.finish(req)
+                req.finished, req.finish_reason = True, "eos"
+            if req.finished and req.finish_s is None:
+                req.finish_s = now
+        return finished
 
     def _append_tokens(self, req: Request, tokens: list[int]) -> int:
         """Commit sampled tokens, stopping at EOS, max_new_tokens or max_model_len. Returns how many."""

@@ -29,13 +29,14 @@ def _prompts(n, seed=0):
 
 
 def _engine(target, draft, k, max_num_seqs, graphs, temperature=0.0, compile_pointwise=False,
-            linear_kernel="cublas", attention_kernel="sdpa", conv_kernel="torch"):
+            linear_kernel="cublas", attention_kernel="sdpa", conv_kernel="torch", plain_decode_lookahead=True):
     return NativeEngine(
         target, draft,
         EngineConfig(device="cuda", max_num_seqs=max_num_seqs, max_model_len=96, block_size=8,
                      max_num_batched_tokens=64, cudagraph_mode="full" if graphs else "none", seed=0,
                      compile_pointwise=compile_pointwise, linear_kernel=linear_kernel,
-                     attention_kernel=attention_kernel, conv_kernel=conv_kernel),
+                     attention_kernel=attention_kernel, conv_kernel=conv_kernel,
+                     plain_decode_lookahead=plain_decode_lookahead),
         SpeculatorConfig(num_speculative_tokens=k, cudagraph_mode="full" if graphs else "none"),
         # EOS (id 2) is honoured: requests finish at different steps, so batches change every step.
         SamplingConfig(temperature=temperature, max_new_tokens=24, ignore_eos=False),
@@ -64,6 +65,20 @@ def test_graph_replay_matches_eager(pairs, pair, k, max_num_seqs):
         assert engine.speculator.decode_graphs.num_replays > 0
     if k > 0:
         assert engine.speculator.prefill_graphs.num_replays > 0
+
+
+@pytest.mark.parametrize("pair", ["lfm2+lfm2", "llama+llama"])
+@pytest.mark.parametrize("max_num_seqs", [1, 32])
+def test_plain_decode_lookahead_matches_read_back_with_graphs(pairs, pair, max_num_seqs):
+    """k = 0 on the GPU with graphs: queuing each step before the last is read back (tokens gathered on the
+    device from page-locked double buffers) gives the tokens and finish reasons of reading every step back."""
+    target = load_model(pairs[pair][0], device="cuda")
+    prompts = _prompts(40 if max_num_seqs > 1 else 6, seed=11)
+    base = _engine(target, None, 0, max_num_seqs, graphs=True, plain_decode_lookahead=False).generate(prompts)
+    ahead = _engine(target, None, 0, max_num_seqs, graphs=True).generate(prompts)
+    assert [r.output_token_ids for r in ahead.requests] == [r.output_token_ids for r in base.requests]
+    assert [r.finish_reason for r in ahead.requests] == [r.finish_reason for r in base.requests]
+    assert "eos" in {r.finish_reason for r in ahead.requests}
 
 
 @pytest.mark.parametrize("pair, k", [("lfm2+lfm2", 3), ("llama+llama", 4), ("lfm2+llama", 0)])
