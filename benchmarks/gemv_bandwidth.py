@@ -19,8 +19,9 @@ needs the chain itself well above 60%.
 
 With `--skinny-tokens M,...` it also times the same chain for M rows of x (a batch-1 verify of k + 1 = M tokens):
 `cublas_linear` against the skinny Triton kernel (`engine.linear_kernel=triton_skinny`) at its default block
-shape and at each of SKINNY_CONFIGS. A verify that streams its weights as fast as a decode step costs what
-Leviathan's formula assumes: one target step.
+shapes and at the best SKINNY_CONFIGS entry per weight shape. A verify that streams its weights as fast as a
+decode step costs what Leviathan's formula assumes: one target step. --models also takes the two drafts'
+shapes (lfm2-350m, llama-100m), whose draft prefill regions are such products too.
 
     python benchmarks/gemv_bandwidth.py --out gemv_bandwidth.json [--models llama-3.2-1b,lfm2-1.2b]
                                         [--skinny-tokens 2,4,9]
