@@ -206,9 +206,9 @@ class NativeEngine:
                     engine.max_num_seqs + 1, self.k, target.config.vocab_size, device=self.device
                 )
         self.timer = PhaseTimer(self.device)
-        # The step's read-back lands here (page-locked on a GPU, so the copy is asynchronous): sampled tokens
-        # [k+1] and their count per row.
-        # Two of each: with plain_decode_lookahead a step's read-back is queued before the last one is consumed.
+        # The steps' read-backs land here (page-locked on a GPU, so the copy is asynchronous): sampled tokens [k+1]
+        # and their count per row. Two buffers and events, used by alternate steps: with plain_decode_lookahead a
+        # step's read-back is queued before the last one is consumed.
         self.host_out = [torch.zeros(engine.max_num_seqs, self.k + 2, dtype=torch.int64, pin_memory=self.pin_memory)
                          for _ in range(2)]
         self.readback_done = [torch.cuda.Event() for _ in range(2)] if self.device.type == "cuda" else None
@@ -542,12 +542,16 @@ class NativeEngine:
                 self.scheduler.finish(req)
             elif k > 0:  # its drafts wait in row r of the speculator's draft buffer
                 req.num_pending_drafts, req.draft_row = k, r
+        return self._step_record(batch, t_start, num_output, num_drafts, num_draft_tokens, num_accepted_total)
+
+    def _step_record(self, batch: ScheduledBatch, t_start: float, num_output: int, num_drafts: int = 0,
+                     num_draft_tokens: int = 0, num_accepted: int = 0) -> StepRecord:
+        """The step's record, its wall time up to now; phase times are filled in by finish_timing."""
         return StepRecord(
             step=len(self.steps), num_reqs=batch.num_reqs, num_tokens=batch.num_tokens,
             num_prefill_tokens=sum(r.num_query_tokens for r in batch.rows if r.is_prefill),
-            num_drafts=num_drafts, num_draft_tokens=num_draft_tokens, num_accepted_tokens=num_accepted_total,
-            num_output_tokens=num_output,
-            schedule_ms=0.0, verify_ms=0.0, sample_ms=0.0, draft_ms=0.0,
+            num_drafts=num_drafts, num_draft_tokens=num_draft_tokens, num_accepted_tokens=num_accepted,
+            num_output_tokens=num_output, schedule_ms=0.0, verify_ms=0.0, sample_ms=0.0, draft_ms=0.0,
             step_ms=(time.perf_counter() - t_start) * 1e3,
         )
 
@@ -576,14 +580,7 @@ class NativeEngine:
                 req.finished, req.finish_reason = True, "max_model_len"
             if req.finished:
                 self.scheduler.finish(req)
-        batch = step.batch
-        return StepRecord(
-            step=len(self.steps), num_reqs=batch.num_reqs, num_tokens=batch.num_tokens,
-            num_prefill_tokens=sum(r.num_query_tokens for r in batch.rows if r.is_prefill),
-            num_drafts=0, num_draft_tokens=0, num_accepted_tokens=0, num_output_tokens=num_output,
-            schedule_ms=0.0, verify_ms=0.0, sample_ms=0.0, draft_ms=0.0,
-            step_ms=(time.perf_counter() - t_start) * 1e3,
-        )
+        return self._step_record(step.batch, t_start, num_output)
 
     def _commit_read_back(self, step: InFlightStep) -> StepRecord | None:
         """Plain-decoding lookahead: wait for a queued step's read-back and put its tokens in place of the
