@@ -24,11 +24,11 @@ order whatever M is. With a fused norm, x * g is rounded to x's dtype before the
 rms_norm(x) * g).
 
 Measured on the H200 (bf16, session 7; experiments/2026-11-29-cudagraphs-h200): in a chain of the projections
-alone (gemv_skinny_dot.json, no norm fused) the kernel is flat in M and beat the `F.linear` + copy chain of
+alone (gemv_skinny_dot_s7.json, no norm fused) the kernel is flat in M and beat the `F.linear` + copy chain of
 that benchmark (Llama-3.2-1B shape at M = 2 / 4 / 10: 0.849 / 0.856 / 0.863 ms against 0.926 / 0.931 / 0.941).
 Inside the engine it loses to cuBLAS: a LFM2-1.2B-shaped verify of 2 tokens spent 1.18 ms in 65 skinny kernels
 against 0.76 ms in cuBLAS's GEMMs (plus 0.06 ms of separate RMSNorms), and an LFM2-350M draft prefill of 3
-tokens 0.64 ms against 0.36 ms (diag_verify.log). So `triton_skinny` stays off by default.
+tokens 0.64 ms against 0.36 ms (diag_verify_s7.log). So `triton_skinny` stays off by default.
 
 Importable without Triton (`AVAILABLE` is then False); the kernel itself needs a CUDA device, or Triton's
 interpreter (`TRITON_INTERPRET=1`) for CPU tensors.
@@ -53,7 +53,7 @@ NORM_BLOCK_N = 8
 MAX_TOKENS = 16
 TOKEN_TILE = 16  # rows of x per skinny tile (padded): tensor-core products take at least 16
 # The skinny kernel's (BLOCK_N, BLOCK_K, num_warps, num_stages) by output width N, up to each bound. Tuned on the
-# H200 (benchmarks/gemv_bandwidth.py --skinny-tokens 2,4,10; gemv_skinny_dot.json) per weight shape of the four
+# H200 (benchmarks/gemv_bandwidth.py --skinny-tokens 2,4,10; gemv_skinny_dot_s7.json) per weight shape of the four
 # real-size targets and drafts over BLOCK_N 16/32/64 x BLOCK_K 128..1024 x 4/8 warps x 2..4 stages; the same
 # shape won at 2, 4 and 10 rows. Wide outputs take wide, short tiles; narrow ones long chunks so that enough
 # bytes are in flight per program.
