@@ -310,12 +310,13 @@ class NativeEngine:
             timed = self.step()
             if timed is not None and on_step is not None:
                 on_step(timed)
-        if self._in_flight is not None:  # the last queued step's tokens
-            self._commit_read_back(self._in_flight)
+        timed = None
+        if self._in_flight is not None:  # the last queued step's tokens (and the times of the step before)
+            timed = self._commit_read_back(self._in_flight)
             self._in_flight = None
-        last = self.finish_timing()
-        if last is not None and on_step is not None:
-            on_step(last)
+        for record in (timed, self.finish_timing()):
+            if record is not None and on_step is not None:
+                on_step(record)
         return EngineOutput(requests, list(self.steps), time.perf_counter() - self._t0,
                             self.persistent_buffer_bytes(), self.graph_summary())
 

@@ -107,6 +107,22 @@ def test_draft_equal_to_target_accepts_every_draft(pair_dirs, prompts, pair, k):
     assert 1 + accepted / drafts == pytest.approx(_expected_acceptance_length(PROMPT_LENS, k, MAX_NEW))
 
 
+@pytest.mark.parametrize("k", [0, 3])
+def test_every_step_record_reaches_on_step_once_with_its_phase_times(pair_dirs, prompts, k):
+    """A step's phase times are read one step late (its draft, or with k = 0 its successor, is still queued when
+    it returns): on_step still sees every record once, in order, with its phases in."""
+    target, draft = (load_model(d) for d in pair_dirs["lfm2+lfm2"])
+    engine = NativeEngine(target, draft, EngineConfig(max_num_seqs=4, max_model_len=64, block_size=4),
+                          SpeculatorConfig(num_speculative_tokens=k), SamplingConfig(max_new_tokens=MAX_NEW))
+    seen = []
+    out = engine.generate(prompts, on_step=seen.append)
+    assert seen == out.steps and [s.step for s in seen] == list(range(len(out.steps)))
+    for s in seen:
+        phases = (s.schedule_ms, s.verify_ms, s.sample_ms, s.draft_ms)
+        assert all(ms > 0 for ms in phases[:3]) and s.draft_ms >= 0 and (s.draft_ms > 0 or k == 0)
+        assert sum(phases) <= s.step_ms + 50.0  # phases cover the step's own work, not the next step's
+
+
 def test_sampling_run_is_reproducible_for_a_seed(pair_dirs, prompts):
     a = _run(*pair_dirs["llama+llama"], prompts, k=3, max_num_seqs=4, temperature=1.0)
     b = _run(*pair_dirs["llama+llama"], prompts, k=3, max_num_seqs=4, temperature=1.0)
