@@ -49,7 +49,12 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 @dataclass
 class StepRecord:
-    """One engine step (a row of steps.parquet). Times in milliseconds."""
+    """One engine step (a row of steps.parquet). Times in milliseconds.
+
+    The phases are device time between the step's marks (CUDA events; wall clock on CPU): schedule_ms from the
+    step's start to its verify (the device waiting for the host's scheduling and staging; ~0 while the host
+    stages ahead of a device still busy with the step before), verify_ms, sample_ms (rejection sampler),
+    draft_ms (the draft's prefill and decode steps). step_ms is the host's wall time in the step() call."""
 
     step: int
     num_reqs: int

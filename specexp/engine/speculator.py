@@ -224,7 +224,8 @@ class AutoRegressiveSpeculator:
     # ------------------------------------------------------------------ propose
     def propose(self, batch: VerifiedBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Draft k tokens per row. Returns (draft_tokens int64[R, k], draft_probs fp32[R, k, V] or None),
-        views of persistent buffers valid until the next call."""
+        views of persistent buffers valid until the next call (the engine's next step gathers its drafts from
+        `draft_tokens` on the device before it calls again)."""
         num_reqs = batch.query_lens.numel()
         uniform = bool(batch.is_spec.all()) and bool((batch.query_lens == self.k + 1).all())
         # Keys of the longest row: the whole q+1-slot region (prefill); + k-1 decode steps past its new token.
