@@ -1,0 +1,150 @@
+"""Where an engine step's time goes on a GPU: a profiler trace of steady-state steps, and its summary.
+
+Two commands:
+
+  record     (GPU; torch, safetensors, tokenizers): for each k, builds the engine on a real-size random-weight pair
+             (graphs, all Triton kernels + compile_pointwise, synthetic acceptance), warms it up, and exports a
+             torch.profiler trace (CPU + CUDA activities) of one generate as trace_k{k}.json.gz.
+  summarize  (any machine): per trace, the steady-state step period (from one step's read-back to the next),
+             the device's busy time within it (kernels, copies and memsets), the idle fraction, and the host's
+             median microseconds inside each kind of cudaMemcpyAsync (a copy that waits for the stream shows
+             up here). Writes JSON.
+
+    python benchmarks/step_trace.py record --pair lfm2-1.2b+lfm2-350m --ks 0,1,4 --out traces/
+    python benchmarks/step_trace.py summarize traces/trace_k*.json.gz --out trace_summary.json
+
+The profiler slows the host, so host-bound gaps come out longer than in an unprofiled run; what the trace shows
+is where the device waits, and on what.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import gzip
+import json
+import re
+import statistics
+import sys
+from pathlib import Path
+
+DEVICE_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
+
+
+def summarize_trace(events: list[dict], skip_steps: int = 3) -> dict:
+    """A chrome-trace event list -> step period and device busy time (µs, medians over the steady-state steps
+    between consecutive device-to-host read-backs, after `skip_steps`), the device's idle fraction, and the
+    host's median µs per cudaMemcpyAsync by copy kind."""
+    spans = [e for e in events if e.get("ph") == "X"]
+    device = sorted((e for e in spans if e.get("cat") in DEVICE_CATEGORIES), key=lambda e: e["ts"])
+    read_backs = [e for e in device if "DtoH" in e["name"]]
+    periods, busy = [], []
+    for a, b in zip(read_backs[skip_steps:-1], read_backs[skip_steps + 1:], strict=False):
+        start, end = a["ts"] + a["dur"], b["ts"] + b["dur"]
+        periods.append(end - start)
+        busy.append(sum(e["dur"] for e in device if start <= e["ts"] < end))
+    if not periods:
+        raise ValueError(f"the trace holds {len(read_backs)} device-to-host copies: too few steps to summarize "
+                         f"(need more than {skip_steps + 1})")
+    copy_kind = {e["args"].get("correlation"): e["name"] for e in spans if e.get("cat") == "gpu_memcpy"}
+    host_us = collections.defaultdict(list)
+    for e in spans:
+        if e.get("cat") == "cuda_runtime" and e["name"] == "cudaMemcpyAsync":
+            host_us[copy_kind.get(e["args"].get("correlation"), "unknown")].append(e["dur"])
+    period, busy_us = statistics.median(periods), statistics.median(busy)
+    return {"steps": len(periods), "step_period_us_median": period, "device_busy_us_median": busy_us,
+            "device_idle_fraction": 1 - busy_us / period,
+            "host_us_in_cudaMemcpyAsync_median": {kind: statistics.median(v) for kind, v in host_us.items()}}
+
+
+def load_trace(path: Path) -> list[dict]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        return json.load(f)["traceEvents"]
+
+
+def record(pair: str, ks: list[int], out_dir: Path, rate: float, new_tokens: int) -> None:
+    import gc
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from gpu_cudagraphs import RANDOM_PAIRS, ZOO, make_engine
+
+    from specexp.models import load_model
+
+    if not torch.cuda.is_available():
+        sys.exit("step_trace.py record needs a CUDA GPU")
+    kernels = {"compile_pointwise": True, "linear_kernel": "triton_gemv", "attention_kernel": "triton",
+               "conv_kernel": "triton"}
+    target_path, draft_path = RANDOM_PAIRS[pair]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with torch.inference_mode():
+        target = load_model(ZOO / target_path, dtype=torch.bfloat16, device="cuda", weights="random", seed=0)
+        draft = load_model(ZOO / draft_path, dtype=torch.bfloat16, device="cuda", weights="random", seed=1)
+        gen = torch.Generator().manual_seed(0)
+        prompts = [torch.randint(3, target.config.vocab_size, (64,), generator=gen).tolist() for _ in range(2)]
+        for k in ks:
+            engine = make_engine(target, draft if k else None, k, 1, graphs=True, rejection="synthetic", rate=rate,
+                                 kernels=kernels)
+            engine.generate(prompts[:1], max_new_tokens=16)
+            engine.generate(prompts[1:], max_new_tokens=new_tokens)
+            gc.collect()
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                engine.generate(prompts[:1], max_new_tokens=new_tokens)
+            plain = out_dir / f"trace_k{k}.json"
+            prof.export_chrome_trace(str(plain))
+            with open(plain, "rb") as src, gzip.open(f"{plain}.gz", "wb") as dst:
+                dst.write(src.read())
+            plain.unlink()
+            print(f"k={k}: wrote {plain}.gz", flush=True)
+            del engine
+            torch.cuda.empty_cache()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    rec = commands.add_parser("record", help="profile steady-state steps on a GPU")
+    rec.add_argument("--pair", default="lfm2-1.2b+lfm2-350m")
+    rec.add_argument("--ks", default="0,1,4", help="comma-separated depths")
+    rec.add_argument("--rate", type=float, default=0.8, help="synthetic acceptance rate")
+    rec.add_argument("--new-tokens", type=int, default=48, help="tokens of the profiled generate")
+    rec.add_argument("--out", default="traces", help="folder for trace_k{k}.json.gz")
+    summ = commands.add_parser("summarize", help="summarize traces (any machine)")
+    summ.add_argument("traces", nargs="+", type=Path)
+    summ.add_argument("--skip-steps", type=int, default=3, help="read-backs to skip (prefill, warm-up)")
+    summ.add_argument("--out", default="trace_summary.json")
+    args = parser.parse_args()
+    if args.command == "record":
+        from gpu_cudagraphs import RANDOM_PAIRS
+
+        if args.pair not in RANDOM_PAIRS:
+            parser.error(f"--pair={args.pair}: valid are {', '.join(RANDOM_PAIRS)}")
+        try:
+            ks = [int(k) for k in args.ks.split(",")]
+        except ValueError:
+            parser.error(f"--ks={args.ks!r}: comma-separated integers expected")
+        if min(ks) < 0 or not 0 <= args.rate < 1 or args.new_tokens < 8:
+            parser.error("--ks must be >= 0, --rate in [0, 1), --new-tokens >= 8")
+        record(args.pair, ks, Path(args.out), args.rate, args.new_tokens)
+        return
+    missing = [str(p) for p in args.traces if not p.is_file()]
+    if missing:
+        parser.error(f"no such trace file: {', '.join(missing)}")
+    summary = {}
+    for path in args.traces:
+        match = re.search(r"trace_k(\d+)", path.name)
+        key = f"k={match.group(1)}" if match else path.name
+        summary[key] = summarize_trace(load_trace(path), args.skip_steps)
+        s = summary[key]
+        print(f"{key}: step {s['step_period_us_median'] / 1e3:.2f} ms, device busy "
+              f"{s['device_busy_us_median'] / 1e3:.2f} ms ({s['device_idle_fraction']:.0%} idle) over {s['steps']} "
+              "steps", flush=True)
+    Path(args.out).write_text(json.dumps(summary, indent=1))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
