@@ -50,6 +50,10 @@ RANDOM_PAIRS = {
     "lfm2-1.2b+lfm2-350m": ("configs/lfm2-1.2b", "configs/lfm2-350m"),
     "llama-3.2-1b+llama-100m": ("configs/llama-3.2-1b", "configs/llama-100m-draft"),
 }
+# The kernels `engine=cuda` runs, with compile_pointwise: the configuration the diagnostics (host_time.py,
+# step_trace.py) look at.
+CUDA_KERNELS = {"compile_pointwise": True, "linear_kernel": "triton_gemv", "attention_kernel": "triton",
+                "conv_kernel": "triton"}
 DEMO_PAIRS = {
     "tiny_lfm2": ("tiny-lfm2", "tiny-llama-draft"),
     "tiny_lfm2_hybrid": ("tiny-lfm2", "tiny-lfm2-draft"),

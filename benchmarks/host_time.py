@@ -28,13 +28,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpu_cudagraphs import RANDOM_PAIRS, ZOO, make_engine, timed_generate  # noqa: E402
+from gpu_cudagraphs import CUDA_KERNELS, RANDOM_PAIRS, ZOO, make_engine, timed_generate  # noqa: E402
 
 from specexp.models import load_model  # noqa: E402
-
-KERNELS = {"compile_pointwise": True, "linear_kernel": "triton_gemv", "attention_kernel": "triton",
-           "conv_kernel": "triton"}
-
 
 def run_summary(out) -> dict:
     """tokens/s of one generate and the medians of its decode steps' phases (ms)."""
@@ -112,7 +108,7 @@ def main() -> None:
     for name in names:
         k = int(name.rstrip("b"))
         engines[name] = make_engine(target, draft if k else None, k, 1, graphs=True, rejection="synthetic",
-                                    rate=args.rate, kernels=KERNELS)
+                                    rate=args.rate, kernels=CUDA_KERNELS)
         engines[name].generate(prompts[:1], max_new_tokens=8)
     result = {"machine": {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__},
               "pair": args.pair, "rate": args.rate, "runs": {n: [] for n in names}, "host_us": {}}

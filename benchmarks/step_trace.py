@@ -70,14 +70,12 @@ def record(pair: str, ks: list[int], out_dir: Path, rate: float, new_tokens: int
     from torch.profiler import ProfilerActivity, profile
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from gpu_cudagraphs import RANDOM_PAIRS, ZOO, make_engine
+    from gpu_cudagraphs import CUDA_KERNELS, RANDOM_PAIRS, ZOO, make_engine
 
     from specexp.models import load_model
 
     if not torch.cuda.is_available():
         sys.exit("step_trace.py record needs a CUDA GPU")
-    kernels = {"compile_pointwise": True, "linear_kernel": "triton_gemv", "attention_kernel": "triton",
-               "conv_kernel": "triton"}
     target_path, draft_path = RANDOM_PAIRS[pair]
     out_dir.mkdir(parents=True, exist_ok=True)
     with torch.inference_mode():
@@ -87,7 +85,7 @@ def record(pair: str, ks: list[int], out_dir: Path, rate: float, new_tokens: int
         prompts = [torch.randint(3, target.config.vocab_size, (64,), generator=gen).tolist() for _ in range(2)]
         for k in ks:
             engine = make_engine(target, draft if k else None, k, 1, graphs=True, rejection="synthetic", rate=rate,
-                                 kernels=kernels)
+                                 kernels=CUDA_KERNELS)
             engine.generate(prompts[:1], max_new_tokens=16)
             engine.generate(prompts[1:], max_new_tokens=new_tokens)
             gc.collect()

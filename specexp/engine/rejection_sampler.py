@@ -97,8 +97,8 @@ class RejectionSampler:
             last = target_tokens.gather(1, accepted.unsqueeze(1)).squeeze(1)
             return _emit(draft_tokens, accepted, last, samples)
         if k == 0:  # no drafts (plain decoding): the token comes from the target alone
-            return _emit(draft_tokens, torch.zeros_like(num_draft_tokens), sample_from_probs(probs[:, 0], self.generator),
-                         samples)
+            last = sample_from_probs(probs[:, 0], self.generator)
+            return _emit(draft_tokens, torch.zeros_like(num_draft_tokens), last, samples)
         assert draft_probs is not None, "sampling verification needs the draft's probabilities"
         p_draft_tok = probs[:, :k].gather(2, draft_tokens.unsqueeze(2)).squeeze(2)  # [R, K]
         q_draft_tok = draft_probs.gather(2, draft_tokens.unsqueeze(2)).squeeze(2)

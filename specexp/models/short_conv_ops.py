@@ -241,8 +241,9 @@ def conv_taps(ext: torch.Tensor, weight: torch.Tensor, query_len: int) -> torch.
 class ConvPlan:
     """Per-forward cache of what every short-conv layer derives from the step's metadata alone (the uniform
     path's slots, window columns and padding mask; the varlen paths' :class:`VarlenIndices`), so the first conv
-    layer of a forward computes it and the others reuse it. Each model forward builds a fresh plan (as `AttentionPlan`): a captured graph recomputes
-    it from the persistent metadata at every replay, and no plan outlives its step."""
+    layer of a forward computes it and the others reuse it. Each model forward builds a fresh plan (as
+    `AttentionPlan`): a captured graph recomputes it from the persistent metadata at every replay, and no plan
+    outlives its step."""
 
     def __init__(self, meta: ShortConvMetadata) -> None:
         self.meta = meta
