@@ -32,6 +32,7 @@ from gpu_cudagraphs import CUDA_KERNELS, RANDOM_PAIRS, ZOO, make_engine, timed_g
 
 from specexp.models import load_model  # noqa: E402
 
+
 def run_summary(out) -> dict:
     """tokens/s of one generate and the medians of its decode steps' phases (ms)."""
     steps = [s for s in out.steps if s.num_prefill_tokens == 0]
@@ -43,14 +44,19 @@ def run_summary(out) -> dict:
 
 def host_pieces(engine) -> list[tuple[object, str, str]]:
     """(object, method name, label) of the host-side pieces of a step worth timing."""
-    pieces = [(engine.scheduler, "schedule", "schedule"), (engine, "_prepare_target_inputs", "target_inputs"),
-              (engine, "rejection", "rejection_sampler"), (engine, "_commit", "commit")]
+    pieces = [(engine, "step", "step"), (engine.scheduler, "schedule", "schedule"),
+              (engine, "_prepare_target_inputs", "target_inputs"), (engine.verify_graphs, "replay", "verify_replay"),
+              (engine, "rejection", "rejection_sampler"), (engine, "_start_read_back", "start_read_back"),
+              (engine, "_commit", "commit"), (engine, "_commit_provisional", "commit_provisional"),
+              (engine, "_commit_read_back", "commit_read_back"), (engine, "finish_timing", "finish_timing")]
     if engine.conv_states:
         pieces.append((engine.conv_builder, "build", "target_conv_metadata"))
     spec = engine.speculator
     if spec is not None:
         pieces += [(spec, "_prepare_prefill_inputs", "draft_prefill_inputs"),
-                   (spec, "_prepare_decode_inputs", "draft_decode_inputs"), (spec, "propose", "draft_propose")]
+                   (spec, "_prepare_decode_inputs", "draft_decode_inputs"), (spec, "propose", "draft_propose"),
+                   (spec.prefill_graphs, "replay", "draft_prefill_replay"),
+                   (spec.decode_graphs, "replay", "draft_decode_replay")]
         if spec.conv_states:
             pieces += [(spec.prefill_conv_builder, "build", "draft_prefill_conv_metadata"),
                        (spec.decode_conv_builder, "build", "draft_decode_conv_metadata")]
@@ -80,7 +86,26 @@ def timed_pieces(engine, prompts) -> dict:
                 setattr(obj, name, original)
             else:
                 delattr(obj, name)  # the wrapper shadowed the class's method
-    return {label: {"us_p50": statistics.median(v), "calls": len(v)} for label, v in times.items()}
+    return {label: {"us_p50": statistics.median(v), "us_mean": statistics.fmean(v), "calls": len(v)}
+            for label, v in times.items()}
+
+
+def profiled_hot_spots(engine, prompts, top: int = 40) -> list[dict]:
+    """One generate under cProfile: the `top` functions by their own time (µs per step, calls per step)."""
+    import cProfile
+    import pstats
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    out = engine.generate(prompts)
+    profiler.disable()
+    num_steps = len(out.steps)
+    stats = pstats.Stats(profiler).sort_stats("tottime")
+    rows = []
+    for (path, line, name), (_, calls, tottime, cumtime, _) in list(stats.stats.items()):
+        rows.append({"function": f"{Path(path).name}:{line}:{name}", "own_us_per_step": tottime / num_steps * 1e6,
+                     "cum_us_per_step": cumtime / num_steps * 1e6, "calls_per_step": calls / num_steps})
+    return sorted(rows, key=lambda r: -r["own_us_per_step"])[:top]
 
 
 def main() -> None:
@@ -91,6 +116,7 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=4, help="random 64-token prompts per run (128 new tokens)")
     parser.add_argument("--rate", type=float, default=0.8, help="synthetic acceptance rate")
     parser.add_argument("--no-twin", action="store_true", help="no second k = 0 engine")
+    parser.add_argument("--cprofile", action="store_true", help="also profile one generate per k (cProfile)")
     parser.add_argument("--out", default="host_time.json")
     args = parser.parse_args()
     ks = [int(k) for k in args.ks.split(",")]
@@ -122,6 +148,11 @@ def main() -> None:
         result["host_us"][name] = timed_pieces(engines[name], prompts)
         print(f"k={name} host µs (median per call): " + ", ".join(
             f"{label} {v['us_p50']:.0f}" for label, v in result["host_us"][name].items()), flush=True)
+        if args.cprofile:
+            result.setdefault("cprofile", {})[name] = profiled_hot_spots(engines[name], prompts)
+            for row in result["cprofile"][name][:25]:
+                print(f"    {row['own_us_per_step']:8.1f} us own {row['cum_us_per_step']:8.1f} us cum "
+                      f"{row['calls_per_step']:6.1f}/step  {row['function']}", flush=True)
     Path(args.out).write_text(json.dumps(result, indent=1))
     print(f"wrote {args.out}")
 

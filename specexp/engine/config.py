@@ -28,7 +28,9 @@ class EngineConfig:
     bucket holding its longest row (None = 256, 512, ... and the longest a request can reach).
     compile_pointwise: fuse each RMSNorm, SiLU-gated product, RoPE and short-conv multiply-add chain of the
     target and draft into one torch.compile'd kernel (`specexp.models.pointwise`; needs a compiler for
-    inductor's backend: Triton on a GPU, a C++ compiler on a CPU). Off: plain eager torch.
+    inductor's backend: Triton on a GPU, a C++ compiler on a CPU). Off: plain eager torch. With CUDA graphs
+    the fused kernels are what the graphs capture; steps that run eagerly (prefills, mixed batches) call the
+    plain ops, as a compiled function's Python dispatch costs the host more than the launches it saves.
     linear_kernel: "cublas" (torch's GEMMs for every projection) | "triton_gemv" (single-token projections,
     i.e. batch-1 decode and draft steps, on the Triton GEMV of `specexp.models.triton_gemv`; CUDA only) |
     "triton_skinny" (the same, and projections of up to 16 tokens, e.g. a batch-1 verify, on its skinny GEMM;

@@ -53,8 +53,9 @@ class StepRecord:
 
     The phases are device time between the step's marks (CUDA events; wall clock on CPU): schedule_ms from the
     step's start to its verify (the device waiting for the host's scheduling and staging; ~0 while the host
-    stages ahead of a device still busy with the step before), verify_ms, sample_ms (rejection sampler),
-    draft_ms (the draft's prefill and decode steps). step_ms is the host's wall time in the step() call."""
+    stages ahead of a device still busy with the step before), verify_ms, sample_ms (rejection sampler; 0 when
+    the step replays a verify graph, which samples too: verify_ms then includes it), draft_ms (the draft's
+    prefill and decode steps). step_ms is the host's wall time in the step() call."""
 
     step: int
     num_reqs: int
@@ -184,10 +185,12 @@ class NativeEngine:
         # Target verify graphs: uniform batches of k+1 tokens a row (1 without speculation).
         self.verify_graphs = CudaGraphManager("target_verify", self.capture_sizes, self.k + 1, self.device,
                                               enabled=self.use_graphs, seq_len_buckets=tuple(self.seq_len_buckets))
-        self.verify_logits = (
-            torch.zeros(engine.max_num_seqs * (self.k + 1), target.config.vocab_size, device=self.device)
-            if self.use_graphs else None
-        )
+        # Per row of a step, what the rejection sampler reads (filled by one host-to-device copy, padding rows
+        # zero): logits rows [k+1], the row of the speculator's draft buffer holding its drafts, the count of
+        # drafts it may accept, whether it samples, its conv slot (which also indexes its draft probs).
+        self.row_inputs = torch.zeros(engine.max_num_seqs, self.k + 5, dtype=torch.int64, device=self.device)
+        # What the sampler emits per row, as read back: tokens [k+1] (left-aligned, -1 after) and their count.
+        self.step_out = torch.zeros(engine.max_num_seqs, self.k + 2, dtype=torch.int64, device=self.device)
         self._verify_graph_ctx: dict[tuple[int, int], ForwardContext] = {}  # by (rows, key-length bucket)
         self.rejection = RejectionSampler(
             temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
@@ -228,6 +231,12 @@ class NativeEngine:
         self.graph_capture: dict | None = None
         if self.use_graphs:
             self.capture()
+            if engine.compile_pointwise and self.device.type == "cuda":
+                # The graphs hold the fused kernels. Steps that run eagerly (prefills, mixed batches) call the
+                # plain ops: a compiled function's Python dispatch (guards, wrappers) costs the host more than
+                # the few kernel launches it saves, and an eager step is bound by the host.
+                for model in (target, draft) if self.k > 0 else (target,):
+                    use_pointwise_ops(model, EAGER_POINTWISE)
 
     # ------------------------------------------------------------------ CUDA graphs
     @torch.inference_mode()
@@ -286,14 +295,26 @@ class NativeEngine:
             attn=attn, conv=conv, kv_caches=self.kv_caches, conv_states=self.conv_states)
 
     def _verify_graph(self, desc: BatchExecutionDescriptor) -> None:
-        """The captured verify: every token of a uniform batch is scored into `verify_logits`."""
+        """The captured step: the target scores every token of a uniform batch, and the rejection sampler turns
+        the logits into `step_out` (one graph, so sampling costs the host nothing)."""
         num_tokens = desc.num_tokens
         hidden = self.target(self.buffers.input_ids[:num_tokens], self.buffers.positions[:num_tokens],
                              self._verify_graph_ctx[(desc.num_reqs, desc.max_seq_len)])
-        self.verify_logits[:num_tokens].copy_(self.target.compute_logits(hidden))
+        logits = self.target.compute_logits(hidden).view(desc.num_reqs, self.k + 1, -1)
+        self._sample(logits, desc.num_reqs)
+
+    def _sample(self, logits: torch.Tensor, num_rows: int) -> None:
+        """Rejection-sample rows [0, num_rows) from logits fp32[num_rows, k+1, V] and the rows' inputs in
+        `row_inputs` (drafts gathered from the speculator's draft buffer); writes `step_out[:num_rows]`."""
+        k, rows = self.k, self.row_inputs[:num_rows]
+        drafts = self.speculator.draft_tokens[rows[:, k + 1]] if self.speculator is not None else rows[:, :0]
+        draft_probs = self.req_draft_probs[rows[:, k + 4]] if self.req_draft_probs is not None else None
+        verified = self.rejection(logits, drafts, rows[:, k + 2], draft_probs, rows[:, k + 3] != 0)
+        self.step_out[:num_rows, : k + 1].copy_(verified.sampled)
+        self.step_out[:num_rows, k + 1].copy_(verified.num_sampled)
 
     def persistent_buffer_bytes(self) -> int:
-        total = self.buffers.nbytes()
+        total = self.buffers.nbytes() + sum(t.numel() * t.element_size() for t in (self.row_inputs, self.step_out))
         if self.speculator is not None:
             total += self.speculator.persistent_buffer_bytes()
         if self.req_draft_probs is not None:
@@ -354,26 +375,24 @@ class NativeEngine:
         desc = self.verify_graphs.dispatch(batch.num_reqs, batch.num_tokens, uniform, max_seq_len)
         prep = self._prepare_target_inputs(batch, desc)
         timer.mark("verify")
-        if desc.cg_mode == FULL:
+        num_reqs = batch.num_reqs
+        if desc.cg_mode == FULL:  # the graph samples too: its sample phase is part of verify_ms
             self.verify_graphs.replay(desc)
-            logits = self.verify_logits[: desc.num_tokens].view(desc.num_reqs, self.k + 1, -1)[: batch.num_reqs]
         else:
             logits = self._verify(batch, prep)
-        timer.mark("sample")
-        verified = self.rejection(
-            logits, prep["drafts"], prep["num_drafts"], prep["draft_probs"], prep["samples"]
-        )
-        host, done = self._start_read_back(verified)
+            timer.mark("sample")
+            self._sample(logits, num_reqs)
+        host, done = self._start_read_back(num_reqs)
         timer.mark("draft")
         if self.speculator is not None:
-            _, probs = self.speculator.propose(self._verified_batch(batch, prep, verified))
+            _, probs = self.speculator.propose(self._verified_batch(batch, prep))
             if probs is not None:
-                self.req_draft_probs[prep["slots_dev"]] = probs
+                self.req_draft_probs[self.row_inputs[:num_reqs, self.k + 4]] = probs
         timer.mark("end")
         if self.lookahead:
             # Commit the previous step's tokens now that this one is queued, then this step's counts.
             previous = self._in_flight
-            self._in_flight = InFlightStep(batch, host, done, verified.sampled)
+            self._in_flight = InFlightStep(batch, host, done, self.step_out[:num_reqs, :1])
             finished = None
             if previous is not None:
                 finished = self._commit_read_back(previous)
@@ -387,15 +406,15 @@ class NativeEngine:
         self.steps.append(record)
         return finished
 
-    def _start_read_back(self, verified) -> tuple[torch.Tensor, torch.cuda.Event | None]:
-        """Queue the step's one device-to-host copy: int64[R, k+2], the emitted tokens [k+1] and their count per
-        row. On a GPU the copy lands in page-locked memory (one of two buffers, used by alternate steps) once
-        the returned event has fired; on CPU it is done on return (event None)."""
-        out = torch.cat([verified.sampled, verified.num_sampled.unsqueeze(1)], dim=1)
+    def _start_read_back(self, num_reqs: int) -> tuple[torch.Tensor, torch.cuda.Event | None]:
+        """Queue the step's one device-to-host copy: `step_out[:num_reqs]`, int64[R, k+2], the emitted tokens
+        [k+1] and their count per row. On a GPU the copy lands in page-locked memory (one of two buffers, used
+        by alternate steps) once the returned event has fired; on CPU it is done on return (event None)."""
+        out = self.step_out[:num_reqs]
         if self.readback_done is None:
-            return out.cpu(), None
+            return out.clone(), None
         self._read_back_slot ^= 1
-        host = self.host_out[self._read_back_slot][: out.shape[0]]
+        host = self.host_out[self._read_back_slot][:num_reqs]
         host.copy_(out, non_blocking=True)
         done = self.readback_done[self._read_back_slot]
         done.record()
@@ -448,11 +467,9 @@ class NativeEngine:
                 state_indices_cpu=slots,
                 num_reqs_padded=desc.num_reqs if desc.cg_mode == FULL else None,
             )
-        # Per row, one int64 line of the packed host-to-device copy: logits rows [k+1] (verify rows score
-        # every query token, others their last one, repeated), the row of the speculator's draft buffer holding
-        # its drafts, the count of drafts it may accept, whether the row samples, and its conv slot (which also
-        # indexes its draft probs). Then, per draft in a query, the token it fills and its place in the draft
-        # buffer (flat).
+        # Per row, its line of `row_inputs` (verify rows score every query token, others their last one,
+        # repeated; padding rows all zero), then, per draft in a query, the token it fills and its place in the
+        # draft buffer (flat): one packed host-to-device copy.
         packed_rows, fill_tokens, fill_sources = [], [], []
         for row, start in zip(rows, cpu.query_start_loc.tolist()):
             req, last = row.request, row.num_query_tokens - 1
@@ -466,27 +483,17 @@ class NativeEngine:
             if req.pending_token_row >= 0:  # its last token, from the in-flight step's (k = 0)
                 fill_tokens.append(start)
                 fill_sources.append(req.pending_token_row)
-        width = k + 5
+        width, rows_padded = k + 5, max(desc.num_reqs, num_reqs)
+        packed_rows += [0] * ((rows_padded - num_reqs) * width)
         packed = torch.tensor(packed_rows + fill_tokens + fill_sources, dtype=torch.int64, pin_memory=self.pin_memory)
-        packed = packed.to(dev, non_blocking=True)
-        per_row = packed[: num_reqs * width].view(num_reqs, width)
-        slots_dev = per_row[:, k + 4]
+        self.row_inputs[:rows_padded].copy_(packed[: rows_padded * width].view(rows_padded, width), non_blocking=True)
         if fill_tokens:
             source = self.speculator.draft_tokens if self.speculator is not None else self._in_flight.sampled
-            fill = packed[num_reqs * width :].view(2, -1)
+            fill = packed[rows_padded * width :].to(dev, non_blocking=True).view(2, -1)
             self.buffers.input_ids[fill[0]] = source.reshape(-1)[fill[1]]
-        drafts = per_row[:, :0]
-        if self.speculator is not None:
-            drafts = self.speculator.draft_tokens[per_row[:, k + 1]]
-        draft_probs = self.req_draft_probs[slots_dev] if self.req_draft_probs is not None else None
         return {
             "cpu": cpu, "attn": attn, "conv": conv, "query_lens": query_lens, "is_spec": is_spec,
-            "slots": slots, "slots_dev": slots_dev, "num_accepted": num_accepted,
-            "logits_indices": per_row[:, : k + 1], "drafts": drafts,
-            "num_drafts": per_row[:, k + 2], "samples": per_row[:, k + 3] != 0,
-            "draft_probs": draft_probs,
-            "samples_cpu": samples_cpu,
-            "starts": starts_t,
+            "slots": slots, "num_accepted": num_accepted, "samples_cpu": samples_cpu, "starts": starts_t,
         }
 
     def _verify(self, batch: ScheduledBatch, prep: dict) -> torch.Tensor:
@@ -495,11 +502,11 @@ class NativeEngine:
         ctx = ForwardContext(attn=prep["attn"], conv=prep["conv"], kv_caches=self.kv_caches,
                              conv_states=self.conv_states)
         hidden = self.target(self.buffers.input_ids[:num_tokens], self.buffers.positions[:num_tokens], ctx)
-        idx = prep["logits_indices"]
+        idx = self.row_inputs[: batch.num_reqs, : self.k + 1]
         logits = self.target.compute_logits(hidden[idx.reshape(-1)])
         return logits.view(idx.shape[0], idx.shape[1], -1)
 
-    def _verified_batch(self, batch: ScheduledBatch, prep: dict, verified) -> VerifiedBatch:
+    def _verified_batch(self, batch: ScheduledBatch, prep: dict) -> VerifiedBatch:
         cpu = prep["cpu"]
         return VerifiedBatch(
             query_lens=prep["query_lens"],
@@ -510,8 +517,8 @@ class NativeEngine:
             num_accepted_prev=prep["num_accepted"],
             block_table=cpu.block_table,
             target_input_ids=self.buffers.input_ids[: cpu.num_tokens],
-            sampled=verified.sampled,
-            num_sampled=verified.num_sampled,
+            sampled=self.step_out[: batch.num_reqs, : self.k + 1],
+            num_sampled=self.step_out[: batch.num_reqs, self.k + 1],
         )
 
     # ------------------------------------------------------------------ bookkeeping

@@ -10,6 +10,7 @@ from pairs import VOCAB, build_pairs
 from specexp.engine.config import EngineConfig, SamplingConfig, SpeculatorConfig
 from specexp.engine.runner import NativeEngine
 from specexp.models import load_model
+from specexp.models.pointwise import EAGER as EAGER_POINTWISE
 
 pytestmark = [
     pytest.mark.cuda,
@@ -94,6 +95,17 @@ def test_compiled_pointwise_ops_replay_like_eager(pairs, pair, k):
     graphed = _engine(target, draft, k, 32, graphs=True, compile_pointwise=True).generate(prompts)
     tokens = [r.output_token_ids for r in graphed.requests]
     assert tokens == [r.output_token_ids for r in eager.requests] == [r.output_token_ids for r in plain.requests]
+
+
+def test_compiled_pointwise_ops_run_only_inside_graphs(pairs):
+    """With graphs, the fused kernels are captured and the steps that run eagerly (prefills) call the plain
+    ops: after start-up neither model dispatches to a compiled function."""
+    target_dir, draft_dir = pairs["lfm2+lfm2"]
+    target, draft = load_model(target_dir, device="cuda"), load_model(draft_dir, device="cuda")
+    engine = _engine(target, draft, 3, 4, graphs=True, compile_pointwise=True)
+    tables = {m.ops for model in (target, draft) for m in model.modules() if hasattr(m, "ops")}
+    assert tables == {EAGER_POINTWISE}
+    assert engine.verify_graphs.graphs and engine.speculator.decode_graphs.graphs
 
 
 TRITON_CASES = [("lfm2+llama", 0, 1), ("lfm2+lfm2", 3, 1), ("llama+llama", 4, 5), ("llama+llama", 8, 32)]
