@@ -58,13 +58,20 @@ TOKEN_TILE = 16  # rows of x per skinny tile (padded): tensor-core products take
 # shape won at 2, 4 and 10 rows. Wide outputs take wide, short tiles; narrow ones long chunks so that enough
 # bytes are in flight per program.
 SKINNY_CONFIGS_BY_N = ((2048, (16, 512, 4, 4)), (4096, (32, 512, 4, 4)), (None, (64, 128, 4, 4)))
+# Shared memory the skinny kernel's pipeline stages may fill: each stage holds an x tile and a weight chunk. The
+# tuned (16-bit) configurations need at most 192 KiB; 4-byte products drop stages to stay under this (the H200
+# gives a block 227 KiB).
+SKINNY_STAGE_BYTES = 192 * 1024
 
 
-def skinny_config(n: int, k: int) -> tuple[int, int, int, int]:
-    """The skinny kernel's default (BLOCK_N, BLOCK_K, num_warps, num_stages) for a weight [n, k]
-    (SKINNY_CONFIGS_BY_N, its chunk no longer than k rounded up to a power of 2, and at least 16)."""
+def skinny_config(n: int, k: int, element_bytes: int = 2) -> tuple[int, int, int, int]:
+    """The skinny kernel's default (BLOCK_N, BLOCK_K, num_warps, num_stages) for a weight [n, k] of
+    `element_bytes`-byte elements (SKINNY_CONFIGS_BY_N, its chunk no longer than k rounded up to a power of 2, and
+    at least 16; fewer stages where the tuned ones would need more than SKINNY_STAGE_BYTES of shared memory)."""
     block_n, block_k, warps, stages = next(c for bound, c in SKINNY_CONFIGS_BY_N if bound is None or n <= bound)
-    return block_n, max(16, min(block_k, triton.next_power_of_2(k))), warps, stages
+    block_k = max(16, min(block_k, triton.next_power_of_2(k)))
+    stage_bytes = (TOKEN_TILE + block_n) * block_k * element_bytes
+    return block_n, block_k, warps, max(1, min(stages, SKINNY_STAGE_BYTES // stage_bytes))
 
 
 if AVAILABLE:
@@ -164,7 +171,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     if config is None and m == 1:
         config = (BLOCK_N if norm_weight is None else NORM_BLOCK_N, min(MAX_BLOCK_K, triton.next_power_of_2(k)),
                   NUM_WARPS)
-    block_n, block_k, warps, *stages = config or skinny_config(n, k)
+    block_n, block_k, warps, *stages = config or skinny_config(n, k, x.element_size())
     x = x.contiguous()
     out = residual if residual is not None else torch.empty(m, n, device=x.device, dtype=x.dtype)
     flags = dict(HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None, NORM=norm_weight is not None,

@@ -12,6 +12,7 @@ from triton_interpreter import on_triton_gpu, run_in_triton_interpreter
 
 from specexp.engine.config import EngineConfig, EngineConfigError
 from specexp.models import triton_gemv
+from specexp.models.triton_gemv import skinny_config
 from specexp.models.layers import RMSNorm
 from specexp.models.linear_ops import CUBLAS, TRITON_GEMV, TRITON_SKINNY, add_linear_
 
@@ -60,6 +61,20 @@ def check_products(device: str, dtypes, fusions=FUSIONS, tokens=TOKENS) -> None:
 @on_triton_gpu
 def test_gemv_matches_reference_on_gpu():
     check_products("cuda", (torch.float32, torch.bfloat16, torch.float16))
+
+
+def test_skinny_config_fits_its_stages_in_shared_memory():
+    """The tuned 16-bit configurations keep their stages; 4-byte products drop stages until the pipeline fits
+    (fp32 at the tuned stages asked the H200 for more shared memory than a block has)."""
+    pytest.importorskip("triton")
+    for n, k in [(130, 2500), (2048, 2048), (4096, 8192), (8192, 2048), (128256, 2048), (3, 5)]:
+        assert skinny_config(n, k, 2)[3] == next(c for b, c in triton_gemv.SKINNY_CONFIGS_BY_N
+                                                 if b is None or n <= b)[3]
+        for element_bytes in (2, 4):
+            block_n, block_k, _, stages = skinny_config(n, k, element_bytes)
+            assert stages >= 1
+            stage_bytes = (triton_gemv.TOKEN_TILE + block_n) * block_k * element_bytes
+            assert stages * stage_bytes <= triton_gemv.SKINNY_STAGE_BYTES
 
 
 @on_triton_gpu
