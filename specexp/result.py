@@ -46,7 +46,8 @@ class StepRecord:
 
     ``num_tokens``: tokens the target processed in the step (prefill tokens + k+1 per verifying request);
     ``num_drafts``: requests in the step that carried >= 1 draft token. ``request_id`` is set by backends
-    that run one request at a time (hf), ``None`` for batched steps.
+    that run one request at a time (hf), ``None`` for batched steps. The native engine's steps that replay a
+    verify graph sample inside it: their ``sample_ms`` is 0 and ``verify_ms`` includes the sampling.
     """
 
     step: int
