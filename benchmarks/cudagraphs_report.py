@@ -96,11 +96,13 @@ def render(result: dict) -> str:
         if checked:
             lines += [f"Within 15% of the formula: {sum(checked)} of {len(checked)} points (k >= 1). Its two "
                       "factors, measured / predicted: tokens per step (acceptance length) and a step's cost in "
-                      "plain decode steps (median step / median k = 0 step vs k c + 1).", ""]
+                      "plain decode steps (median step / median k = 0 step vs k c + 1). The cost's two parts, in "
+                      "plain steps: the verify of k + 1 tokens (the formula's 1) and the draft phase per drafted "
+                      "token (the formula's c).", ""]
         lines += ["| k | acceptance rate | tokens/s (median of runs) | speedup | theory speedup | within 15% "
-                  "| acceptance length / theory | step cost / theory | step ms p50 | draft ms p50 | verify ms p50 "
-                  "| host ms p50 |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "| acceptance length / theory | step cost / theory | verify / 1 | draft per token / c "
+                  "| step ms p50 | draft ms p50 | verify ms p50 | host ms p50 |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in rows:
             lines.append(
                 f"| {r['k']} | {r['acceptance_rate'] if r['acceptance_rate'] is not None else 'real'} "
@@ -108,6 +110,8 @@ def render(result: dict) -> str:
                 f"| {_yes_no(r.get('within_15pct_of_theory'))} "
                 f"| {_pair(r['acceptance_length'], r.get('theory_acceptance_length'))} "
                 f"| {_pair(r.get('step_cost_in_plain_steps'), r.get('theory_step_cost_in_plain_steps'))} "
+                f"| {_pair(r.get('verify_cost_in_plain_steps'), 1.0 if 'verify_cost_in_plain_steps' in r else None)} "
+                f"| {_pair(r.get('draft_cost_per_token_in_plain_steps'), pair['cost_ratio_c'] if r['k'] else None)} "
                 f"| {r['step_ms_p50']:.2f} | {r['draft_ms_p50']:.2f} | {r['verify_ms_p50']:.2f} "
                 f"| {_fmt(r.get('schedule_ms_p50'))} |")
         lines.append("")

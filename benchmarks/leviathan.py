@@ -28,6 +28,10 @@ def add_theory(rows: list[dict], c: float) -> None:
     cost in plain decode steps (`step_cost_in_plain_steps`: its median step over the median step of the k = 0
     rows, vs `theory_step_cost_in_plain_steps` = k c + 1; rows that timed their steps only).
 
+    A step's cost splits further into what the formula prices at 1 and at c (rows that timed their phases):
+    `verify_cost_in_plain_steps` (the verify of k + 1 tokens, sampling included, over the median k = 0 step; the
+    formula's 1) and `draft_cost_per_token_in_plain_steps` (the draft phase over k, k >= 1; the formula's c).
+
     The baseline is the median of every k = 0 run of the pair, whatever its row's acceptance rate: without a
     draft nothing depends on the rate, so those rows are one configuration measured several times, and a single
     slow k = 0 row would otherwise move every speedup of its rate. rows: dicts with `k`, `acceptance_rate`,
@@ -45,6 +49,10 @@ def add_theory(rows: list[dict], c: float) -> None:
         if plain_step_ms is not None and r.get("step_ms_p50"):
             r["step_cost_in_plain_steps"] = r["step_ms_p50"] / plain_step_ms
             r["theory_step_cost_in_plain_steps"] = k * c + 1
+            if r.get("verify_ms_p50") is not None:
+                r["verify_cost_in_plain_steps"] = r["verify_ms_p50"] / plain_step_ms
+            if k > 0 and r.get("draft_ms_p50") is not None:
+                r["draft_cost_per_token_in_plain_steps"] = r["draft_ms_p50"] / k / plain_step_ms
         if a is not None:
             r["theory_acceptance_length"] = expected_acceptance_length(a, k)
             r["theory_speedup"] = leviathan_speedup(a, k, c)

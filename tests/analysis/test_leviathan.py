@@ -45,3 +45,16 @@ def test_each_row_splits_the_formula_into_tokens_per_step_and_step_cost():
     # the formula is exactly the ratio of its two predicted factors
     assert k3["theory_speedup"] == pytest.approx(k3["theory_acceptance_length"] / k3["theory_step_cost_in_plain_steps"])
     assert "step_cost_in_plain_steps" not in rows[3]
+
+
+def test_step_cost_splits_into_the_verify_and_the_draft_per_token():
+    rows = [{"k": 0, "acceptance_rate": 0.8, "output_tokens_per_s": 500.0, "step_ms_p50": 1.0,
+             "verify_ms_p50": 0.98, "draft_ms_p50": 0.0},
+            {"k": 2, "acceptance_rate": 0.8, "output_tokens_per_s": 700.0, "step_ms_p50": 2.0,
+             "verify_ms_p50": 1.2, "draft_ms_p50": 0.76}]
+    add_theory(rows, c=0.3)
+    k2 = rows[1]
+    assert k2["verify_cost_in_plain_steps"] == pytest.approx(1.2)  # the formula prices it at 1
+    assert k2["draft_cost_per_token_in_plain_steps"] == pytest.approx(0.38)  # ... and this at c = 0.3
+    assert rows[0]["verify_cost_in_plain_steps"] == pytest.approx(0.98)
+    assert "draft_cost_per_token_in_plain_steps" not in rows[0]
