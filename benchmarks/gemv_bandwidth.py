@@ -19,7 +19,8 @@ needs the chain itself well above 60%.
 
 With `--skinny-tokens M,...` it also times the same chain for M rows of x (a batch-1 verify of k + 1 = M tokens):
 `cublas_linear` against the skinny Triton kernel (`engine.linear_kernel=triton_skinny`) at its default block
-shapes and at the best SKINNY_CONFIGS entry per weight shape. A verify that streams its weights as fast as a
+shapes and at the best SKINNY_CONFIGS entry per weight shape, and, for M <= triton_gemv.MAX_GEMV_ROWS, the
+multi-row GEMV (`engine.linear_kernel=triton_gemv_rows`). A verify that streams its weights as fast as a
 decode step costs what Leviathan's formula assumes: one target step. --models also takes the two drafts'
 shapes (lfm2-350m, llama-100m), whose draft prefill regions are such products too.
 
@@ -98,16 +99,19 @@ def chain(weights: list[torch.Tensor], impl: str, configs: dict | None = None, n
                 torch.mm(x, w.t(), out=y)
             elif impl == "cublas_addmm":
                 y.addmm_(x, w.t())
+            elif impl == "triton_rows":  # the multi-row GEMV (engine.linear_kernel=triton_gemv_rows)
+                triton_gemv.gemv(x, w, residual=y, multirow=True)
             else:
                 triton_gemv.gemv(x, w, residual=y, config=configs[tuple(w.shape)] if configs else None)
 
     return body
 
 
-def check_gemv(x: torch.Tensor, w: torch.Tensor, config: tuple[int, ...] | None, label: str) -> None:
+def check_gemv(x: torch.Tensor, w: torch.Tensor, config: tuple[int, ...] | None, label: str,
+               multirow: bool = False) -> None:
     """triton_gemv.gemv(x [M, K], w [N, K]) at `config` within 2% (of the largest output) of F.linear in fp32."""
     reference = torch.nn.functional.linear(x.float(), w.float())
-    err = (triton_gemv.gemv(x, w, config=config).float() - reference).abs().max().item()
+    err = (triton_gemv.gemv(x, w, config=config, multirow=multirow).float() - reference).abs().max().item()
     err /= reference.abs().max().item()
     if err > 2e-2:
         raise AssertionError(f"{label}: relative error {err:.2e}")
@@ -142,8 +146,13 @@ def bench_skinny(weights: list[torch.Tensor], num_tokens: int, total: int, copy_
                f"skinny default M={num_tokens}")
     best, tried = tune_triton(weights, copy_bw, SKINNY_CONFIGS, num_tokens)
     rows = {}
-    for label, impl, configs in [("cublas_linear", "cublas_linear", None), ("triton_skinny", "triton", None),
-                                 ("triton_skinny tuned", "triton", best)]:
+    impls = [("cublas_linear", "cublas_linear", None), ("triton_skinny", "triton", None),
+             ("triton_skinny tuned", "triton", best)]
+    if num_tokens <= triton_gemv.MAX_GEMV_ROWS:
+        check_gemv(torch.randn(num_tokens, w.shape[1], device="cuda", dtype=w.dtype), w, None,
+                   f"multi-row GEMV M={num_tokens}", multirow=True)
+        impls.append(("triton_gemv_rows", "triton_rows", None))
+    for label, impl, configs in impls:
         ms = graph_ms(chain(weights, impl, configs, num_tokens))
         rows[label] = {"graph_ms": ms, "fraction_of_copy_bandwidth": total / (ms / 1e3) / copy_bw}
     print(f"  M={num_tokens}: " + ", ".join(

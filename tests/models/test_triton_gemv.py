@@ -12,9 +12,9 @@ from triton_interpreter import on_triton_gpu, run_in_triton_interpreter
 
 from specexp.engine.config import EngineConfig, EngineConfigError
 from specexp.models import triton_gemv
-from specexp.models.triton_gemv import skinny_config
 from specexp.models.layers import RMSNorm
-from specexp.models.linear_ops import CUBLAS, TRITON_GEMV, TRITON_SKINNY, add_linear_
+from specexp.models.linear_ops import CUBLAS, TRITON_GEMV, TRITON_GEMV_ROWS, TRITON_SKINNY, add_linear_
+from specexp.models.triton_gemv import skinny_config
 
 # (K, N): K below, at and past one 1024-wide chunk and not a multiple of it; N odd, below and past BLOCK_N
 SHAPES = [(5, 3), (64, 1), (1000, 37), (1024, 256), (2500, 130)]
@@ -26,9 +26,9 @@ FUSIONS = ("none", "norm")  # the RMSNorm before the product fused in, or not
 TOKENS = (1, 2, 3, 5, 9, 16)
 
 
-def check_products(device: str, dtypes, fusions=FUSIONS, tokens=TOKENS) -> None:
-    """Every SHAPES x dtypes x fusions x tokens x (bias, residual) product of triton_gemv.gemv vs a float64
-    reference."""
+def check_products(device: str, dtypes, fusions=FUSIONS, tokens=TOKENS, multirow: bool = False) -> None:
+    """Every SHAPES x dtypes x fusions x tokens x (bias, residual) product of triton_gemv.gemv (with `multirow`:
+    2..MAX_GEMV_ROWS rows on the multi-row GEMV) vs a float64 reference."""
     gen = torch.Generator().manual_seed(0)
     cases = [(s, d, f, m) for s in SHAPES for d in dtypes for f in fusions for m in tokens]
     for (k, n), dtype, fusion, m in cases:
@@ -47,7 +47,7 @@ def check_products(device: str, dtypes, fusions=FUSIONS, tokens=TOKENS) -> None:
             res = residual.to(device).clone() if with_residual else None
             norm = {"norm_weight": norm_weight.to(device), "eps": 1e-5} if "norm" in fusion else {}
             got = triton_gemv.gemv(x.to(device), w.to(device), bias.to(device) if with_bias else None,
-                                   residual=res, **norm)
+                                   residual=res, multirow=multirow, **norm)
             assert got.shape == (m, n) and got.dtype == dtype
             if with_residual:
                 assert got.data_ptr() == res.data_ptr(), "the residual is updated in place"
@@ -97,11 +97,25 @@ def test_gemv_matches_reference_in_triton_interpreter():
     run_in_triton_interpreter('test_triton_gemv', 'check_products', "(torch.float32,)")
 
 
+MULTIROW_TOKENS = tuple(range(1, triton_gemv.MAX_GEMV_ROWS + 1))
+
+
+@on_triton_gpu
+def test_multirow_gemv_matches_reference_on_gpu():
+    check_products("cuda", (torch.float32, torch.bfloat16, torch.float16), tokens=MULTIROW_TOKENS, multirow=True)
+
+
+def test_multirow_gemv_matches_reference_in_triton_interpreter():
+    """The multi-row GEMV's arithmetic (1..MAX_GEMV_ROWS rows) in Triton's interpreter (skipped without triton)."""
+    run_in_triton_interpreter('test_triton_gemv', 'check_products',
+                              "(torch.float32,)", f"tokens={MULTIROW_TOKENS}", "multirow=True")
+
+
 def test_triton_table_falls_back_to_torch_off_the_gpu():
     """On CPU tensors (or without triton) the triton table is torch's GEMMs, bit for bit."""
     gen = torch.Generator().manual_seed(1)
     w, b = torch.randn(7, 11, generator=gen), torch.randn(7, generator=gen)
-    for table in (TRITON_GEMV, TRITON_SKINNY):
+    for table in (TRITON_GEMV, TRITON_GEMV_ROWS, TRITON_SKINNY):
         for rows in (1, 4):
             x, residual = torch.randn(rows, 11, generator=gen), torch.randn(rows, 7, generator=gen)
             assert torch.equal(table.linear(x, w, b), CUBLAS.linear(x, w, b))
@@ -136,10 +150,27 @@ def test_gemv_rejects_more_rows_than_it_takes():
         triton_gemv.gemv(x, torch.zeros(4, 8))
 
 
+@on_triton_gpu
+def test_multirow_table_takes_up_to_max_gemv_rows():
+    """triton_gemv_rows: 1..MAX_GEMV_ROWS rows on the Triton kernels (the multi-row GEMV from 2), more on cuBLAS."""
+    w, norm = torch.randn(96, 200, device="cuda"), RMSNorm(200, 1e-6).cuda()
+    for rows in range(1, triton_gemv.MAX_GEMV_ROWS + 1):
+        x = torch.randn(rows, 200, device="cuda")
+        torch.testing.assert_close(TRITON_GEMV_ROWS.linear(x, w, None), F.linear(x, w), atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(TRITON_GEMV_ROWS.norm_linear(x, norm, w, None), F.linear(norm(x), w),
+                                   atol=1e-4, rtol=1e-4)
+        residual = torch.randn(rows, 96, device="cuda")
+        expected = residual + F.linear(x, w)
+        torch.testing.assert_close(TRITON_GEMV_ROWS.add_linear_(residual, x, w, None), expected, atol=1e-4,
+                                   rtol=1e-4)
+    many = torch.randn(triton_gemv.MAX_GEMV_ROWS + 1, 200, device="cuda")
+    assert torch.equal(TRITON_GEMV_ROWS.linear(many, w, None), F.linear(many, w))  # cuBLAS, bit for bit
+
+
 def test_linear_kernel_is_validated():
     with pytest.raises(EngineConfigError, match="engine.linear_kernel='gemv'.*'cublas', 'triton_gemv'"):
         EngineConfig(linear_kernel="gemv").validate()
-    for choice in ("triton_gemv", "triton_skinny"):
+    for choice in ("triton_gemv", "triton_gemv_rows", "triton_skinny"):
         with pytest.raises(EngineConfigError, match=f"engine.linear_kernel='{choice}' needs engine.device=cuda"):
             EngineConfig(device="cpu", linear_kernel=choice).validate()
     EngineConfig(linear_kernel="cublas").validate()
