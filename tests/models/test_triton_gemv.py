@@ -126,20 +126,24 @@ def test_triton_table_falls_back_to_torch_off_the_gpu():
 
 
 @on_triton_gpu
-def test_skinny_table_takes_up_to_max_tokens_rows():
+@pytest.mark.parametrize("name", ["triton_gemv_rows", "triton_skinny"])
+def test_multi_row_tables_take_up_to_their_rows(name):
+    """triton_gemv_rows: 1..MAX_GEMV_ROWS rows on the Triton kernels (the multi-row GEMV from 2); triton_skinny:
+    1..MAX_TOKENS (the skinny kernel from 2); more rows on cuBLAS, bit for bit."""
+    table, most = {"triton_gemv_rows": (TRITON_GEMV_ROWS, triton_gemv.MAX_GEMV_ROWS),
+                   "triton_skinny": (TRITON_SKINNY, triton_gemv.MAX_TOKENS)}[name]
     w, norm = torch.randn(96, 200, device="cuda"), RMSNorm(200, 1e-6).cuda()
-    for rows in (1, 2, 9, triton_gemv.MAX_TOKENS):
+    for rows in sorted({1, 2, 3, most // 2 + 1, most}):
         x = torch.randn(rows, 200, device="cuda")
-        torch.testing.assert_close(TRITON_SKINNY.linear(x, w, None), F.linear(x, w), atol=1e-4, rtol=1e-4)
-        torch.testing.assert_close(TRITON_SKINNY.norm_linear(x, norm, w, None), F.linear(norm(x), w),
-                                   atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(table.linear(x, w, None), F.linear(x, w), atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(table.norm_linear(x, norm, w, None), F.linear(norm(x), w), atol=1e-4, rtol=1e-4)
         residual = torch.randn(rows, 96, device="cuda")
         expected = residual + F.linear(x, w)
-        torch.testing.assert_close(TRITON_SKINNY.add_linear_(residual, x, w, None), expected, atol=1e-4, rtol=1e-4)
-    many = torch.randn(triton_gemv.MAX_TOKENS + 1, 200, device="cuda")
-    assert torch.equal(TRITON_SKINNY.linear(many, w, None), F.linear(many, w))  # cuBLAS, bit for bit
-    strided = torch.randn(4, 400, device="cuda")[:, ::2]  # a strided view: the kernel reads a contiguous copy
-    torch.testing.assert_close(TRITON_SKINNY.linear(strided, w, None), F.linear(strided, w), atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(table.add_linear_(residual, x, w, None), expected, atol=1e-4, rtol=1e-4)
+    many = torch.randn(most + 1, 200, device="cuda")
+    assert torch.equal(table.linear(many, w, None), F.linear(many, w))  # cuBLAS, bit for bit
+    strided = torch.randn(most, 400, device="cuda")[:, ::2]  # a strided view: the kernels read a contiguous copy
+    torch.testing.assert_close(table.linear(strided, w, None), F.linear(strided, w), atol=1e-4, rtol=1e-4)
 
 
 def test_gemv_rejects_more_rows_than_it_takes():
@@ -148,23 +152,6 @@ def test_gemv_rejects_more_rows_than_it_takes():
     x = torch.zeros(triton_gemv.MAX_TOKENS + 1, 8)
     with pytest.raises(ValueError, match=f"1..{triton_gemv.MAX_TOKENS} rows of x"):
         triton_gemv.gemv(x, torch.zeros(4, 8))
-
-
-@on_triton_gpu
-def test_multirow_table_takes_up_to_max_gemv_rows():
-    """triton_gemv_rows: 1..MAX_GEMV_ROWS rows on the Triton kernels (the multi-row GEMV from 2), more on cuBLAS."""
-    w, norm = torch.randn(96, 200, device="cuda"), RMSNorm(200, 1e-6).cuda()
-    for rows in range(1, triton_gemv.MAX_GEMV_ROWS + 1):
-        x = torch.randn(rows, 200, device="cuda")
-        torch.testing.assert_close(TRITON_GEMV_ROWS.linear(x, w, None), F.linear(x, w), atol=1e-4, rtol=1e-4)
-        torch.testing.assert_close(TRITON_GEMV_ROWS.norm_linear(x, norm, w, None), F.linear(norm(x), w),
-                                   atol=1e-4, rtol=1e-4)
-        residual = torch.randn(rows, 96, device="cuda")
-        expected = residual + F.linear(x, w)
-        torch.testing.assert_close(TRITON_GEMV_ROWS.add_linear_(residual, x, w, None), expected, atol=1e-4,
-                                   rtol=1e-4)
-    many = torch.randn(triton_gemv.MAX_GEMV_ROWS + 1, 200, device="cuda")
-    assert torch.equal(TRITON_GEMV_ROWS.linear(many, w, None), F.linear(many, w))  # cuBLAS, bit for bit
 
 
 def test_linear_kernel_is_validated():
