@@ -8,7 +8,12 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from triton_interpreter import on_triton_gpu, run_in_triton_interpreter
+from triton_interpreter import (
+    HOPPER_SHARED_BYTES,
+    hopper_shared_bytes,
+    on_triton_gpu,
+    run_in_triton_interpreter,
+)
 
 from specexp.engine.config import EngineConfig, EngineConfigError
 from specexp.models import triton_gemv
@@ -75,6 +80,43 @@ def test_skinny_config_fits_its_stages_in_shared_memory():
             assert stages >= 1
             stage_bytes = (triton_gemv.TOKEN_TILE + block_n) * block_k * element_bytes
             assert stages * stage_bytes <= triton_gemv.SKINNY_STAGE_BYTES
+
+
+POINTERS = ("x_ptr", "norm_w_ptr", "w_ptr", "bias_ptr", "res_ptr", "y_ptr")
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+@pytest.mark.parametrize("norm", [False, True])
+def test_every_launch_fits_a_hopper_block(dtype, norm):
+    """Compiled for sm_90 without a GPU, every kernel configuration `gemv` launches (GEMV, multi-row GEMV at each
+    row count, skinny at each output-width bound of SKINNY_CONFIGS_BY_N) compiles and asks for no more shared
+    memory than a Hopper block has.
+    The fp32 skinny tiles of session 7 asked for 235520 bytes and failed only on the H200."""
+    if not triton_gemv.AVAILABLE:
+        pytest.skip("triton is not installed")
+    element_bytes = {"bf16": 2, "fp32": 4}[dtype]
+    flags = {"HAS_BIAS": True, "HAS_RESIDUAL": True, "NORM": norm}
+    pointers = {name: f"*{dtype}" for name in POINTERS}
+    k = 2500  # past one 1024-wide chunk: the widest BLOCK_K each kernel takes
+    gemv_block_n = triton_gemv.NORM_BLOCK_N if norm else triton_gemv.BLOCK_N
+    shared = {"gemv": hopper_shared_bytes(
+        triton_gemv._gemv_kernel, {**pointers, "N": "i32", "K": "i32", "stride_w": "i32", "eps": "fp32"},
+        {**flags, "BLOCK_N": gemv_block_n, "BLOCK_K": triton_gemv.MAX_BLOCK_K}, triton_gemv.NUM_WARPS)}
+    sizes = {"N": "i32", "K": "i32", "stride_x": "i32", "stride_w": "i32", "stride_y": "i32", "eps": "fp32"}
+    strided = {**pointers, **sizes}
+    for rows in range(2, triton_gemv.MAX_GEMV_ROWS + 1):  # each row count compiles its own accumulators
+        shared[f"multi-row M={rows}"] = hopper_shared_bytes(
+            triton_gemv._gemv_rows_kernel, strided,
+            {"M": rows, **flags, "BLOCK_N": triton_gemv.BLOCK_N, "BLOCK_K": triton_gemv.MAX_BLOCK_K},
+            triton_gemv.NUM_WARPS)
+    for bound, _ in triton_gemv.SKINNY_CONFIGS_BY_N:
+        block_n, block_k, warps, stages = skinny_config(bound or 8192, k, element_bytes)
+        shared[f"skinny N<={bound}"] = hopper_shared_bytes(
+            triton_gemv._skinny_kernel, {**pointers, "M": "i32", **sizes},
+            {**flags, "IEEE": dtype == "fp32", "BLOCK_M": triton_gemv.TOKEN_TILE, "BLOCK_N": block_n,
+             "BLOCK_K": block_k}, warps, stages)
+    too_big = {name: size for name, size in shared.items() if size > HOPPER_SHARED_BYTES}
+    assert not too_big, f"{dtype}, norm={norm}: shared memory over {HOPPER_SHARED_BYTES} bytes: {too_big}"
 
 
 @on_triton_gpu

@@ -1,7 +1,7 @@
-"""Where the Triton kernel checks run: on a GPU (`on_triton_gpu`), or under Triton's CPU interpreter in a
+"""Where the Triton kernel checks run: on a GPU (`on_triton_gpu`), under Triton's CPU interpreter in a
 subprocess (`run_in_triton_interpreter`: the interpreter is chosen when triton is imported, so it cannot be
-switched on inside the test process). Both skip where triton is not installed (torch's CPU builds ship
-without it)."""
+switched on inside the test process), or through Triton's compiler for a Hopper GPU without one
+(`hopper_shared_bytes`). All skip where triton is not installed (torch's CPU builds ship without it)."""
 
 from __future__ import annotations
 
@@ -36,3 +36,26 @@ def run_in_triton_interpreter(module: str, check: str, *args: str) -> None:
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600,
                           check=False, env={**os.environ, "TRITON_INTERPRET": "1"})
     assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-3000:]
+
+
+# Shared memory one block may use on a Hopper GPU (H100 / H200: 227 KiB), as Triton's launch checks it.
+HOPPER_SHARED_BYTES = 232448
+
+
+def hopper_shared_bytes(kernel, signature: dict[str, str], constexprs: dict[str, object], num_warps: int,
+                        num_stages: int | None = None) -> int:
+    """Compile `kernel` for sm_90 (PTX and cubin, with Triton's bundled ptxas; no GPU needed) and return the
+    shared memory its launch asks for, in bytes. signature: argument name -> Triton type ("*bf16", "i32",
+    "fp32"); constexprs: name -> value. Skips where triton's compiler API differs from 3.x's."""
+    if not triton_support.AVAILABLE:
+        pytest.skip("triton is not installed")
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    names = list(signature) + list(constexprs)
+    full = {**signature, **{name: "constexpr" for name in constexprs}}
+    source = ASTSource(fn=kernel, signature=full,
+                       constexprs={(names.index(name),): value for name, value in constexprs.items()})
+    options = {"num_warps": num_warps} | ({"num_stages": num_stages} if num_stages else {})
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options).metadata.shared
