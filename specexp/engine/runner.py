@@ -78,13 +78,12 @@ class StepRecord:
 @dataclass
 class InFlightStep:
     """A plain-decoding step queued but not read back yet (plain_decode_lookahead): its rows, where its
-    read-back lands (`host`, once `done` has fired), its emitted tokens on the device (`sampled` int64[R, 1],
-    which the next step gathers its input tokens from), and which rows were committed provisionally."""
+    read-back lands (`host`, once `done` has fired), and which rows were committed provisionally. Its emitted
+    tokens stay in column 0 of the engine's `step_out` until the next step has gathered its input tokens."""
 
     batch: ScheduledBatch
     host: torch.Tensor
     done: torch.cuda.Event | None
-    sampled: torch.Tensor
     committed_rows: list[bool] = field(default_factory=list)
 
 
@@ -395,7 +394,7 @@ class NativeEngine:
         if self.lookahead:
             # Commit the previous step's tokens now that this one is queued, then this step's counts.
             previous = self._in_flight
-            self._in_flight = InFlightStep(batch, host, done, self.step_out[:num_reqs, :1])
+            self._in_flight = InFlightStep(batch, host, done)
             finished = None
             if previous is not None:
                 finished = self._commit_read_back(previous)
@@ -491,9 +490,11 @@ class NativeEngine:
         packed = torch.tensor(packed_rows + fill_tokens + fill_sources, dtype=torch.int64, pin_memory=self.pin_memory)
         self.row_inputs[:rows_padded].copy_(packed[: rows_padded * width].view(rows_padded, width), non_blocking=True)
         if fill_tokens:
-            source = self.speculator.draft_tokens if self.speculator is not None else self._in_flight.sampled
+            # drafts: flat in the draft buffer; a pending token (k = 0): the in-flight step's, in step_out's
+            # first column, which this step's sampling overwrites only after this gather
+            source = self.speculator.draft_tokens.view(-1) if self.speculator is not None else self.step_out[:, 0]
             fill = packed[rows_padded * width :].to(dev, non_blocking=True).view(2, -1)
-            self.buffers.input_ids[fill[0]] = source.reshape(-1)[fill[1]]
+            self.buffers.input_ids[fill[0]] = source[fill[1]]
         return {
             "cpu": cpu, "attn": attn, "conv": conv, "query_lens": query_lens, "is_spec": is_spec,
             "slots": slots, "num_accepted": num_accepted, "samples_cpu": samples_cpu, "starts": starts_t,
