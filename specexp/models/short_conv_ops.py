@@ -247,35 +247,41 @@ class ConvPlan:
 
     def __init__(self, meta: ShortConvMetadata) -> None:
         self.meta = meta
-        self._uniform: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
-        self._varlen: dict[tuple[str, int, int, int], VarlenIndices] = {}
+        self._memo: dict[tuple, object] = {}  # by (builder, its shape arguments)
+
+    def _derived(self, build, *shape: int):
+        """build(meta, *shape), once per forward for each builder and shape."""
+        key = (build, *shape)
+        if key not in self._memo:
+            self._memo[key] = build(self.meta, *shape)
+        return self._memo[key]
 
     def spec_indices(self, width: int, state_len: int, num_tokens: int) -> VarlenIndices:
         """:func:`spec_indices` of this step's spec rows over their `num_tokens` inputs."""
-        key = ("spec", width, state_len, num_tokens)
-        if key not in self._varlen:
-            m = self.meta
-            self._varlen[key] = spec_indices(m.spec_query_start_loc, m.spec_state_indices_tensor,
-                                             m.num_accepted_tokens, num_tokens, width, state_len)
-        return self._varlen[key]
+        return self._derived(_plan_spec_indices, width, state_len, num_tokens)
 
     def non_spec_indices(self, width: int, state_len: int, num_tokens: int) -> VarlenIndices:
         """:func:`non_spec_indices` of this step's prefill and decode rows over their `num_tokens` inputs."""
-        key = ("non_spec", width, state_len, num_tokens)
-        if key not in self._varlen:
-            m = self.meta
-            self._varlen[key] = non_spec_indices(m.non_spec_query_start_loc, m.state_indices_tensor, num_tokens,
-                                                 width, state_len, m.non_spec_state_lookahead)
-        return self._varlen[key]
+        return self._derived(_plan_non_spec_indices, width, state_len, num_tokens)
 
     def uniform_indices(self, width: int, state_len: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """:func:`uniform_indices` of this step's spec rows, for conv width W and state length S."""
-        key = (width, state_len)
-        if key not in self._uniform:
-            meta = self.meta
-            self._uniform[key] = uniform_indices(meta.spec_state_indices_tensor, meta.num_accepted_tokens,
-                                                 meta.num_spec_decodes, width, state_len)
-        return self._uniform[key]
+        return self._derived(_plan_uniform_indices, width, state_len)
+
+
+def _plan_spec_indices(m: ShortConvMetadata, width: int, state_len: int, num_tokens: int) -> VarlenIndices:
+    return spec_indices(m.spec_query_start_loc, m.spec_state_indices_tensor, m.num_accepted_tokens, num_tokens,
+                        width, state_len)
+
+
+def _plan_non_spec_indices(m: ShortConvMetadata, width: int, state_len: int, num_tokens: int) -> VarlenIndices:
+    return non_spec_indices(m.non_spec_query_start_loc, m.state_indices_tensor, num_tokens, width, state_len,
+                            m.non_spec_state_lookahead)
+
+
+def _plan_uniform_indices(m: ShortConvMetadata, width: int, state_len: int
+                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return uniform_indices(m.spec_state_indices_tensor, m.num_accepted_tokens, m.num_spec_decodes, width, state_len)
 
 
 def uniform_indices(state_indices: torch.Tensor, num_accepted_tokens: torch.Tensor, num_rows: int, width: int,

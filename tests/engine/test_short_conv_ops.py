@@ -268,4 +268,4 @@ def test_a_forwards_conv_layers_share_one_varlen_plan():
         for r in range(3):
             row = slice(int(qsl[r]), int(qsl[r + 1]))
             torch.testing.assert_close(out[row], causal_conv(x[row], weight, bias))
-    assert len(plan._varlen) == 2  # widths 3 and 4
+    assert len(plan._memo) == 2  # the varlen indices of widths 3 and 4
