@@ -100,9 +100,8 @@ def profiled_hot_spots(engine, prompts, top: int = 40) -> list[dict]:
     out = engine.generate(prompts)
     profiler.disable()
     num_steps = len(out.steps)
-    stats = pstats.Stats(profiler).sort_stats("tottime")
     rows = []
-    for (path, line, name), (_, calls, tottime, cumtime, _) in list(stats.stats.items()):
+    for (path, line, name), (_, calls, tottime, cumtime, _) in pstats.Stats(profiler).stats.items():
         rows.append({"function": f"{Path(path).name}:{line}:{name}", "own_us_per_step": tottime / num_steps * 1e6,
                      "cum_us_per_step": cumtime / num_steps * 1e6, "calls_per_step": calls / num_steps})
     return sorted(rows, key=lambda r: -r["own_us_per_step"])[:top]
