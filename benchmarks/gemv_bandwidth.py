@@ -19,8 +19,8 @@ needs the chain itself well above 60%.
 
 With `--skinny-tokens M,...` it also times the same chain for M rows of x (a batch-1 verify of k + 1 = M tokens):
 `cublas_linear` against the skinny Triton kernel (`engine.linear_kernel=triton_skinny`) at its default block
-shapes and at the best SKINNY_CONFIGS entry per weight shape, and, for M <= triton_gemv.MAX_GEMV_ROWS, the
-multi-row GEMV (`engine.linear_kernel=triton_gemv_rows`). A verify that streams its weights as fast as a
+shapes and at the best SKINNY_CONFIGS entry per weight shape, and with the RMSNorm before each product fused in
+(`+norm`: as the engine fuses it into the q/k/v and gate/up products). A verify that streams its weights as fast as a
 decode step costs what Leviathan's formula assumes: one target step. --models also takes the two drafts'
 shapes (lfm2-350m, llama-100m), whose draft prefill regions are such products too.
 
@@ -92,26 +92,27 @@ def chain(weights: list[torch.Tensor], impl: str, configs: dict | None = None, n
     buffers (configs: {weight shape: triton config}, or None for the kernel's defaults)."""
     xs = [torch.randn(num_tokens, w.shape[1], device=w.device, dtype=w.dtype) for w in weights]
     ys = [torch.zeros(num_tokens, w.shape[0], device=w.device, dtype=w.dtype) for w in weights]
+    gs = [torch.rand(w.shape[1], device=w.device, dtype=w.dtype) + 0.5 for w in weights]
 
     def body():
-        for w, x, y in zip(weights, xs, ys, strict=True):
+        for w, x, y, g in zip(weights, xs, ys, gs, strict=True):
+            config = configs[tuple(w.shape)] if configs else None
             if impl == "cublas_linear":  # F.linear's GEMM, written straight into y (no extra copy kernel)
                 torch.mm(x, w.t(), out=y)
             elif impl == "cublas_addmm":
                 y.addmm_(x, w.t())
-            elif impl == "triton_rows":  # the multi-row GEMV (engine.linear_kernel=triton_gemv_rows)
-                triton_gemv.gemv(x, w, residual=y, multirow=True)
+            elif impl == "triton_norm":  # the RMSNorm before the product fused in (a new output, as the engine's)
+                triton_gemv.gemv(x, w, norm_weight=g, eps=1e-5, config=config)
             else:
-                triton_gemv.gemv(x, w, residual=y, config=configs[tuple(w.shape)] if configs else None)
+                triton_gemv.gemv(x, w, residual=y, config=config)
 
     return body
 
 
-def check_gemv(x: torch.Tensor, w: torch.Tensor, config: tuple[int, ...] | None, label: str,
-               multirow: bool = False) -> None:
+def check_gemv(x: torch.Tensor, w: torch.Tensor, config: tuple[int, ...] | None, label: str) -> None:
     """triton_gemv.gemv(x [M, K], w [N, K]) at `config` within 2% (of the largest output) of F.linear in fp32."""
     reference = torch.nn.functional.linear(x.float(), w.float())
-    err = (triton_gemv.gemv(x, w, config=config, multirow=multirow).float() - reference).abs().max().item()
+    err = (triton_gemv.gemv(x, w, config=config).float() - reference).abs().max().item()
     err /= reference.abs().max().item()
     if err > 2e-2:
         raise AssertionError(f"{label}: relative error {err:.2e}")
@@ -148,10 +149,7 @@ def bench_skinny(weights: list[torch.Tensor], num_tokens: int, total: int, copy_
     rows = {}
     impls = [("cublas_linear", "cublas_linear", None), ("triton_skinny", "triton", None),
              ("triton_skinny tuned", "triton", best)]
-    if num_tokens <= triton_gemv.MAX_GEMV_ROWS:
-        check_gemv(torch.randn(num_tokens, w.shape[1], device="cuda", dtype=w.dtype), w, None,
-                   f"multi-row GEMV M={num_tokens}", multirow=True)
-        impls.append(("triton_gemv_rows", "triton_rows", None))
+    impls.append(("triton_skinny +norm", "triton_norm", None))
     for label, impl, configs in impls:
         ms = graph_ms(chain(weights, impl, configs, num_tokens))
         rows[label] = {"graph_ms": ms, "fraction_of_copy_bandwidth": total / (ms / 1e3) / copy_bw}
@@ -176,9 +174,10 @@ def bench_model(name: str, path: str, copy_bw: float, skinny_tokens: tuple[int, 
     if triton_gemv.AVAILABLE:
         configs, out["triton_tuning_ms"] = tune_triton(weights, copy_bw)
         out["triton_best_config"] = {str(s): c for s, c in configs.items()}
-        impls.append("triton_gemv")
+        impls += ["triton_gemv", "triton_gemv +norm"]
     for impl in impls:
-        ms = graph_ms(chain(weights, impl, configs))
+        # "+norm": the GEMV at the engine's defaults with the RMSNorm fused (NORM_BLOCK_N rows per program)
+        ms = graph_ms(chain(weights, "triton_norm") if impl == "triton_gemv +norm" else chain(weights, impl, configs))
         out["chains"][impl] = {"graph_ms": ms, "achieved_bytes_per_s": total / (ms / 1e3),
                                "fraction_of_copy_bandwidth": total / (ms / 1e3) / copy_bw}
         print(f"  {impl:14s} {ms:.3f} ms  {total / (ms / 1e3) / 1e12:.2f} TB/s "

@@ -12,7 +12,7 @@ Measures, per pair (trained demo pairs when present, and real-size random-weight
      prefill steps, and replays vs eager runs per graph manager.
 
     python benchmarks/gpu_cudagraphs.py --out results.json [--quick] [--pairs A,B] [--sections capture,step,e2e]
-                                        [--compile-pointwise] [--linear-kernel triton_gemv|triton_gemv_rows|cublas]
+                                        [--compile-pointwise] [--linear-kernel triton_gemv|triton_skinny|cublas]
                                         [--attention-kernel triton|sdpa] [--conv-kernel triton|torch]
                                         [--ks 0,1,4] [--rates 0.8] [--repeats 3] [--prompts 4]
                                         [--no-plain-decode-lookahead]
@@ -318,9 +318,8 @@ def main() -> None:
                         help="engine.compile_pointwise: fused (torch.compile) pointwise ops")
     # kernel defaults: those of conf/engine/cuda.yaml (what `engine=cuda` runs)
     parser.add_argument("--linear-kernel", default="triton_gemv",
-                        choices=["cublas", "triton_gemv", "triton_gemv_rows", "triton_skinny"],
+                        choices=["cublas", "triton_gemv", "triton_skinny"],
                         help="engine.linear_kernel: single-token projections on cuBLAS or the Triton GEMV; "
-                             "triton_gemv_rows: also projections of 2-4 tokens on the multi-row GEMV; "
                              "triton_skinny: also projections of up to 16 tokens (verify, draft prefill)")
     parser.add_argument("--attention-kernel", default="triton", choices=["sdpa", "triton"],
                         help="engine.attention_kernel: decode/verify attention by gather + SDPA or one Triton kernel")

@@ -33,8 +33,6 @@ class EngineConfig:
     plain ops, as a compiled function's Python dispatch costs the host more than the launches it saves.
     linear_kernel: "cublas" (torch's GEMMs for every projection) | "triton_gemv" (single-token projections,
     i.e. batch-1 decode and draft steps, on the Triton GEMV of `specexp.models.triton_gemv`; CUDA only) |
-    "triton_gemv_rows" (the same, and projections of 2-4 tokens, e.g. a batch-1 verify at k <= 3, on the GEMV's
-    multi-row variant; not yet measured on a GPU) |
     "triton_skinny" (the same, and projections of up to 16 tokens, e.g. a batch-1 verify, on its skinny GEMM;
     slower than cuBLAS inside the engine on the H200, see `triton_gemv`'s docstring).
     attention_kernel: "sdpa" (gather each row's keys, then SDPA) | "triton" (uniform batches, i.e. decode
@@ -84,7 +82,7 @@ class EngineConfig:
         for name in ("compile_pointwise", "plain_decode_lookahead"):
             if not isinstance(getattr(self, name), bool):
                 raise EngineConfigError(f"engine.{name}={getattr(self, name)!r}: must be true or false")
-        self._check_kernel("linear_kernel", LINEAR_KERNELS, ("triton_gemv", "triton_gemv_rows", "triton_skinny"),
+        self._check_kernel("linear_kernel", LINEAR_KERNELS, ("triton_gemv", "triton_skinny"),
                            "cublas")
         self._check_kernel("attention_kernel", ATTENTION_KERNELS, ("triton",), "sdpa")
         self._check_kernel("conv_kernel", CONV_KERNELS, ("triton",), "torch")

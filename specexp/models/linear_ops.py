@@ -10,10 +10,6 @@ bias)` and `norm_linear(x, norm, weight, bias)` (a pre-norm projection: linear(n
   batch-1 draft step) go to the Triton GEMV of :mod:`specexp.models.triton_gemv`, which streams weights
   closer to HBM bandwidth than cuBLAS picks for one row and computes a pre-norm projection's RMSNorm in the same
   kernel; every other product stays on torch's kernels.
-- :data:`TRITON_GEMV_ROWS` (`engine.linear_kernel=triton_gemv_rows`): the same, and products of 2 to
-  `triton_gemv.MAX_GEMV_ROWS` rows (a batch-1 verify of k + 1 <= 4 tokens, a draft prefill region of k + 2 <= 4)
-  on the GEMV's multi-row variant, which loads each weight chunk once for all rows; more rows go to torch's GEMMs.
-  Not yet measured on a GPU.
 - :data:`TRITON_SKINNY` (`engine.linear_kernel=triton_skinny`): the same for products of up to
   `triton_gemv.MAX_TOKENS` rows (a batch-1 verify of k + 1 tokens, a draft prefill region of k + 2), the rows
   past the first on the GEMV's skinny-GEMM sibling, which streams each weight once for all rows.
@@ -63,30 +59,30 @@ def norm_linear(x: torch.Tensor, norm: Norm | None, weight: torch.Tensor,
     return F.linear(x if norm is None else norm(x), weight, bias)
 
 
-def _gemv_linear(max_tokens: int, multirow: bool = False):
+def _gemv_linear(max_tokens: int):
     def gemv_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """F.linear, with products of 1..max_tokens rows on the Triton GEMV. x [T, in] -> [T, out]."""
         if x.is_cuda and triton_gemv.supports(x, weight, max_tokens=max_tokens):
-            return triton_gemv.gemv(x, weight, bias, multirow=multirow)
+            return triton_gemv.gemv(x, weight, bias)
         return F.linear(x, weight, bias)
 
     return gemv_linear
 
 
-def _gemv_add_linear_(max_tokens: int, multirow: bool = False):
+def _gemv_add_linear_(max_tokens: int):
     def gemv_add_linear_(residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
                          bias: torch.Tensor | None = None) -> torch.Tensor:
         """:func:`add_linear_`, with products of 1..max_tokens rows on the Triton GEMV (residual updated in
         place)."""
         if x.is_cuda and residual.is_contiguous() and triton_gemv.supports(x, weight, max_tokens=max_tokens):
-            return triton_gemv.gemv(x, weight, bias, residual=residual, multirow=multirow)
+            return triton_gemv.gemv(x, weight, bias, residual=residual)
         return add_linear_(residual, x, weight, bias)
 
     return gemv_add_linear_
 
 
-def _gemv_norm_linear(max_tokens: int, multirow: bool = False):
-    linear = _gemv_linear(max_tokens, multirow)
+def _gemv_norm_linear(max_tokens: int):
+    linear = _gemv_linear(max_tokens)
 
     def gemv_norm_linear(x: torch.Tensor, norm: Norm | None, weight: torch.Tensor,
                          bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -95,7 +91,7 @@ def _gemv_norm_linear(max_tokens: int, multirow: bool = False):
         if norm is None:
             return linear(x, weight, bias)
         if x.is_cuda and triton_gemv.supports(x, weight, norm.weight, max_tokens=max_tokens):
-            return triton_gemv.gemv(x, weight, bias, norm_weight=norm.weight, eps=norm.eps, multirow=multirow)
+            return triton_gemv.gemv(x, weight, bias, norm_weight=norm.weight, eps=norm.eps)
         return norm_linear(x, norm, weight, bias)
 
     return gemv_norm_linear
@@ -116,18 +112,15 @@ class LinearOps:
 CUBLAS = LinearOps(F.linear, add_linear_, norm_linear)
 
 
-def triton_gemv_ops(max_tokens: int, multirow: bool = False) -> LinearOps:
-    """The table that sends products of 1..max_tokens rows of x to :func:`triton_gemv.gemv` (CUDA tensors; with
-    `multirow`, 2..MAX_GEMV_ROWS rows on its multi-row GEMV), every other product to torch's GEMMs."""
-    return LinearOps(_gemv_linear(max_tokens, multirow), _gemv_add_linear_(max_tokens, multirow),
-                     _gemv_norm_linear(max_tokens, multirow))
+def triton_gemv_ops(max_tokens: int) -> LinearOps:
+    """The table that sends products of 1..max_tokens rows of x to :func:`triton_gemv.gemv` (CUDA tensors),
+    every other product to torch's GEMMs."""
+    return LinearOps(_gemv_linear(max_tokens), _gemv_add_linear_(max_tokens), _gemv_norm_linear(max_tokens))
 
 
 TRITON_GEMV = triton_gemv_ops(1)
-TRITON_GEMV_ROWS = triton_gemv_ops(triton_gemv.MAX_GEMV_ROWS, multirow=True)
 TRITON_SKINNY = triton_gemv_ops(triton_gemv.MAX_TOKENS)
-LINEAR_KERNELS = {"cublas": CUBLAS, "triton_gemv": TRITON_GEMV, "triton_gemv_rows": TRITON_GEMV_ROWS,
-                  "triton_skinny": TRITON_SKINNY}
+LINEAR_KERNELS = {"cublas": CUBLAS, "triton_gemv": TRITON_GEMV, "triton_skinny": TRITON_SKINNY}
 
 
 def use_linear_ops(model: nn.Module, ops: LinearOps) -> None:

@@ -1,7 +1,7 @@
 """A batch-1 GEMV in Triton: y[1, N] = x[1, K] @ W[N, K]^T (+ bias) (+ residual), fp32 accumulation, optionally
-with the RMSNorm before it (a pre-norm projection) fused in; a multi-row variant for 2..MAX_GEMV_ROWS rows; and a
-skinny-GEMM sibling for a few rows of x (M = 2..MAX_TOKENS: a batch-1 verify of k+1 tokens, a draft prefill
-region of k+2). Both siblings stream each weight once for all M rows.
+with the RMSNorm before it (a pre-norm projection) fused in; and a skinny-GEMM sibling for a few rows of x
+(M = 2..MAX_TOKENS: a batch-1 verify of k+1 tokens, a draft prefill region of k+2) that streams each weight once
+for all M rows.
 
 At batch 1 every projection of a decode step streams its whole weight once for one row of activations, so the
 step is bound by how close each GEMV gets to HBM bandwidth. On an H200 (benchmarks/gemv_bandwidth.py, bf16,
@@ -30,13 +30,14 @@ Inside the engine it loses to cuBLAS: a LFM2-1.2B-shaped verify of 2 tokens spen
 against 0.76 ms in cuBLAS's GEMMs (plus 0.06 ms of separate RMSNorms), and an LFM2-350M draft prefill of 3
 tokens 0.64 ms against 0.36 ms (diag_verify_s7.log). So `triton_skinny` stays off by default.
 
-The multi-row GEMV (`multirow=True`, `engine.linear_kernel=triton_gemv_rows`, M = 2..MAX_GEMV_ROWS) is the GEMV's
-loop with one accumulator per row of x: each weight chunk is loaded once and multiplied into M accumulators of
-the GEMV's own layout (session 6's skinny kernel held the rows in one 3-D accumulator instead, and its time grew
-with M). Its compute is M times the GEMV's, still far below what weight streaming leaves idle; each output is
-the GEMV's dot product in the GEMV's order. Checked against float64 in Triton's interpreter; not yet compiled or
-timed on a GPU (`gemv_bandwidth.py --skinny-tokens 2,3,4` and `gpu_cudagraphs.py --linear-kernel
-triton_gemv_rows` measure it).
+With a fused norm the skinny kernel sums each token's squares on the tensor cores too, as the diagonal of x x^T
+accumulated over the chunks: summing them in registers needs x in a second layout every chunk, which cost 2.7x
+the unfused kernel's time on the H200 (2.17 ms against 0.80 for the GEMMs of a LFM2-1.2B-shaped step at M = 2;
+1.23 ms with the squares on the tensor cores; session 9). Scaling x by the norm weight still costs ~25%, so cuBLAS
+plus a separate norm stays ahead.
+
+A multi-row GEMV (one fp32 accumulator per row of x, each weight chunk loaded once; sessions 8-9) lost to cuBLAS at
+2-4 rows on every 1B-class shape even tuned (LFM2-1.2B shape at M = 2: 0.87 ms against 0.80) and was removed.
 
 Importable without Triton (`AVAILABLE` is then False); the kernel itself needs a CUDA device, or Triton's
 interpreter (`TRITON_INTERPRET=1`) for CPU tensors.
@@ -59,9 +60,6 @@ NORM_BLOCK_N = 8
 # Rows of x the skinny kernel takes (a verify of k + 1 <= 16 tokens, a draft prefill region of k + 2); more go to
 # torch's GEMMs.
 MAX_TOKENS = 16
-# Rows of x the multi-row GEMV takes (`triton_gemv_rows`: a batch-1 verify of k + 1 <= 4 tokens, a draft prefill
-# region of k + 2 <= 4): one fp32 accumulator per row, the weight chunk loaded once for all of them.
-MAX_GEMV_ROWS = 4
 TOKEN_TILE = 16  # rows of x per skinny tile (padded): tensor-core products take at least 16
 # The skinny kernel's (BLOCK_N, BLOCK_K, num_warps, num_stages) by output width N, up to each bound. Tuned on the
 # H200 (benchmarks/gemv_bandwidth.py --skinny-tokens 2,4,10; gemv_skinny_dot_s7.json) per weight shape of the four
@@ -118,78 +116,6 @@ if AVAILABLE:
 
 
     @triton.jit
-    def _row_chunk(x_ptr, g, k, k_ok, w, acc, squares, NORM: tl.constexpr):
-        """One row of x against a weight chunk w [BLOCK_N, BLOCK_K] (fp32): acc += w * x (times the norm weight g
-        with NORM, whose squares of x accumulate for the row's 1/rms)."""
-        x = tl.load(x_ptr + k, mask=k_ok, other=0.0).to(tl.float32)
-        if NORM:
-            squares += x * x
-            x = x * g
-        acc += w * x[None, :]
-        return acc, squares
-
-    @triton.jit
-    def _row_store(acc, squares, rows, row_ok, bias, res_ptr, y_ptr, K, eps, HAS_RESIDUAL: tl.constexpr,
-                   NORM: tl.constexpr):
-        """One row's outputs: the lanes' partial sums reduced, scaled by 1/rms with NORM, plus bias (zeros
-        without one) and the residual row, stored in y's dtype."""
-        y = tl.sum(acc, axis=1)
-        if NORM:
-            y = y / tl.sqrt(tl.sum(squares, axis=0) / K + eps)
-        y += bias
-        if HAS_RESIDUAL:
-            y += tl.load(res_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
-        tl.store(y_ptr + rows, y.to(y_ptr.dtype.element_ty), mask=row_ok)
-
-    @triton.jit
-    def _gemv_rows_kernel(x_ptr, norm_w_ptr, w_ptr, bias_ptr, res_ptr, y_ptr, N, K, stride_x, stride_w, stride_y,
-                          eps, M: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-                          NORM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-        # The GEMV's loop with M (1..MAX_GEMV_ROWS) rows of x: each weight chunk is loaded once and multiplied into
-        # one [BLOCK_N, BLOCK_K] accumulator per row, each laid out as the GEMV's (no tile of rows to reshape).
-        rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-        cols = tl.arange(0, BLOCK_K)
-        row_ok = rows < N
-        acc0 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-        acc1 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-        acc2 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-        acc3 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-        sq0 = tl.zeros([BLOCK_K], dtype=tl.float32)
-        sq1 = tl.zeros([BLOCK_K], dtype=tl.float32)
-        sq2 = tl.zeros([BLOCK_K], dtype=tl.float32)
-        sq3 = tl.zeros([BLOCK_K], dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            k = k0 + cols
-            k_ok = k < K
-            w = tl.load(w_ptr + rows[:, None] * stride_w + k[None, :], mask=row_ok[:, None] & k_ok[None, :],
-                        other=0.0).to(tl.float32)
-            if NORM:
-                g = tl.load(norm_w_ptr + k, mask=k_ok, other=0.0).to(tl.float32)
-            else:
-                g = tl.zeros([BLOCK_K], dtype=tl.float32)
-            acc0, sq0 = _row_chunk(x_ptr, g, k, k_ok, w, acc0, sq0, NORM)
-            if M > 1:
-                acc1, sq1 = _row_chunk(x_ptr + stride_x, g, k, k_ok, w, acc1, sq1, NORM)
-            if M > 2:
-                acc2, sq2 = _row_chunk(x_ptr + 2 * stride_x, g, k, k_ok, w, acc2, sq2, NORM)
-            if M > 3:
-                acc3, sq3 = _row_chunk(x_ptr + 3 * stride_x, g, k, k_ok, w, acc3, sq3, NORM)
-        if HAS_BIAS:
-            bias = tl.load(bias_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
-        else:
-            bias = tl.zeros([BLOCK_N], dtype=tl.float32)
-        _row_store(acc0, sq0, rows, row_ok, bias, res_ptr, y_ptr, K, eps, HAS_RESIDUAL, NORM)
-        if M > 1:
-            _row_store(acc1, sq1, rows, row_ok, bias, res_ptr + stride_y, y_ptr + stride_y, K, eps, HAS_RESIDUAL,
-                       NORM)
-        if M > 2:
-            _row_store(acc2, sq2, rows, row_ok, bias, res_ptr + 2 * stride_y, y_ptr + 2 * stride_y, K, eps,
-                       HAS_RESIDUAL, NORM)
-        if M > 3:
-            _row_store(acc3, sq3, rows, row_ok, bias, res_ptr + 3 * stride_y, y_ptr + 3 * stride_y, K, eps,
-                       HAS_RESIDUAL, NORM)
-
-    @triton.jit
     def _skinny_kernel(x_ptr, norm_w_ptr, w_ptr, bias_ptr, res_ptr, y_ptr, M, N, K, stride_x, stride_w, stride_y,
                        eps, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, NORM: tl.constexpr,
                        IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
@@ -199,17 +125,20 @@ if AVAILABLE:
         row_ok = rows < N
         token_ok = tokens < M
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        if NORM:
-            squares = tl.zeros([BLOCK_M], dtype=tl.float32)
+        if NORM:  # each token's sum of squares is the diagonal of the x x^T accumulated here
+            gram = tl.zeros([BLOCK_M, BLOCK_M], dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
             k = k0 + cols
             k_ok = k < K
             x = tl.load(x_ptr + tokens[:, None] * stride_x + k[None, :], mask=token_ok[:, None] & k_ok[None, :],
                         other=0.0)
             if NORM:  # each token's 1/rms scale is applied to its dot products at the end
-                xf = x.to(tl.float32)
-                squares += tl.sum(xf * xf, axis=1)
-                x = (xf * tl.load(norm_w_ptr + k, mask=k_ok, other=0.0).to(tl.float32)[None, :]).to(x.dtype)
+                if IEEE:
+                    gram = tl.dot(x, tl.trans(x), gram, input_precision="ieee")
+                else:
+                    gram = tl.dot(x, tl.trans(x), gram)
+                x = (x.to(tl.float32) * tl.load(norm_w_ptr + k, mask=k_ok, other=0.0).to(tl.float32)[None, :]).to(
+                    x.dtype)
             w = tl.load(w_ptr + rows[:, None] * stride_w + k[None, :], mask=row_ok[:, None] & k_ok[None, :],
                         other=0.0)
             if IEEE:  # fp32 operands: full-precision products, not TF32
@@ -218,6 +147,7 @@ if AVAILABLE:
                 acc = tl.dot(x, tl.trans(w), acc)
         y = acc  # [BLOCK_M, BLOCK_N]
         if NORM:
+            squares = tl.sum(tl.where(tokens[:, None] == tokens[None, :], gram, 0.0), axis=1)
             y = y / tl.sqrt(squares / K + eps)[:, None]
         out_offsets = tokens[:, None] * stride_y + rows[None, :]
         out_ok = token_ok[:, None] & row_ok[None, :]
@@ -237,26 +167,23 @@ def supports(x: torch.Tensor, weight: torch.Tensor, *same_dtype: torch.Tensor, m
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
          residual: torch.Tensor | None = None, config: tuple[int, ...] | None = None, *,
-         norm_weight: torch.Tensor | None = None, eps: float = 0.0, multirow: bool = False) -> torch.Tensor:
+         norm_weight: torch.Tensor | None = None, eps: float = 0.0) -> torch.Tensor:
     """x [M, K] (1 <= M <= MAX_TOKENS), weight [N, K] (rows contiguous), bias [N] or None -> a @ weight^T + bias,
     [M, N] in x's dtype, where a = x, or rms_norm(x) * norm_weight row by row with `norm_weight` [K] (and `eps`).
 
-    M = 1 runs the GEMV kernel; M >= 2 the skinny kernel, or with `multirow` and M <= MAX_GEMV_ROWS the multi-row
-    GEMV (the GEMV's loop with one accumulator per row; config as the GEMV's, BLOCK_N rows per program with or
-    without a norm: untuned). With `residual` ([M, N], contiguous)
-    the sum is added to it in place and residual is returned: one rounding of (residual + product + bias), as
-    `residual.addmm_` rounds. config: (BLOCK_N, BLOCK_K, num_warps), for tuning (None: for M = 1, BLOCK_N rows per
-    program, NORM_BLOCK_N with a norm, min(MAX_BLOCK_K, K rounded up to a power of 2) and NUM_WARPS; for M >= 2,
+    M = 1 runs the GEMV kernel, M >= 2 the skinny kernel. With `residual` ([M, N], contiguous) the sum is added to
+    it in place and residual is returned: one rounding of (residual + product + bias), as `residual.addmm_` rounds.
+    config: (BLOCK_N, BLOCK_K, num_warps[, num_stages]), for tuning (None: for M = 1, BLOCK_N rows per program,
+    NORM_BLOCK_N with a norm, min(MAX_BLOCK_K, K rounded up to a power of 2) and NUM_WARPS; for M >= 2,
     :func:`skinny_config`).
     """
     n, k = weight.shape
     m = x.shape[0]
     if not 1 <= m <= MAX_TOKENS:
         raise ValueError(f"triton_gemv.gemv takes 1..{MAX_TOKENS} rows of x, got x of shape {tuple(x.shape)}")
-    rows_kernel = multirow and 2 <= m <= MAX_GEMV_ROWS
-    if config is None and (m == 1 or rows_kernel):
-        config = (BLOCK_N if norm_weight is None or rows_kernel else NORM_BLOCK_N,
-                  min(MAX_BLOCK_K, triton.next_power_of_2(k)), NUM_WARPS)
+    if config is None and m == 1:
+        config = (BLOCK_N if norm_weight is None else NORM_BLOCK_N, min(MAX_BLOCK_K, triton.next_power_of_2(k)),
+                  NUM_WARPS)
     block_n, block_k, warps, *stages = config or skinny_config(n, k, x.element_size())
     x = x.contiguous()
     out = residual if residual is not None else torch.empty(m, n, device=x.device, dtype=x.dtype)
@@ -267,9 +194,6 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     operands = (x, norm_weight if norm_weight is not None else x, weight, bias if bias is not None else x, out, out)
     if m == 1:
         _gemv_kernel[(triton.cdiv(n, block_n),)](*operands, n, k, weight.stride(0), eps, **flags)
-    elif rows_kernel:
-        _gemv_rows_kernel[(triton.cdiv(n, block_n),)](*operands, n, k, x.stride(0), weight.stride(0), out.stride(0),
-                                                      eps, M=m, **flags)
     else:
         _skinny_kernel[(triton.cdiv(n, block_n),)](*operands, m, n, k, x.stride(0), weight.stride(0),
                                                    out.stride(0), eps, IEEE=x.dtype == torch.float32,

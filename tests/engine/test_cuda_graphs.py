@@ -110,8 +110,7 @@ def test_compiled_pointwise_ops_run_only_inside_graphs(pairs):
 
 TRITON_CASES = [("lfm2+llama", 0, 1), ("lfm2+lfm2", 3, 1), ("llama+llama", 4, 5), ("llama+llama", 8, 32)]
 TRITON_KERNELS = [("triton_gemv", "sdpa", "torch"), ("cublas", "triton", "torch"), ("cublas", "sdpa", "triton"),
-                  ("triton_gemv", "triton", "triton"), ("triton_gemv_rows", "triton", "triton"),
-                  ("triton_skinny", "triton", "triton")]
+                  ("triton_gemv", "triton", "triton"), ("triton_skinny", "triton", "triton")]
 
 
 @pytest.mark.parametrize("linear_kernel, attention_kernel, conv_kernel", TRITON_KERNELS)

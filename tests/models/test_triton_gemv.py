@@ -18,7 +18,7 @@ from triton_interpreter import (
 from specexp.engine.config import EngineConfig, EngineConfigError
 from specexp.models import triton_gemv
 from specexp.models.layers import RMSNorm
-from specexp.models.linear_ops import CUBLAS, TRITON_GEMV, TRITON_GEMV_ROWS, TRITON_SKINNY, add_linear_
+from specexp.models.linear_ops import CUBLAS, TRITON_GEMV, TRITON_SKINNY, add_linear_
 from specexp.models.triton_gemv import skinny_config
 
 # (K, N): K below, at and past one 1024-wide chunk and not a multiple of it; N odd, below and past BLOCK_N
@@ -31,9 +31,9 @@ FUSIONS = ("none", "norm")  # the RMSNorm before the product fused in, or not
 TOKENS = (1, 2, 3, 5, 9, 16)
 
 
-def check_products(device: str, dtypes, fusions=FUSIONS, tokens=TOKENS, multirow: bool = False) -> None:
-    """Every SHAPES x dtypes x fusions x tokens x (bias, residual) product of triton_gemv.gemv (with `multirow`:
-    2..MAX_GEMV_ROWS rows on the multi-row GEMV) vs a float64 reference."""
+def check_products(device: str, dtypes, fusions=FUSIONS, tokens=TOKENS) -> None:
+    """Every SHAPES x dtypes x fusions x tokens x (bias, residual) product of triton_gemv.gemv vs a float64
+    reference."""
     gen = torch.Generator().manual_seed(0)
     cases = [(s, d, f, m) for s in SHAPES for d in dtypes for f in fusions for m in tokens]
     for (k, n), dtype, fusion, m in cases:
@@ -52,7 +52,7 @@ def check_products(device: str, dtypes, fusions=FUSIONS, tokens=TOKENS, multirow
             res = residual.to(device).clone() if with_residual else None
             norm = {"norm_weight": norm_weight.to(device), "eps": 1e-5} if "norm" in fusion else {}
             got = triton_gemv.gemv(x.to(device), w.to(device), bias.to(device) if with_bias else None,
-                                   residual=res, multirow=multirow, **norm)
+                                   residual=res, **norm)
             assert got.shape == (m, n) and got.dtype == dtype
             if with_residual:
                 assert got.data_ptr() == res.data_ptr(), "the residual is updated in place"
@@ -88,9 +88,8 @@ POINTERS = ("x_ptr", "norm_w_ptr", "w_ptr", "bias_ptr", "res_ptr", "y_ptr")
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
 @pytest.mark.parametrize("norm", [False, True])
 def test_every_launch_fits_a_hopper_block(dtype, norm):
-    """Compiled for sm_90 without a GPU, every kernel configuration `gemv` launches (GEMV, multi-row GEMV at each
-    row count, skinny at each output-width bound of SKINNY_CONFIGS_BY_N) compiles and asks for no more shared
-    memory than a Hopper block has.
+    """Compiled for sm_90 without a GPU, every kernel configuration `gemv` launches (GEMV, skinny at each
+    output-width bound of SKINNY_CONFIGS_BY_N) compiles and asks for no more shared memory than a Hopper block has.
     The fp32 skinny tiles of session 7 asked for 235520 bytes and failed only on the H200."""
     if not triton_gemv.AVAILABLE:
         pytest.skip("triton is not installed")
@@ -103,12 +102,6 @@ def test_every_launch_fits_a_hopper_block(dtype, norm):
         triton_gemv._gemv_kernel, {**pointers, "N": "i32", "K": "i32", "stride_w": "i32", "eps": "fp32"},
         {**flags, "BLOCK_N": gemv_block_n, "BLOCK_K": triton_gemv.MAX_BLOCK_K}, triton_gemv.NUM_WARPS)}
     sizes = {"N": "i32", "K": "i32", "stride_x": "i32", "stride_w": "i32", "stride_y": "i32", "eps": "fp32"}
-    strided = {**pointers, **sizes}
-    for rows in range(2, triton_gemv.MAX_GEMV_ROWS + 1):  # each row count compiles its own accumulators
-        shared[f"multi-row M={rows}"] = hopper_shared_bytes(
-            triton_gemv._gemv_rows_kernel, strided,
-            {"M": rows, **flags, "BLOCK_N": triton_gemv.BLOCK_N, "BLOCK_K": triton_gemv.MAX_BLOCK_K},
-            triton_gemv.NUM_WARPS)
     for bound, _ in triton_gemv.SKINNY_CONFIGS_BY_N:
         block_n, block_k, warps, stages = skinny_config(bound or 8192, k, element_bytes)
         shared[f"skinny N<={bound}"] = hopper_shared_bytes(
@@ -139,25 +132,11 @@ def test_gemv_matches_reference_in_triton_interpreter():
     run_in_triton_interpreter('test_triton_gemv', 'check_products', "(torch.float32,)")
 
 
-MULTIROW_TOKENS = tuple(range(1, triton_gemv.MAX_GEMV_ROWS + 1))
-
-
-@on_triton_gpu
-def test_multirow_gemv_matches_reference_on_gpu():
-    check_products("cuda", (torch.float32, torch.bfloat16, torch.float16), tokens=MULTIROW_TOKENS, multirow=True)
-
-
-def test_multirow_gemv_matches_reference_in_triton_interpreter():
-    """The multi-row GEMV's arithmetic (1..MAX_GEMV_ROWS rows) in Triton's interpreter (skipped without triton)."""
-    run_in_triton_interpreter('test_triton_gemv', 'check_products',
-                              "(torch.float32,)", f"tokens={MULTIROW_TOKENS}", "multirow=True")
-
-
 def test_triton_table_falls_back_to_torch_off_the_gpu():
     """On CPU tensors (or without triton) the triton table is torch's GEMMs, bit for bit."""
     gen = torch.Generator().manual_seed(1)
     w, b = torch.randn(7, 11, generator=gen), torch.randn(7, generator=gen)
-    for table in (TRITON_GEMV, TRITON_GEMV_ROWS, TRITON_SKINNY):
+    for table in (TRITON_GEMV, TRITON_SKINNY):
         for rows in (1, 4):
             x, residual = torch.randn(rows, 11, generator=gen), torch.randn(rows, 7, generator=gen)
             assert torch.equal(table.linear(x, w, b), CUBLAS.linear(x, w, b))
@@ -168,12 +147,10 @@ def test_triton_table_falls_back_to_torch_off_the_gpu():
 
 
 @on_triton_gpu
-@pytest.mark.parametrize("name", ["triton_gemv_rows", "triton_skinny"])
-def test_multi_row_tables_take_up_to_their_rows(name):
-    """triton_gemv_rows: 1..MAX_GEMV_ROWS rows on the Triton kernels (the multi-row GEMV from 2); triton_skinny:
-    1..MAX_TOKENS (the skinny kernel from 2); more rows on cuBLAS, bit for bit."""
-    table, most = {"triton_gemv_rows": (TRITON_GEMV_ROWS, triton_gemv.MAX_GEMV_ROWS),
-                   "triton_skinny": (TRITON_SKINNY, triton_gemv.MAX_TOKENS)}[name]
+def test_skinny_table_takes_up_to_max_tokens_rows():
+    """triton_skinny: 1..MAX_TOKENS rows on the Triton kernels (the skinny kernel from 2); more rows on cuBLAS,
+    bit for bit."""
+    table, most = TRITON_SKINNY, triton_gemv.MAX_TOKENS
     w, norm = torch.randn(96, 200, device="cuda"), RMSNorm(200, 1e-6).cuda()
     for rows in sorted({1, 2, 3, most // 2 + 1, most}):
         x = torch.randn(rows, 200, device="cuda")
@@ -199,7 +176,7 @@ def test_gemv_rejects_more_rows_than_it_takes():
 def test_linear_kernel_is_validated():
     with pytest.raises(EngineConfigError, match="engine.linear_kernel='gemv'.*'cublas', 'triton_gemv'"):
         EngineConfig(linear_kernel="gemv").validate()
-    for choice in ("triton_gemv", "triton_gemv_rows", "triton_skinny"):
+    for choice in ("triton_gemv", "triton_skinny"):
         with pytest.raises(EngineConfigError, match=f"engine.linear_kernel='{choice}' needs engine.device=cuda"):
             EngineConfig(device="cpu", linear_kernel=choice).validate()
     EngineConfig(linear_kernel="cublas").validate()
