@@ -8,7 +8,9 @@ Two commands:
   summarize  (any machine): per trace, the steady-state step period (from one step's read-back to the next),
              the device's busy time within it (kernels, copies and memsets), the idle fraction, and the host's
              median microseconds inside each kind of cudaMemcpyAsync (a copy that waits for the stream shows
-             up here). Writes JSON.
+             up here); and the first step (the prompt's prefill, eager): its host time, the device's busy time
+             while it runs, the host time in each CUDA runtime call, and the aten ops with the most host self
+             time. Writes JSON.
 
     python benchmarks/step_trace.py record --pair lfm2-1.2b+lfm2-350m --ks 0,1,4 --out traces/
     python benchmarks/step_trace.py summarize traces/trace_k*.json.gz --out trace_summary.json
@@ -29,6 +31,7 @@ import sys
 from pathlib import Path
 
 DEVICE_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
+STEP_LABEL = "specexp::step"  # the record_function range `record` puts around each engine step
 
 
 def summarize_trace(events: list[dict], skip_steps: int = 3) -> dict:
@@ -57,6 +60,57 @@ def summarize_trace(events: list[dict], skip_steps: int = 3) -> dict:
             "host_us_in_cudaMemcpyAsync_median": {kind: statistics.median(v) for kind, v in host_us.items()}}
 
 
+def _self_us(ops: list[dict]) -> dict[str, float]:
+    """Host self time (µs) per op name: each op's duration less that of the ops nested in it on its thread."""
+    totals: dict[str, float] = collections.defaultdict(float)
+    by_thread = collections.defaultdict(list)
+    for e in ops:
+        by_thread[(e.get("pid"), e.get("tid"))].append(e)
+    for events in by_thread.values():
+        stack: list[list] = []  # [end, name, children's µs]
+        for e in sorted(events, key=lambda e: (e["ts"], -e["dur"])):
+            while stack and stack[-1][0] <= e["ts"]:
+                end, name, inner = stack.pop()
+                totals[name] -= inner
+            if stack:
+                stack[-1][2] += e["dur"]
+            totals[e["name"]] += e["dur"]
+            stack.append([e["ts"] + e["dur"], e["name"], 0.0])
+        for _, name, inner in stack:
+            totals[name] -= inner
+    return totals
+
+
+def summarize_first_step(events: list[dict], top: int = 15) -> dict:
+    """The first engine step of a trace (`STEP_LABEL` ranges; in `record`'s traces, the prompt's prefill): its
+    host µs, the device's busy µs from its start to the next step's (work it queued that runs after it returns
+    counts), its kernels, the host µs and calls of each CUDA runtime function inside it, and the `top` aten ops
+    by host self µs inside it. For comparison, the median host µs of the steps after it."""
+    steps = sorted((e for e in events if e.get("ph") == "X" and e.get("cat") == "user_annotation"
+                    and e.get("name") == STEP_LABEL), key=lambda e: e["ts"])
+    if not steps:
+        raise ValueError(f"the trace has no '{STEP_LABEL}' ranges: record it with step_trace.py record")
+    first = steps[0]
+    start, host_end = first["ts"], first["ts"] + first["dur"]
+    device_end = steps[1]["ts"] if len(steps) > 1 else float("inf")
+    spans = [e for e in events if e.get("ph") == "X"]
+    device = [e for e in spans if e.get("cat") in DEVICE_CATEGORIES and start <= e["ts"] < device_end]
+    runtime: dict[str, dict] = {}
+    for e in spans:
+        if e.get("cat") == "cuda_runtime" and start <= e["ts"] < host_end:
+            row = runtime.setdefault(e["name"], {"calls": 0, "host_us": 0.0})
+            row["calls"] += 1
+            row["host_us"] += e["dur"]
+    ops = [e for e in spans if e.get("cat") == "cpu_op" and start <= e["ts"] and e["ts"] + e["dur"] <= host_end]
+    self_us = sorted(_self_us(ops).items(), key=lambda kv: -kv[1])[:top]
+    return {"first_step_host_us": first["dur"],
+            "later_steps_host_us_median": statistics.median(e["dur"] for e in steps[1:]) if len(steps) > 1 else None,
+            "device_busy_us": sum(e["dur"] for e in device),
+            "kernels": sum(e.get("cat") == "kernel" for e in device),
+            "cuda_runtime": dict(sorted(runtime.items(), key=lambda kv: -kv[1]["host_us"])),
+            "top_aten_self_us": dict(self_us)}
+
+
 def load_trace(path: Path) -> list[dict]:
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt") as f:
@@ -67,7 +121,7 @@ def record(pair: str, ks: list[int], out_dir: Path, rate: float, new_tokens: int
     import gc
 
     import torch
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity, profile, record_function
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from gpu_cudagraphs import CUDA_KERNELS, RANDOM_PAIRS, ZOO, make_engine
@@ -86,6 +140,13 @@ def record(pair: str, ks: list[int], out_dir: Path, rate: float, new_tokens: int
         for k in ks:
             engine = make_engine(target, draft if k else None, k, 1, graphs=True, rejection="synthetic", rate=rate,
                                  kernels=CUDA_KERNELS)
+            untraced_step = engine.step
+
+            def traced_step(untraced_step=untraced_step):
+                with record_function(STEP_LABEL):
+                    return untraced_step()
+
+            engine.step = traced_step  # generate() calls self.step(): each step becomes one range of the trace
             engine.generate(prompts[:1], max_new_tokens=16)
             engine.generate(prompts[1:], max_new_tokens=new_tokens)
             gc.collect()
@@ -135,11 +196,19 @@ def main() -> None:
     for path in args.traces:
         match = re.search(r"trace_k(\d+)", path.name)
         key = f"k={match.group(1)}" if match else path.name
-        summary[key] = summarize_trace(load_trace(path), args.skip_steps)
-        s = summary[key]
+        events = load_trace(path)
+        summary[key] = s = summarize_trace(events, args.skip_steps)
         print(f"{key}: step {s['step_period_us_median'] / 1e3:.2f} ms, device busy "
               f"{s['device_busy_us_median'] / 1e3:.2f} ms ({s['device_idle_fraction']:.0%} idle) over {s['steps']} "
               "steps", flush=True)
+        if any(e.get("name") == STEP_LABEL for e in events):
+            s["first_step"] = f = summarize_first_step(events)
+            launches = f["cuda_runtime"].get("cudaLaunchKernel", {"calls": 0, "host_us": 0.0})
+            print(f"  first step (prefill): host {f['first_step_host_us'] / 1e3:.2f} ms, device busy "
+                  f"{f['device_busy_us'] / 1e3:.2f} ms, {f['kernels']} kernels, cudaLaunchKernel "
+                  f"{launches['calls']}x {launches['host_us'] / 1e3:.2f} ms; top aten self ms: "
+                  + ", ".join(f"{name} {us / 1e3:.2f}" for name, us in list(f["top_aten_self_us"].items())[:5]),
+                  flush=True)
     Path(args.out).write_text(json.dumps(summary, indent=1))
     print(f"wrote {args.out}")
 

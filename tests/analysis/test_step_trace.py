@@ -11,7 +11,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-from step_trace import load_trace, summarize_trace
+from step_trace import STEP_LABEL, load_trace, summarize_first_step, summarize_trace
 
 
 def _trace(num_steps: int, period_us: float, busy_us: float) -> list[dict]:
@@ -57,3 +57,38 @@ def test_summary_recovers_period_busy_time_and_copy_waits(tmp_path):
 def test_too_short_a_trace_is_refused_with_its_count():
     with pytest.raises(ValueError, match="holds 3 device-to-host copies"):
         summarize_trace(_trace(num_steps=3, period_us=1000.0, busy_us=400.0), skip_steps=3)
+
+
+def _span(cat: str, name: str, ts: float, dur: float, tid: int = 1) -> dict:
+    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": 1, "tid": tid, "args": {}}
+
+
+def test_first_step_summary_splits_host_time_by_runtime_call_and_aten_self_time():
+    """A 1000 µs first step (a linear holding an addmm, a copy, three launches, a blocking read-back) and two
+    300 µs steps; the device works 50 µs in the first step's host range and 40 µs after it returns."""
+    events = [
+        _span("user_annotation", STEP_LABEL, 0.0, 1000.0),
+        _span("gpu_user_annotation", STEP_LABEL, 5.0, 1100.0, tid=7),  # the device's copy of the range: ignored
+        _span("cpu_op", "aten::linear", 10.0, 300.0),
+        _span("cpu_op", "aten::addmm", 20.0, 200.0),
+        _span("cpu_op", "aten::copy_", 400.0, 100.0),
+        *[_span("cuda_runtime", "cudaLaunchKernel", 30.0 + 50 * i, 20.0) for i in range(3)],
+        _span("cuda_runtime", "cudaMemcpyAsync", 600.0, 350.0),
+        _span("kernel", "gemm", 100.0, 50.0, tid=7),
+        _span("kernel", "draft_gemm", 1010.0, 40.0, tid=7),  # queued by the first step, runs after it returns
+        _span("user_annotation", STEP_LABEL, 1200.0, 300.0),
+        _span("kernel", "gemv", 1300.0, 30.0, tid=7),
+        _span("user_annotation", STEP_LABEL, 1600.0, 300.0),
+    ]
+    first = summarize_first_step(events)
+    assert first["first_step_host_us"] == 1000.0
+    assert first["later_steps_host_us_median"] == 300.0
+    assert first["device_busy_us"] == 90.0 and first["kernels"] == 2
+    assert first["cuda_runtime"] == {"cudaMemcpyAsync": {"calls": 1, "host_us": 350.0},
+                                     "cudaLaunchKernel": {"calls": 3, "host_us": 60.0}}
+    assert first["top_aten_self_us"] == {"aten::addmm": 200.0, "aten::linear": 100.0, "aten::copy_": 100.0}
+
+
+def test_first_step_summary_needs_step_ranges():
+    with pytest.raises(ValueError, match="no 'specexp::step' ranges"):
+        summarize_first_step(_trace(num_steps=4, period_us=1000.0, busy_us=400.0))
