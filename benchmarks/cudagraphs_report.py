@@ -36,8 +36,8 @@ def _yes_no(flag) -> str:
     return "-" if flag is None else ("yes" if flag else "no")
 
 
-def _fmt(value) -> str:
-    return "-" if value is None else f"{value:.2f}"
+def _fmt(value, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
 
 
 def _capture_lines(pair: dict) -> list[str]:
@@ -99,15 +99,23 @@ def render(result: dict) -> str:
                       "plain decode steps (median step / median k = 0 step vs k c + 1). The cost's two parts, in "
                       "plain steps: the verify of k + 1 tokens (the formula's 1) and the draft phase per drafted "
                       "token (the formula's c).", ""]
+        decode = [r["decode_within_15pct_of_theory"] for r in rows
+                  if r.get("decode_within_15pct_of_theory") is not None]
+        if decode:
+            lines += [f"The decode phase alone (a request's wall time less its prefill steps, which a draft makes "
+                      f"longer): {sum(decode)} of {len(decode)} points within 15% of the formula.", ""]
         lines += ["| k | acceptance rate | tokens/s (median of runs) | speedup | theory speedup | within 15% "
+                  "| decode-phase speedup (within 15%) | prefill step ms "
                   "| acceptance length / theory | step cost / theory | verify / 1 | draft per token / c "
                   "| step ms p50 | draft ms p50 | verify ms p50 | host ms p50 |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in rows:
             lines.append(
                 f"| {r['k']} | {r['acceptance_rate'] if r['acceptance_rate'] is not None else 'real'} "
                 f"| {r['output_tokens_per_s']:.1f} | {r['speedup']:.2f} | {_fmt(r.get('theory_speedup'))} "
                 f"| {_yes_no(r.get('within_15pct_of_theory'))} "
+                f"| {_fmt(r.get('decode_speedup'))} ({_yes_no(r.get('decode_within_15pct_of_theory'))}) "
+                f"| {_fmt(r.get('prefill_step_ms_mean'), 1)} "
                 f"| {_pair(r['acceptance_length'], r.get('theory_acceptance_length'))} "
                 f"| {_pair(r.get('step_cost_in_plain_steps'), r.get('theory_step_cost_in_plain_steps'))} "
                 f"| {_pair(r.get('verify_cost_in_plain_steps'), 1.0 if 'verify_cost_in_plain_steps' in r else None)} "

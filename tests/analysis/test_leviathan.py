@@ -58,3 +58,20 @@ def test_step_cost_splits_into_the_verify_and_the_draft_per_token():
     assert k2["draft_cost_per_token_in_plain_steps"] == pytest.approx(0.38)  # ... and this at c = 0.3
     assert rows[0]["verify_cost_in_plain_steps"] == pytest.approx(0.98)
     assert "draft_cost_per_token_in_plain_steps" not in rows[0]
+
+
+def test_decode_phase_speedup_leaves_out_the_prefill_steps():
+    """With a draft the prompt's prefill step costs more (its eager prefill joins the target's): the decode phase
+    alone is a request's wall time less its prefill steps."""
+    def row(k, wall_ms, prefill_ms, tps):
+        return {"k": k, "acceptance_rate": 0.8, "output_tokens_per_s": tps, "wall_ms_per_request": wall_ms,
+                "prefill_steps_per_request": 1.0, "prefill_step_ms_mean": prefill_ms}
+    rows = [row(0, 136.0, 16.0, 940.0), row(0, 134.0, 14.0, 955.0), row(2, 158.0, 32.0, 810.0),
+            {"k": 1, "acceptance_rate": 0.8, "output_tokens_per_s": 800.0}]  # an older row: no step times
+    add_theory(rows, c=0.66)
+    k2 = rows[2]
+    assert k2["decode_ms_per_request"] == pytest.approx(126.0)
+    assert k2["decode_speedup"] == pytest.approx(120.0 / 126.0)  # over the k = 0 rows' median decode phase
+    assert k2["decode_within_15pct_of_theory"] == (abs(120.0 / 126.0 / leviathan_speedup(0.8, 2, 0.66) - 1) <= 0.15)
+    assert rows[0]["decode_within_15pct_of_theory"] is None
+    assert "decode_speedup" not in rows[3] and "decode_within_15pct_of_theory" not in rows[3]
