@@ -26,15 +26,15 @@ rms_norm(x) * g).
 Measured on the H200 (bf16, session 7; experiments/2026-11-29-cudagraphs-h200): in a chain of the projections
 alone (gemv_skinny_dot_s7.json, no norm fused) the kernel is flat in M and beat the `F.linear` + copy chain of
 that benchmark (Llama-3.2-1B shape at M = 2 / 4 / 10: 0.849 / 0.856 / 0.863 ms against 0.926 / 0.931 / 0.941).
-Inside the engine it loses to cuBLAS: a LFM2-1.2B-shaped verify of 2 tokens spent 1.18 ms in 65 skinny kernels
-against 0.76 ms in cuBLAS's GEMMs (plus 0.06 ms of separate RMSNorms), and an LFM2-350M draft prefill of 3
-tokens 0.64 ms against 0.36 ms (diag_verify_s7.log). So `triton_skinny` stays off by default.
+Inside the engine it lost to cuBLAS: a LFM2-1.2B-shaped verify of 2 tokens spent 1.18 ms in 65 skinny kernels
+against 0.76 ms in cuBLAS's GEMMs (plus 0.06 ms of separate RMSNorms; diag_verify_s7.log).
 
-With a fused norm the skinny kernel sums each token's squares on the tensor cores too, as the diagonal of x x^T
-accumulated over the chunks: summing them in registers needs x in a second layout every chunk, which cost 2.7x
-the unfused kernel's time on the H200 (2.17 ms against 0.80 for the GEMMs of a LFM2-1.2B-shaped step at M = 2;
-1.23 ms with the squares on the tensor cores; session 9). Scaling x by the norm weight still costs ~25%, so cuBLAS
-plus a separate norm stays ahead.
+The fused norm was why. The kernel now sums each token's squares on the tensor cores too, as the diagonal of
+x x^T accumulated over the chunks: summing them in registers needs x in a second layout every chunk, which cost
+2.7x the unfused kernel's time (2.17 ms against 0.80 for the GEMMs of a LFM2-1.2B-shaped step at M = 2; 1.22 ms
+now; session 9, verify_cost_skinny_gram_s9.json). Scaling x by the norm weight still costs 15-25%: a verify of
+2 tokens now takes 1.13 ms against 1.08 on cuBLAS plus separate norms (LFM2-1.2B shape) and is level on the
+Llama-3.2-1B shape (1.13 ms), so `triton_skinny` stays off by default.
 
 A multi-row GEMV (one fp32 accumulator per row of x, each weight chunk loaded once; sessions 8-9) lost to cuBLAS at
 2-4 rows on every 1B-class shape even tuned (LFM2-1.2B shape at M = 2: 0.87 ms against 0.80) and was removed.
