@@ -164,25 +164,32 @@ def target_decode_step(target, copy_bw: float, kernels=None) -> dict:
             "kernels": breakdown}
 
 
+def profile_kernels(fn, calls: int) -> list[tuple[str, int, float]]:
+    """(kernel name, launches, device µs) of every GPU kernel `fn` runs over `calls` calls (after one unprofiled
+    call; graph replays' kernels included)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    kernels = []
+    for event in prof.key_averages():
+        us = getattr(event, "device_time_total", None) or getattr(event, "cuda_time_total", 0.0)
+        if us > 0 and str(getattr(event, "device_type", "")).endswith("CUDA"):
+            kernels.append((event.key, event.count, us))
+    return kernels
+
+
 def kernel_breakdown(fn, steps: int = 5, top: int = 20) -> dict:
     """GPU kernels of one eager step (the graph replays the same kernels): launches per step, summed kernel
     ms per step, and the `top` kernels by time ({name, launches_per_step, ms_per_step}). Where the step's time
     goes — weight-streaming GEMVs or many small kernels — is what the bandwidth figure alone cannot say."""
-    from torch.profiler import ProfilerActivity, profile
-
     try:
-        fn()
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(steps):
-                fn()
-            torch.cuda.synchronize()
-        rows = []
-        for event in prof.key_averages():
-            us = getattr(event, "device_time_total", None) or getattr(event, "cuda_time_total", 0.0)
-            if us > 0 and str(getattr(event, "device_type", "")).endswith("CUDA"):
-                rows.append({"name": event.key[:160], "launches_per_step": event.count / steps,
-                             "ms_per_step": us / 1e3 / steps})
+        rows = [{"name": name[:160], "launches_per_step": count / steps, "ms_per_step": us / 1e3 / steps}
+                for name, count, us in profile_kernels(fn, steps)]
     except Exception as e:  # noqa: BLE001 - the breakdown is extra information, never a reason to stop
         return {"error": f"{type(e).__name__}: {e}"}
     rows.sort(key=lambda r: -r["ms_per_step"])

@@ -32,7 +32,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpu_cudagraphs import CUDA_KERNELS, RANDOM_PAIRS, ZOO, back_to_back_ms, cuda_ms, make_engine
+from gpu_cudagraphs import CUDA_KERNELS, RANDOM_PAIRS, ZOO, back_to_back_ms, cuda_ms, make_engine, profile_kernels
 
 from specexp.engine.cudagraph import FULL, BatchExecutionDescriptor
 from specexp.models import load_model
@@ -41,19 +41,9 @@ from specexp.models.linear_ops import LINEAR_KERNELS
 
 def kernel_us_per_call(fn, calls: int = 10) -> dict[str, float]:
     """Device µs per call of every kernel `fn` launches (graph replays included), by kernel name."""
-    from torch.profiler import ProfilerActivity, profile
-
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
     per_name: dict[str, float] = collections.defaultdict(float)
-    for event in prof.key_averages():
-        us = getattr(event, "device_time_total", None) or getattr(event, "cuda_time_total", 0.0)
-        if us > 0 and str(getattr(event, "device_type", "")).endswith("CUDA"):
-            per_name[event.key[:120]] += us / calls
+    for name, _, us in profile_kernels(fn, calls):
+        per_name[name[:120]] += us / calls
     return dict(per_name)
 
 
