@@ -135,8 +135,8 @@ def main() -> None:
                 if k:
                     rows[k]["verify_growth_over_k0"] = growth(plain["kernel_us"], verify["kernel_us"])
                     for r in rows[k]["verify_growth_over_k0"][:8]:
-                        print(f"    {r['delta_us']:+7.1f} us  {r['base_us']:6.1f} -> {r['us']:6.1f}  {r['kernel'][:90]}",
-                              flush=True)
+                        print(f"    {r['delta_us']:+7.1f} us  {r['base_us']:6.1f} -> {r['us']:6.1f}  "
+                              f"{r['kernel'][:90]}", flush=True)
                 out.write_text(json.dumps(result, indent=1))
             del target, draft
             torch.cuda.empty_cache()
