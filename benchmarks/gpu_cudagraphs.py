@@ -279,6 +279,9 @@ def bench_pair(name, target_path, draft_path, weights, dtype, quick, copy_bw, se
     print(f"== {name} ({weights}, {dtype})", flush=True)
     target = load_model(ZOO / target_path, dtype=dtype, device="cuda", weights=weights, seed=0)
     draft = load_model(ZOO / draft_path, dtype=dtype, device="cuda", weights=weights, seed=1)
+    if kernels and kernels.get("cudagraph_prefill_tokens") and target.conv_layer_ids:
+        print(f"  {name}: prefill graphs take attention-only targets; off for this pair", flush=True)
+        kernels = {**kernels, "cudagraph_prefill_tokens": ()}
     out = {"target": target_path, "draft": draft_path, "weights": weights, "dtype": str(dtype),
            "target_params": sum(p.numel() for p in target.parameters()),
            "draft_params": sum(p.numel() for p in draft.parameters())}
@@ -339,6 +342,9 @@ def main() -> None:
                         help="engine.plain_decode_lookahead=false: k = 0 reads each step back before the next")
     parser.add_argument("--conv-kernel", default="triton", choices=["torch", "triton"],
                         help="engine.conv_kernel: LFM2's decode/verify short conv in torch or one Triton kernel")
+    parser.add_argument("--prefill-graph-tokens", default="",
+                        help="engine.cudagraph_prefill_tokens, e.g. 16,32,64,128: lone prompt chunks replay a "
+                             "captured target prefill graph (attention-only targets; ignored for LFM2 pairs)")
     args = parser.parse_args()
     sections = tuple(args.sections.split(","))
     try:
@@ -354,6 +360,10 @@ def main() -> None:
     for name in ("repeats", "prompts"):
         if e2e[name] is not None and e2e[name] < 1:
             parser.error(f"--{name}={e2e[name]}: must be >= 1")
+    try:
+        prefill_tokens = tuple(int(n) for n in args.prefill_graph_tokens.split(",") if n)
+    except ValueError:
+        parser.error(f"--prefill-graph-tokens={args.prefill_graph_tokens!r}: comma-separated token counts expected")
     unknown = sorted(set(sections) - set(SECTIONS))
     if unknown:
         parser.error(f"--sections: unknown {unknown}; valid: {', '.join(SECTIONS)}")
@@ -362,10 +372,12 @@ def main() -> None:
                           "python": platform.python_version()}, "pairs": {}, "errors": {},
               "compile_pointwise": args.compile_pointwise, "linear_kernel": args.linear_kernel,
               "attention_kernel": args.attention_kernel, "conv_kernel": args.conv_kernel,
-              "plain_decode_lookahead": not args.no_plain_decode_lookahead, "end_to_end_grid": e2e}
+              "plain_decode_lookahead": not args.no_plain_decode_lookahead, "end_to_end_grid": e2e,
+              "cudagraph_prefill_tokens": list(prefill_tokens)}
     kernels = {"compile_pointwise": args.compile_pointwise, "linear_kernel": args.linear_kernel,
                "attention_kernel": args.attention_kernel, "conv_kernel": args.conv_kernel,
-               "plain_decode_lookahead": not args.no_plain_decode_lookahead}
+               "plain_decode_lookahead": not args.no_plain_decode_lookahead,
+               "cudagraph_prefill_tokens": prefill_tokens}
     result["copy_bandwidth_bytes_per_s"] = copy_bandwidth_bytes_per_s()
     print(f"copy bandwidth {result['copy_bandwidth_bytes_per_s'] / 1e12:.2f} TB/s", flush=True)
     pairs = [(n, t, d, "random", torch.bfloat16) for n, (t, d) in RANDOM_PAIRS.items()]

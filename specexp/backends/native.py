@@ -36,6 +36,7 @@ def engine_configs(spec: RunSpec) -> tuple[EngineConfig, SpeculatorConfig, Sampl
         num_kv_blocks=e.options.get("num_kv_blocks"), cudagraph_mode=e.cudagraph_mode, seed=e.seed,
         cudagraph_capture_sizes=_int_tuple(e.options.get("cudagraph_capture_sizes")),
         cudagraph_seq_len_buckets=_int_tuple(e.options.get("cudagraph_seq_len_buckets")),
+        cudagraph_prefill_tokens=_int_tuple(e.options.get("cudagraph_prefill_tokens")) or (),
         **{name: e.options.get(name, getattr(EngineConfig, name))  # absent: EngineConfig's own defaults
            for name in ("compile_pointwise", "linear_kernel", "attention_kernel", "conv_kernel")},
     )

@@ -26,6 +26,11 @@ class EngineConfig:
     cudagraph_capture_sizes: row counts to capture (None = 1, 2, 4, ... max_num_seqs).
     cudagraph_seq_len_buckets: key lengths (tokens) each size is captured at; a step replays the smallest
     bucket holding its longest row (None = 256, 512, ... and the longest a request can reach).
+    cudagraph_prefill_tokens: token counts of one-request prompt prefills to capture as target graphs, e.g.
+    (64, 128, 256): a step that prefills a single request (batch-1 serving: the prompt's time to first token)
+    pads its chunk to the smallest count that holds it and replays that graph instead of running eagerly, host
+    bound; () = off (the default). Attention-only targets (the short-conv builder's graphs take spec rows
+    only); each count must fit a step (max_num_batched_tokens). The draft's prefill of the prompt stays eager.
     compile_pointwise: fuse each RMSNorm, SiLU-gated product, RoPE and short-conv multiply-add chain of the
     target and draft into one torch.compile'd kernel (`specexp.models.pointwise`; needs a compiler for
     inductor's backend: Triton on a GPU, a C++ compiler on a CPU). Off: plain eager torch. With CUDA graphs
@@ -56,6 +61,7 @@ class EngineConfig:
     cudagraph_mode: str = "none"
     cudagraph_capture_sizes: tuple[int, ...] | None = None
     cudagraph_seq_len_buckets: tuple[int, ...] | None = None
+    cudagraph_prefill_tokens: tuple[int, ...] = ()
     compile_pointwise: bool = False
     linear_kernel: str = "cublas"
     attention_kernel: str = "sdpa"
@@ -79,6 +85,12 @@ class EngineConfig:
             if values is not None and (not values or any(not isinstance(v, int) or v < 1 for v in values)):
                 raise EngineConfigError(f"engine.{name}={values!r}: must be a non-empty list of integers >= 1 "
                                         "(or null for the defaults)")
+        prefill = self.cudagraph_prefill_tokens
+        if (not isinstance(prefill, tuple) or any(not isinstance(v, int) or not 1 <= v <= self.token_budget
+                                                  for v in prefill)):
+            raise EngineConfigError(
+                f"engine.cudagraph_prefill_tokens={prefill!r}: must be a list of token counts in [1, "
+                f"{self.token_budget}] (a step's token budget, max_num_batched_tokens), or [] for none")
         for name in ("compile_pointwise", "plain_decode_lookahead"):
             if not isinstance(getattr(self, name), bool):
                 raise EngineConfigError(f"engine.{name}={getattr(self, name)!r}: must be true or false")

@@ -4,7 +4,9 @@ A `CudaGraphManager` captures one function (`fn(desc)`, reading only persistent 
 batch sizes x key-length buckets, each a `BatchExecutionDescriptor` of `num_reqs` rows x `tokens_per_req`
 tokens whose rows have at most `max_seq_len` keys. At run time a uniform batch is padded up to the smallest
 captured size that holds it and replayed with the smallest bucket its longest row fits in; anything else
-(mixed batches, prefills, batches larger than the largest size) runs eagerly and is counted.
+(mixed batches, prefills, batches larger than the largest size) runs eagerly and is counted. (The engine's
+prompt-prefill graphs, `engine.cudagraph_prefill_tokens`, are managers of one row of N tokens each: a lone
+prompt chunk is padded up to the smallest N that holds it.)
 
 Why buckets: attention shapes are fixed at capture, so a graph attends over its bucket's keys whatever the
 rows' real lengths. One graph at `max_model_len` makes every short-context step pay for the longest context

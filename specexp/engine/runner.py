@@ -194,6 +194,19 @@ class NativeEngine:
         # What the sampler emits per row, as read back: tokens [k+1] (left-aligned, -1 after) and their count.
         self.step_out = torch.zeros(engine.max_num_seqs, self.k + 2, dtype=torch.int64, device=self.device)
         self._verify_graph_ctx: dict[tuple[int, int], ForwardContext] = {}  # by (rows, key-length bucket)
+        # One-request prompt prefills, one manager per token count (a "batch" of one row of that many tokens).
+        self.prefill_graphs: dict[int, CudaGraphManager] = {}
+        if self.use_graphs and engine.cudagraph_prefill_tokens:
+            if self.conv_states:
+                raise EngineConfigError(
+                    f"engine.cudagraph_prefill_tokens={list(engine.cudagraph_prefill_tokens)}: prefill graphs "
+                    "take attention-only targets; this one has short-conv layers (their graphs take verify rows "
+                    "only). Use []")
+            self.prefill_graphs = {
+                tokens: CudaGraphManager(f"target_prefill_{tokens}", [1], tokens, self.device,
+                                         seq_len_buckets=tuple(self.seq_len_buckets))
+                for tokens in sorted(set(engine.cudagraph_prefill_tokens))}
+        self._prefill_graph_ctx: dict[tuple[int, int], ForwardContext] = {}  # by (tokens, key-length bucket)
         self.rejection = RejectionSampler(
             temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
             mode=speculator.rejection, synthetic_acceptance_rate=speculator.synthetic_acceptance_rate,
@@ -263,6 +276,8 @@ class NativeEngine:
             free_before = free_device_bytes(self.device) if cuda else None
             start = time.perf_counter()
             self.verify_graphs.capture(self._verify_graph, self._prepare_verify_capture, progress)
+            for manager in self.prefill_graphs.values():
+                manager.capture(self._prefill_graph, self._prepare_prefill_capture, progress)
             if self.speculator is not None:
                 self.speculator.capture(progress)
             capture_s = time.perf_counter() - start
@@ -274,7 +289,7 @@ class NativeEngine:
         }
 
     def graph_managers(self) -> list[CudaGraphManager]:
-        managers = [self.verify_graphs]
+        managers = [self.verify_graphs, *self.prefill_graphs.values()]
         if self.speculator is not None:
             managers += [self.speculator.prefill_graphs, self.speculator.decode_graphs]
         return managers
@@ -304,6 +319,25 @@ class NativeEngine:
                              self._verify_graph_ctx[(desc.num_reqs, desc.max_seq_len)])
         logits = self.target.compute_logits(hidden).view(desc.num_reqs, self.k + 1, -1)
         self._sample(logits, desc.num_reqs)
+
+    def _prepare_prefill_capture(self, desc: BatchExecutionDescriptor) -> None:
+        """An inert one-row prompt of desc.num_tokens tokens (slots -1). Its attention metadata counts every
+        token as the row's (max_query_len = num_actual_tokens = num_tokens), so the layout is the uniform one
+        whatever prompt fills it at replay: real tokens attend causally by their positions; the padding after
+        them (position 0, slot -1) writes no request's KV and is never read."""
+        self.buffers.load(uniform_dummy_inputs(1, desc.num_tokens, self.max_blocks_per_req))
+        attn = self.buffers.attention_metadata(1, desc.num_tokens, desc.max_seq_len, desc.num_tokens,
+                                               desc.num_tokens)
+        self._prefill_graph_ctx[(desc.num_tokens, desc.max_seq_len)] = ForwardContext(
+            attn=attn, conv=None, kv_caches=self.kv_caches, conv_states=self.conv_states)
+
+    def _prefill_graph(self, desc: BatchExecutionDescriptor) -> None:
+        """The captured prompt prefill of one row (padded to desc.num_tokens): the target's forward, the logits
+        at the row's scoring position and the sampler, as an eager step runs them."""
+        ctx = self._prefill_graph_ctx[(desc.num_tokens, desc.max_seq_len)]
+        hidden = self.target(self.buffers.input_ids[: desc.num_tokens], self.buffers.positions[: desc.num_tokens],
+                             ctx)
+        self._sample(self._logits_at_scoring_rows(hidden, 1), 1)
 
     def _sample(self, logits: torch.Tensor, num_rows: int) -> None:
         """Rejection-sample rows [0, num_rows) from logits fp32[num_rows, k+1, V] and the rows' inputs in
@@ -372,14 +406,12 @@ class NativeEngine:
         batch = self.scheduler.schedule()
         if not batch.rows:
             raise RuntimeError("scheduler produced an empty step while requests are waiting")
-        uniform = all(not r.is_prefill and r.num_query_tokens == self.k + 1 for r in batch.rows)
-        max_seq_len = max(r.request.num_computed_tokens + r.num_query_tokens for r in batch.rows)
-        desc = self.verify_graphs.dispatch(batch.num_reqs, batch.num_tokens, uniform, max_seq_len)
+        desc, graphs = self._dispatch(batch)
         prep = self._prepare_target_inputs(batch, desc)
         timer.mark("verify")
         num_reqs = batch.num_reqs
         if desc.cg_mode == FULL:  # the graph samples too: its sample phase is part of verify_ms
-            self.verify_graphs.replay(desc)
+            graphs.replay(desc)
         else:
             logits = self._verify(batch, prep)
             timer.mark("sample")
@@ -407,6 +439,20 @@ class NativeEngine:
         self._pending = (record, timer.stamps())
         self.steps.append(record)
         return finished
+
+    def _dispatch(self, batch: ScheduledBatch) -> tuple[BatchExecutionDescriptor, CudaGraphManager]:
+        """How the step runs, and the graph manager that counts it: a lone prompt chunk that fits a prefill
+        graph's token count replays the smallest such graph; anything else goes to the verify graphs (uniform
+        batches of k+1 tokens a row) or runs eagerly."""
+        max_seq_len = max(r.request.num_computed_tokens + r.num_query_tokens for r in batch.rows)
+        if self.prefill_graphs and batch.num_reqs == 1 and batch.rows[0].is_prefill:
+            tokens = batch.rows[0].num_query_tokens
+            fits = next((n for n in self.prefill_graphs if n >= tokens), None)
+            if fits is not None:
+                graphs = self.prefill_graphs[fits]
+                return graphs.dispatch(1, fits, True, max_seq_len), graphs
+        uniform = all(not r.is_prefill and r.num_query_tokens == self.k + 1 for r in batch.rows)
+        return self.verify_graphs.dispatch(batch.num_reqs, batch.num_tokens, uniform, max_seq_len), self.verify_graphs
 
     def _start_read_back(self, num_reqs: int) -> tuple[torch.Tensor, torch.cuda.Event | None]:
         """Queue the step's one device-to-host copy: `step_out[:num_reqs]`, int64[R, k+2], the emitted tokens
@@ -506,9 +552,12 @@ class NativeEngine:
         ctx = ForwardContext(attn=prep["attn"], conv=prep["conv"], kv_caches=self.kv_caches,
                              conv_states=self.conv_states)
         hidden = self.target(self.buffers.input_ids[:num_tokens], self.buffers.positions[:num_tokens], ctx)
-        idx = self.row_inputs[: batch.num_reqs, : self.k + 1]
-        logits = self.target.compute_logits(hidden[idx.reshape(-1)])
-        return logits.view(idx.shape[0], idx.shape[1], -1)
+        return self._logits_at_scoring_rows(hidden, batch.num_reqs)
+
+    def _logits_at_scoring_rows(self, hidden: torch.Tensor, num_rows: int) -> torch.Tensor:
+        """hidden [T, H] -> logits fp32[num_rows, k+1, V] at each row's scoring positions (`row_inputs`)."""
+        idx = self.row_inputs[:num_rows, : self.k + 1]
+        return self.target.compute_logits(hidden[idx.reshape(-1)]).view(num_rows, self.k + 1, -1)
 
     def _verified_batch(self, batch: ScheduledBatch, prep: dict) -> VerifiedBatch:
         cpu = prep["cpu"]

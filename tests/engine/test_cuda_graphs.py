@@ -9,7 +9,7 @@ from pairs import VOCAB, build_pairs
 
 from specexp.engine.config import EngineConfig, SamplingConfig, SpeculatorConfig
 from specexp.engine.runner import NativeEngine
-from specexp.models import load_model
+from specexp.models import load_model, triton_support
 from specexp.models.pointwise import EAGER as EAGER_POINTWISE
 
 pytestmark = [
@@ -169,3 +169,35 @@ def test_sampling_with_graphs_is_reproducible(pairs):
     a = _engine(target, draft, 4, 4, graphs=True, temperature=1.0).generate(prompts)
     b = _engine(target, draft, 4, 4, graphs=True, temperature=1.0).generate(prompts)
     assert [r.output_token_ids for r in a.requests] == [r.output_token_ids for r in b.requests]
+
+
+@pytest.mark.parametrize("k", [0, 3])
+@pytest.mark.parametrize("kernels", [{}, {"compile_pointwise": True, "linear_kernel": "triton_gemv",
+                                          "attention_kernel": "triton"}])
+def test_prefill_graphs_replay_like_eager(pairs, k, kernels):
+    """engine.cudagraph_prefill_tokens on the GPU: lone prompt chunks (1-23 tokens, chunks of at most 64)
+    replay captured prefill graphs and serve the eager engine's greedy tokens; nothing is captured after
+    start-up."""
+    if kernels and not triton_support.AVAILABLE:
+        pytest.skip("triton is not installed")
+    target_dir, draft_dir = pairs["llama+llama"]
+    target, draft = load_model(target_dir, device="cuda"), load_model(draft_dir, device="cuda")
+    prompts = _prompts(8, seed=k)
+
+    def engine(graphs, prefill_tokens=()):
+        return NativeEngine(
+            target, draft,
+            EngineConfig(device="cuda", max_num_seqs=1, max_model_len=96, block_size=8, max_num_batched_tokens=64,
+                         cudagraph_mode="full" if graphs else "none", cudagraph_prefill_tokens=prefill_tokens,
+                         **kernels),
+            SpeculatorConfig(num_speculative_tokens=k, cudagraph_mode="full" if graphs else "none"),
+            SamplingConfig(max_new_tokens=24, ignore_eos=False), eos_token_ids=[2],
+        )
+
+    eager = engine(False).generate(prompts)
+    graphed_engine = engine(True, (8, 16, 32, 64))
+    captured = {m.name: set(m.graphs) for m in graphed_engine.graph_managers()}
+    graphed = graphed_engine.generate(prompts)
+    assert [r.output_token_ids for r in graphed.requests] == [r.output_token_ids for r in eager.requests]
+    assert {m.name: set(m.graphs) for m in graphed_engine.graph_managers()} == captured, "no capture after start-up"
+    assert sum(m.num_replays for m in graphed_engine.prefill_graphs.values()) == len(prompts)

@@ -267,3 +267,43 @@ def test_compiled_pointwise_ops_stay_lossless(pair_dirs, prompts, hf_greedy, pai
                                                                        ignore_eos=True), eos_token_ids=[2])
         outputs[k] = [r.output_token_ids for r in engine.generate(prompts).requests]
     assert outputs[3] == outputs[0] == hf_greedy[pair]
+
+
+@pytest.mark.parametrize("k", [0, 1, 4])
+@pytest.mark.parametrize("max_num_seqs", [1, 3])
+def test_prefill_graphs_serve_the_eager_tokens(pair_dirs, prompts, k, max_num_seqs):
+    """engine.cudagraph_prefill_tokens, emulated on the CPU: a lone prompt chunk is padded up to the smallest
+    captured token count (8 or 16; chunks are cut at 16 tokens) and replayed through the persistent buffers,
+    including chunks after the first (cached keys) and one-token prompts; prefill chunks batched with other
+    rows run eagerly. The greedy tokens are the eager engine's, and every lone prefill chunk replayed."""
+    target, draft = (load_model(d) for d in pair_dirs["llama+llama"])
+    many = [p + p[: 5 * i] for i, p in enumerate(prompts)]  # up to ~45 tokens: two or three chunks
+
+    def run(mode, prefill_tokens=()):
+        engine = NativeEngine(
+            target, draft,
+            EngineConfig(max_num_seqs=max_num_seqs, max_model_len=96, block_size=4, max_num_batched_tokens=16,
+                         cudagraph_mode=mode, cudagraph_prefill_tokens=prefill_tokens),
+            SpeculatorConfig(num_speculative_tokens=k, cudagraph_mode=mode),
+            SamplingConfig(max_new_tokens=MAX_NEW, ignore_eos=True), emulate_graphs_on_cpu=True,
+        )
+        return engine, engine.generate(many)
+
+    _, eager = run("none")
+    engine, graphed = run("full", (8, 16))
+    assert [r.output_token_ids for r in graphed.requests] == [r.output_token_ids for r in eager.requests]
+    lone_chunks = sum(1 for s in graphed.steps if s.num_prefill_tokens > 0 and s.num_reqs == 1)
+    replays = {n: engine.prefill_graphs[n].num_replays for n in (8, 16)}
+    assert sum(replays.values()) == lone_chunks  # prefill chunks batched with other rows ran eagerly
+    if max_num_seqs == 1:  # every prefill chunk is alone: short ones take the 8-token graph, full ones the 16
+        assert replays[8] > 0 and replays[16] > 0
+    assert {f"target_prefill_{n}" for n in (8, 16)} <= {m.name for m in engine.graph_managers()}
+
+
+def test_prefill_graphs_are_validated(pair_dirs):
+    with pytest.raises(EngineConfigError, match=r"cudagraph_prefill_tokens=\(8, 64\).*\[1, 32\]"):
+        EngineConfig(max_num_batched_tokens=32, cudagraph_prefill_tokens=(8, 64)).validate()
+    with pytest.raises(EngineConfigError, match="cudagraph_prefill_tokens=\\[8\\].*short-conv"):
+        NativeEngine(load_model(pair_dirs["lfm2+lfm2"][0]), None,
+                     EngineConfig(cudagraph_mode="full", cudagraph_prefill_tokens=(8,)), SpeculatorConfig(),
+                     SamplingConfig(), emulate_graphs_on_cpu=True)
