@@ -29,8 +29,9 @@ class EngineConfig:
     cudagraph_prefill_tokens: token counts of one-request prompt prefills to capture as target graphs, e.g.
     (64, 128, 256): a step that prefills a single request (batch-1 serving: the prompt's time to first token)
     pads its chunk to the smallest count that holds it and replays that graph instead of running eagerly, host
-    bound; () = off (the default). Attention-only targets (the short-conv builder's graphs take spec rows
-    only); each count must fit a step (max_num_batched_tokens). The draft's prefill of the prompt stays eager.
+    bound; () = off (the default). The draft's prefill of the chunk (its tokens + the sampled one) replays a
+    graph of count + 1 slots likewise. Attention-only targets (the short-conv builder's graphs take spec rows
+    only; a short-conv draft prefills eagerly); each count must fit a step (max_num_batched_tokens).
     compile_pointwise: fuse each RMSNorm, SiLU-gated product, RoPE and short-conv multiply-add chain of the
     target and draft into one torch.compile'd kernel (`specexp.models.pointwise`; needs a compiler for
     inductor's backend: Triton on a GPU, a C++ compiler on a CPU). Off: plain eager torch. With CUDA graphs

@@ -222,6 +222,8 @@ class NativeEngine:
                 device=self.device, dtype=self.dtype, generator=self.generator,
                 use_cuda_graphs=self.use_graphs and speculator.cudagraph_mode == FULL,
                 capture_sizes=self.capture_sizes, seq_len_buckets=self.seq_len_buckets,
+                # a prompt chunk's draft region is its tokens + the sampled one
+                prompt_graph_tokens=tuple(n + 1 for n in self.prefill_graphs),
             )
             if not sampling.greedy:
                 # Draft probabilities of each request's pending drafts, by conv slot (a request's stable id).
@@ -291,7 +293,8 @@ class NativeEngine:
     def graph_managers(self) -> list[CudaGraphManager]:
         managers = [self.verify_graphs, *self.prefill_graphs.values()]
         if self.speculator is not None:
-            managers += [self.speculator.prefill_graphs, self.speculator.decode_graphs]
+            managers += [self.speculator.prefill_graphs, *self.speculator.prompt_graphs.values(),
+                         self.speculator.decode_graphs]
         return managers
 
     def graph_summary(self) -> dict | None:

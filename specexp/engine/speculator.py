@@ -118,6 +118,7 @@ class AutoRegressiveSpeculator:
         use_cuda_graphs: bool = False,
         capture_sizes: list[int] | None = None,
         seq_len_buckets: list[int] | None = None,
+        prompt_graph_tokens: tuple[int, ...] = (),
     ) -> None:
         self.model = draft_model
         self.k = num_speculative_tokens
@@ -159,8 +160,15 @@ class AutoRegressiveSpeculator:
                                                seq_len_buckets=buckets)
         self.decode_graphs = CudaGraphManager("draft_decode", sizes, 1, device, enabled=use_cuda_graphs and self.k > 1,
                                               seq_len_buckets=buckets)
-        # Forward contexts (views of the persistent buffers) of the captured (rows, key-length bucket) pairs.
-        self._prefill_graph_ctx: dict[tuple[int, int], ForwardContext] = {}
+        # A lone prompt chunk's region (its tokens + the sampled one), one manager per slot count: as the target's
+        # prompt-prefill graphs (engine.cudagraph_prefill_tokens), for attention-only drafts.
+        self.prompt_graphs: dict[int, CudaGraphManager] = {}
+        if use_cuda_graphs and not self.conv_states:
+            self.prompt_graphs = {n: CudaGraphManager(f"draft_prompt_prefill_{n}", [1], n, device,
+                                                      seq_len_buckets=buckets)
+                                  for n in sorted(set(prompt_graph_tokens))}
+        # Forward contexts (views of the persistent buffers) of the captured (rows, tokens, key-length bucket).
+        self._prefill_graph_ctx: dict[tuple[int, int, int], ForwardContext] = {}
         self._decode_graph_ctx: dict[tuple[int, int], ForwardContext] = {}
         self._prefill_ctx: ForwardContext | None = None
         self._decode_ctx: ForwardContext | None = None
@@ -194,6 +202,8 @@ class AutoRegressiveSpeculator:
         self.last_token_indices.zero_()
         self.on_prefill_begin(self.max_num_reqs)
         self.prefill_graphs.capture(self._prefill, self._prepare_prefill_capture, progress)
+        for manager in self.prompt_graphs.values():
+            manager.capture(self._prefill, self._prepare_prompt_capture, progress)
         self.on_prefill_end(self.max_num_reqs)
         if self.k == 1:
             return
@@ -210,7 +220,17 @@ class AutoRegressiveSpeculator:
         conv = None
         if self.conv_states:
             conv = self.prefill_conv_builder.build_for_cudagraph_capture(num_reqs=num_reqs, num_tokens=num_tokens)
-        self._prefill_graph_ctx[(num_reqs, desc.max_seq_len)] = self._prefill_ctx = self._ctx(attn, conv)
+        self._prefill_graph_ctx[(num_reqs, num_tokens, desc.max_seq_len)] = self._prefill_ctx = self._ctx(attn, conv)
+
+    def _prepare_prompt_capture(self, desc: BatchExecutionDescriptor) -> None:
+        """An inert one-row region of desc.num_tokens slots whose attention metadata counts every slot as the
+        row's (the uniform layout, whatever region fills it at replay; see the runner's prompt-prefill graphs)."""
+        num_tokens = desc.num_tokens
+        cpu = uniform_dummy_inputs(1, num_tokens, self.prefill_buffers.block_table.shape[1])
+        self.prefill_buffers.load(cpu)
+        self.last_token_indices[:1].zero_()
+        attn = self.prefill_buffers.attention_metadata(1, num_tokens, desc.max_seq_len, num_tokens, num_tokens)
+        self._prefill_graph_ctx[(1, num_tokens, desc.max_seq_len)] = self._prefill_ctx = self._ctx(attn, None)
 
     def _prepare_decode_capture(self, desc: BatchExecutionDescriptor) -> None:
         num_reqs = desc.num_reqs
@@ -230,11 +250,10 @@ class AutoRegressiveSpeculator:
         uniform = bool(batch.is_spec.all()) and bool((batch.query_lens == self.k + 1).all())
         # Keys of the longest row: the whole q+1-slot region (prefill); + k-1 decode steps past its new token.
         max_region_end = int((batch.start_positions + batch.query_lens).max()) + 1
-        prefill_desc = self.prefill_graphs.dispatch(num_reqs, int(batch.query_lens.sum()) + num_reqs, uniform,
-                                                    max_region_end)
+        prefill_desc, graphs = self._dispatch_prefill(batch, uniform, max_region_end)
         rows = self._prepare_prefill_inputs(batch, prefill_desc)
         self.on_prefill_begin(num_reqs)
-        self.prefill_graphs.execute(prefill_desc, self._prefill)
+        graphs.execute(prefill_desc, self._prefill)
         self.on_prefill_end(num_reqs)
         if self.k > 1:
             decode_desc = self.decode_graphs.dispatch(num_reqs, num_reqs, uniform=True,
@@ -245,6 +264,18 @@ class AutoRegressiveSpeculator:
             self.on_multi_step_decode_end(num_reqs)
         probs = self.draft_probs[:num_reqs] if self.draft_probs is not None else None
         return self.draft_tokens[:num_reqs], probs
+
+    def _dispatch_prefill(self, batch: VerifiedBatch, uniform: bool, max_region_end: int
+                          ) -> tuple[BatchExecutionDescriptor, CudaGraphManager]:
+        """How the draft's prefill runs, and the manager that counts it: a lone prompt chunk's region replays
+        the smallest prompt graph that holds it; uniform verify rows the prefill graphs; anything else eagerly."""
+        num_reqs = batch.query_lens.numel()
+        num_slots = int(batch.query_lens.sum()) + num_reqs
+        if self.prompt_graphs and num_reqs == 1 and not bool(batch.is_spec[0]):
+            fits = next((n for n in self.prompt_graphs if n >= num_slots), None)
+            if fits is not None:
+                return self.prompt_graphs[fits].dispatch(1, fits, True, max_region_end), self.prompt_graphs[fits]
+        return self.prefill_graphs.dispatch(num_reqs, num_slots, uniform, max_region_end), self.prefill_graphs
 
     def _prepare_prefill_inputs(self, batch: VerifiedBatch, desc: BatchExecutionDescriptor) -> StagedRows:
         """Fill the prefill buffers with the q+1-slot regions (padded to desc); returns the rows' device facts
@@ -291,7 +322,7 @@ class AutoRegressiveSpeculator:
         self.last_token_indices[num_reqs : desc.num_reqs].zero_()
         staged_rows = StagedRows(num_valid, start_d, samples_d)
         if desc.cg_mode == FULL:
-            self._prefill_ctx = self._prefill_graph_ctx[(desc.num_reqs, desc.max_seq_len)]
+            self._prefill_ctx = self._prefill_graph_ctx[(desc.num_reqs, desc.num_tokens, desc.max_seq_len)]
             if self.conv_states:  # refresh the persistent conv buffers the graph reads
                 self._build_prefill_conv(batch, cpu, desc.num_reqs)
             return staged_rows

@@ -176,8 +176,8 @@ def test_sampling_with_graphs_is_reproducible(pairs):
                                           "attention_kernel": "triton"}])
 def test_prefill_graphs_replay_like_eager(pairs, k, kernels):
     """engine.cudagraph_prefill_tokens on the GPU: lone prompt chunks (1-23 tokens, chunks of at most 64)
-    replay captured prefill graphs and serve the eager engine's greedy tokens; nothing is captured after
-    start-up."""
+    replay captured target and draft prefill graphs and serve the eager engine's greedy tokens; nothing is
+    captured after start-up."""
     if kernels and not triton_support.AVAILABLE:
         pytest.skip("triton is not installed")
     target_dir, draft_dir = pairs["llama+llama"]
@@ -201,3 +201,5 @@ def test_prefill_graphs_replay_like_eager(pairs, k, kernels):
     assert [r.output_token_ids for r in graphed.requests] == [r.output_token_ids for r in eager.requests]
     assert {m.name: set(m.graphs) for m in graphed_engine.graph_managers()} == captured, "no capture after start-up"
     assert sum(m.num_replays for m in graphed_engine.prefill_graphs.values()) == len(prompts)
+    if k > 0:  # and the draft's prefill of each prompt (its tokens + the sampled one)
+        assert sum(m.num_replays for m in graphed_engine.speculator.prompt_graphs.values()) == len(prompts)

@@ -275,7 +275,8 @@ def test_prefill_graphs_serve_the_eager_tokens(pair_dirs, prompts, k, max_num_se
     """engine.cudagraph_prefill_tokens, emulated on the CPU: a lone prompt chunk is padded up to the smallest
     captured token count (8 or 16; chunks are cut at 16 tokens) and replayed through the persistent buffers,
     including chunks after the first (cached keys) and one-token prompts; prefill chunks batched with other
-    rows run eagerly. The greedy tokens are the eager engine's, and every lone prefill chunk replayed."""
+    rows run eagerly. The draft's prefill of a lone chunk replays a graph of one more slot. The greedy tokens are
+    the eager engine's, and every lone prefill chunk replayed, in the target and in the draft."""
     target, draft = (load_model(d) for d in pair_dirs["llama+llama"])
     many = [p + p[: 5 * i] for i, p in enumerate(prompts)]  # up to ~45 tokens: two or three chunks
 
@@ -297,6 +298,10 @@ def test_prefill_graphs_serve_the_eager_tokens(pair_dirs, prompts, k, max_num_se
     assert sum(replays.values()) == lone_chunks  # prefill chunks batched with other rows ran eagerly
     if max_num_seqs == 1:  # every prefill chunk is alone: short ones take the 8-token graph, full ones the 16
         assert replays[8] > 0 and replays[16] > 0
+    if k > 0:  # the draft's region of each lone chunk (its tokens + the sampled one) replays too
+        prompt_graphs = engine.speculator.prompt_graphs
+        assert set(prompt_graphs) == {9, 17}
+        assert sum(m.num_replays for m in prompt_graphs.values()) == lone_chunks
     assert {f"target_prefill_{n}" for n in (8, 16)} <= {m.name for m in engine.graph_managers()}
 
 
