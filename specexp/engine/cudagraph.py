@@ -4,9 +4,9 @@ A `CudaGraphManager` captures one function (`fn(desc)`, reading only persistent 
 batch sizes x key-length buckets, each a `BatchExecutionDescriptor` of `num_reqs` rows x `tokens_per_req`
 tokens whose rows have at most `max_seq_len` keys. At run time a uniform batch is padded up to the smallest
 captured size that holds it and replayed with the smallest bucket its longest row fits in; anything else
-(mixed batches, prefills, batches larger than the largest size) runs eagerly and is counted. (The engine's
-prompt-prefill graphs, `engine.cudagraph_prefill_tokens`, are managers of one row of N tokens each: a lone
-prompt chunk is padded up to the smallest N that holds it.)
+(mixed batches, prefills, batches larger than the largest size) runs eagerly and is counted. `PromptGraphs`
+holds one such manager per token count N, each of one row of N tokens, for the prompt-prefill graphs
+(`engine.cudagraph_prefill_tokens`): a lone prompt chunk is padded up to the smallest N that holds it.
 
 Why buckets: attention shapes are fixed at capture, so a graph attends over its bucket's keys whatever the
 rows' real lengths. One graph at `max_model_len` makes every short-context step pay for the longest context
@@ -219,3 +219,29 @@ class CudaGraphManager:
             "replays_per_graph": {f"{rows}x{keys}": n for (rows, keys), n in sorted(self.replays_per_graph.items())},
             "per_size": [vars(r) for r in self.records],
         }
+
+
+class PromptGraphs:
+    """Prompt-prefill graphs of one model: a `CudaGraphManager` per token count N (`name`_N), each of one row
+    of N tokens at every key-length bucket. `managers`: {N: manager}, ascending (empty: none)."""
+
+    def __init__(self, name: str, token_counts, device: torch.device, seq_len_buckets: tuple[int, ...]) -> None:
+        self.managers = {n: CudaGraphManager(f"{name}_{n}", [1], n, device, seq_len_buckets=seq_len_buckets)
+                         for n in sorted(set(token_counts))}
+
+    def dispatch(self, num_tokens: int, max_seq_len: int
+                 ) -> tuple[BatchExecutionDescriptor, CudaGraphManager] | None:
+        """The smallest count's manager holding a one-row chunk of num_tokens tokens and its descriptor (that
+        manager's `dispatch`, which counts it); None when no count holds it."""
+        fits = next((n for n in self.managers if n >= num_tokens), None)
+        if fits is None:
+            return None
+        manager = self.managers[fits]
+        return manager.dispatch(1, fits, True, max_seq_len), manager
+
+    def capture(self, fn: Callable[[BatchExecutionDescriptor], None],
+                prepare: Callable[[BatchExecutionDescriptor], None], progress: Callable[[str], None] | None = None
+                ) -> None:
+        """Capture every count's graphs (`CudaGraphManager.capture`)."""
+        for manager in self.managers.values():
+            manager.capture(fn, prepare, progress)

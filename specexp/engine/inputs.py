@@ -200,6 +200,16 @@ class InputBuffers:
         )
 
 
+    def load_inert_prompt(self, num_tokens: int, max_seq_len: int) -> AttentionMetadata:
+        """Load an inert one-row prompt of `num_tokens` tokens (slots -1, for capturing a prompt-prefill graph)
+        and return its attention metadata, which counts every token as the row's (max_query_len =
+        num_actual_tokens = num_tokens): the layout is then the uniform one whatever prompt fills the buffers at
+        replay. Real tokens attend causally by their positions; the padding after them (position 0, slot -1)
+        writes no request's KV and is never read."""
+        self.load(uniform_dummy_inputs(1, num_tokens, self.block_table.shape[1]))
+        return self.attention_metadata(1, num_tokens, max_seq_len, num_tokens, num_tokens)
+
+
 def uniform_dummy_inputs(num_reqs: int, tokens_per_req: int, max_blocks_per_req: int) -> StepInputsCPU:
     """An inert uniform batch for graph capture: rows of `tokens_per_req` tokens at positions 0.., every
     slot -1 (no request's KV touched) and every block id NULL."""

@@ -27,6 +27,7 @@ from specexp.engine.cudagraph import (
     FULL,
     BatchExecutionDescriptor,
     CudaGraphManager,
+    PromptGraphs,
     default_capture_sizes,
     default_seq_len_buckets,
     free_device_bytes,
@@ -195,17 +196,13 @@ class NativeEngine:
         self.step_out = torch.zeros(engine.max_num_seqs, self.k + 2, dtype=torch.int64, device=self.device)
         self._verify_graph_ctx: dict[tuple[int, int], ForwardContext] = {}  # by (rows, key-length bucket)
         # One-request prompt prefills, one manager per token count (a "batch" of one row of that many tokens).
-        self.prefill_graphs: dict[int, CudaGraphManager] = {}
-        if self.use_graphs and engine.cudagraph_prefill_tokens:
-            if self.conv_states:
-                raise EngineConfigError(
-                    f"engine.cudagraph_prefill_tokens={list(engine.cudagraph_prefill_tokens)}: prefill graphs "
-                    "take attention-only targets; this one has short-conv layers (their graphs take verify rows "
-                    "only). Use []")
-            self.prefill_graphs = {
-                tokens: CudaGraphManager(f"target_prefill_{tokens}", [1], tokens, self.device,
-                                         seq_len_buckets=tuple(self.seq_len_buckets))
-                for tokens in sorted(set(engine.cudagraph_prefill_tokens))}
+        prefill_tokens = engine.cudagraph_prefill_tokens if self.use_graphs else ()
+        if prefill_tokens and self.conv_states:
+            raise EngineConfigError(
+                f"engine.cudagraph_prefill_tokens={list(prefill_tokens)}: prefill graphs take attention-only "
+                "targets; this one has short-conv layers (their graphs take verify rows only). Use []")
+        self.prefill_graphs = PromptGraphs("target_prefill", prefill_tokens, self.device,
+                                           tuple(self.seq_len_buckets))
         self._prefill_graph_ctx: dict[tuple[int, int], ForwardContext] = {}  # by (tokens, key-length bucket)
         self.rejection = RejectionSampler(
             temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
@@ -223,7 +220,7 @@ class NativeEngine:
                 use_cuda_graphs=self.use_graphs and speculator.cudagraph_mode == FULL,
                 capture_sizes=self.capture_sizes, seq_len_buckets=self.seq_len_buckets,
                 # a prompt chunk's draft region is its tokens + the sampled one
-                prompt_graph_tokens=tuple(n + 1 for n in self.prefill_graphs),
+                prompt_graph_tokens=tuple(n + 1 for n in self.prefill_graphs.managers),
             )
             if not sampling.greedy:
                 # Draft probabilities of each request's pending drafts, by conv slot (a request's stable id).
@@ -278,8 +275,7 @@ class NativeEngine:
             free_before = free_device_bytes(self.device) if cuda else None
             start = time.perf_counter()
             self.verify_graphs.capture(self._verify_graph, self._prepare_verify_capture, progress)
-            for manager in self.prefill_graphs.values():
-                manager.capture(self._prefill_graph, self._prepare_prefill_capture, progress)
+            self.prefill_graphs.capture(self._prefill_graph, self._prepare_prefill_capture, progress)
             if self.speculator is not None:
                 self.speculator.capture(progress)
             capture_s = time.perf_counter() - start
@@ -291,9 +287,9 @@ class NativeEngine:
         }
 
     def graph_managers(self) -> list[CudaGraphManager]:
-        managers = [self.verify_graphs, *self.prefill_graphs.values()]
+        managers = [self.verify_graphs, *self.prefill_graphs.managers.values()]
         if self.speculator is not None:
-            managers += [self.speculator.prefill_graphs, *self.speculator.prompt_graphs.values(),
+            managers += [self.speculator.prefill_graphs, *self.speculator.prompt_graphs.managers.values(),
                          self.speculator.decode_graphs]
         return managers
 
@@ -324,13 +320,8 @@ class NativeEngine:
         self._sample(logits, desc.num_reqs)
 
     def _prepare_prefill_capture(self, desc: BatchExecutionDescriptor) -> None:
-        """An inert one-row prompt of desc.num_tokens tokens (slots -1). Its attention metadata counts every
-        token as the row's (max_query_len = num_actual_tokens = num_tokens), so the layout is the uniform one
-        whatever prompt fills it at replay: real tokens attend causally by their positions; the padding after
-        them (position 0, slot -1) writes no request's KV and is never read."""
-        self.buffers.load(uniform_dummy_inputs(1, desc.num_tokens, self.max_blocks_per_req))
-        attn = self.buffers.attention_metadata(1, desc.num_tokens, desc.max_seq_len, desc.num_tokens,
-                                               desc.num_tokens)
+        """An inert one-row prompt of desc.num_tokens tokens (`InputBuffers.load_inert_prompt`)."""
+        attn = self.buffers.load_inert_prompt(desc.num_tokens, desc.max_seq_len)
         self._prefill_graph_ctx[(desc.num_tokens, desc.max_seq_len)] = ForwardContext(
             attn=attn, conv=None, kv_caches=self.kv_caches, conv_states=self.conv_states)
 
@@ -448,12 +439,10 @@ class NativeEngine:
         graph's token count replays the smallest such graph; anything else goes to the verify graphs (uniform
         batches of k+1 tokens a row) or runs eagerly."""
         max_seq_len = max(r.request.num_computed_tokens + r.num_query_tokens for r in batch.rows)
-        if self.prefill_graphs and batch.num_reqs == 1 and batch.rows[0].is_prefill:
-            tokens = batch.rows[0].num_query_tokens
-            fits = next((n for n in self.prefill_graphs if n >= tokens), None)
-            if fits is not None:
-                graphs = self.prefill_graphs[fits]
-                return graphs.dispatch(1, fits, True, max_seq_len), graphs
+        if batch.num_reqs == 1 and batch.rows[0].is_prefill:
+            prompt = self.prefill_graphs.dispatch(batch.rows[0].num_query_tokens, max_seq_len)
+            if prompt is not None:
+                return prompt
         uniform = all(not r.is_prefill and r.num_query_tokens == self.k + 1 for r in batch.rows)
         return self.verify_graphs.dispatch(batch.num_reqs, batch.num_tokens, uniform, max_seq_len), self.verify_graphs
 

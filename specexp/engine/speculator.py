@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specexp.engine.cudagraph import FULL, BatchExecutionDescriptor, CudaGraphManager
+from specexp.engine.cudagraph import FULL, BatchExecutionDescriptor, CudaGraphManager, PromptGraphs
 from specexp.engine.inputs import InputBuffers, StepInputsCPU, build_step_inputs, uniform_dummy_inputs
 from specexp.engine.sampling import logits_to_probs, sample_from_probs
 from specexp.engine.short_conv import ShortConvMetadataBuilder
@@ -162,11 +162,8 @@ class AutoRegressiveSpeculator:
                                               seq_len_buckets=buckets)
         # A lone prompt chunk's region (its tokens + the sampled one), one manager per slot count: as the target's
         # prompt-prefill graphs (engine.cudagraph_prefill_tokens), for attention-only drafts.
-        self.prompt_graphs: dict[int, CudaGraphManager] = {}
-        if use_cuda_graphs and not self.conv_states:
-            self.prompt_graphs = {n: CudaGraphManager(f"draft_prompt_prefill_{n}", [1], n, device,
-                                                      seq_len_buckets=buckets)
-                                  for n in sorted(set(prompt_graph_tokens))}
+        self.prompt_graphs = PromptGraphs("draft_prompt_prefill", prompt_graph_tokens
+                                          if use_cuda_graphs and not self.conv_states else (), device, buckets)
         # Forward contexts (views of the persistent buffers) of the captured (rows, tokens, key-length bucket).
         self._prefill_graph_ctx: dict[tuple[int, int, int], ForwardContext] = {}
         self._decode_graph_ctx: dict[tuple[int, int], ForwardContext] = {}
@@ -202,8 +199,7 @@ class AutoRegressiveSpeculator:
         self.last_token_indices.zero_()
         self.on_prefill_begin(self.max_num_reqs)
         self.prefill_graphs.capture(self._prefill, self._prepare_prefill_capture, progress)
-        for manager in self.prompt_graphs.values():
-            manager.capture(self._prefill, self._prepare_prompt_capture, progress)
+        self.prompt_graphs.capture(self._prefill, self._prepare_prompt_capture, progress)
         self.on_prefill_end(self.max_num_reqs)
         if self.k == 1:
             return
@@ -223,14 +219,10 @@ class AutoRegressiveSpeculator:
         self._prefill_graph_ctx[(num_reqs, num_tokens, desc.max_seq_len)] = self._prefill_ctx = self._ctx(attn, conv)
 
     def _prepare_prompt_capture(self, desc: BatchExecutionDescriptor) -> None:
-        """An inert one-row region of desc.num_tokens slots whose attention metadata counts every slot as the
-        row's (the uniform layout, whatever region fills it at replay; see the runner's prompt-prefill graphs)."""
-        num_tokens = desc.num_tokens
-        cpu = uniform_dummy_inputs(1, num_tokens, self.prefill_buffers.block_table.shape[1])
-        self.prefill_buffers.load(cpu)
+        """An inert one-row region of desc.num_tokens slots (`InputBuffers.load_inert_prompt`)."""
+        attn = self.prefill_buffers.load_inert_prompt(desc.num_tokens, desc.max_seq_len)
         self.last_token_indices[:1].zero_()
-        attn = self.prefill_buffers.attention_metadata(1, num_tokens, desc.max_seq_len, num_tokens, num_tokens)
-        self._prefill_graph_ctx[(1, num_tokens, desc.max_seq_len)] = self._prefill_ctx = self._ctx(attn, None)
+        self._prefill_graph_ctx[(1, desc.num_tokens, desc.max_seq_len)] = self._prefill_ctx = self._ctx(attn, None)
 
     def _prepare_decode_capture(self, desc: BatchExecutionDescriptor) -> None:
         num_reqs = desc.num_reqs
@@ -271,10 +263,10 @@ class AutoRegressiveSpeculator:
         the smallest prompt graph that holds it; uniform verify rows the prefill graphs; anything else eagerly."""
         num_reqs = batch.query_lens.numel()
         num_slots = int(batch.query_lens.sum()) + num_reqs
-        if self.prompt_graphs and num_reqs == 1 and not bool(batch.is_spec[0]):
-            fits = next((n for n in self.prompt_graphs if n >= num_slots), None)
-            if fits is not None:
-                return self.prompt_graphs[fits].dispatch(1, fits, True, max_region_end), self.prompt_graphs[fits]
+        if num_reqs == 1 and not bool(batch.is_spec[0]):
+            prompt = self.prompt_graphs.dispatch(num_slots, max_region_end)
+            if prompt is not None:
+                return prompt
         return self.prefill_graphs.dispatch(num_reqs, num_slots, uniform, max_region_end), self.prefill_graphs
 
     def _prepare_prefill_inputs(self, batch: VerifiedBatch, desc: BatchExecutionDescriptor) -> StagedRows:

@@ -200,6 +200,6 @@ def test_prefill_graphs_replay_like_eager(pairs, k, kernels):
     graphed = graphed_engine.generate(prompts)
     assert [r.output_token_ids for r in graphed.requests] == [r.output_token_ids for r in eager.requests]
     assert {m.name: set(m.graphs) for m in graphed_engine.graph_managers()} == captured, "no capture after start-up"
-    assert sum(m.num_replays for m in graphed_engine.prefill_graphs.values()) == len(prompts)
+    assert sum(m.num_replays for m in graphed_engine.prefill_graphs.managers.values()) == len(prompts)
     if k > 0:  # and the draft's prefill of each prompt (its tokens + the sampled one)
-        assert sum(m.num_replays for m in graphed_engine.speculator.prompt_graphs.values()) == len(prompts)
+        assert sum(m.num_replays for m in graphed_engine.speculator.prompt_graphs.managers.values()) == len(prompts)

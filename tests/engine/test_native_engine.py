@@ -294,12 +294,12 @@ def test_prefill_graphs_serve_the_eager_tokens(pair_dirs, prompts, k, max_num_se
     engine, graphed = run("full", (8, 16))
     assert [r.output_token_ids for r in graphed.requests] == [r.output_token_ids for r in eager.requests]
     lone_chunks = sum(1 for s in graphed.steps if s.num_prefill_tokens > 0 and s.num_reqs == 1)
-    replays = {n: engine.prefill_graphs[n].num_replays for n in (8, 16)}
+    replays = {n: engine.prefill_graphs.managers[n].num_replays for n in (8, 16)}
     assert sum(replays.values()) == lone_chunks  # prefill chunks batched with other rows ran eagerly
     if max_num_seqs == 1:  # every prefill chunk is alone: short ones take the 8-token graph, full ones the 16
         assert replays[8] > 0 and replays[16] > 0
     if k > 0:  # the draft's region of each lone chunk (its tokens + the sampled one) replays too
-        prompt_graphs = engine.speculator.prompt_graphs
+        prompt_graphs = engine.speculator.prompt_graphs.managers
         assert set(prompt_graphs) == {9, 17}
         assert sum(m.num_replays for m in prompt_graphs.values()) == lone_chunks
     assert {f"target_prefill_{n}" for n in (8, 16)} <= {m.name for m in engine.graph_managers()}
