@@ -279,9 +279,6 @@ def bench_pair(name, target_path, draft_path, weights, dtype, quick, copy_bw, se
     print(f"== {name} ({weights}, {dtype})", flush=True)
     target = load_model(ZOO / target_path, dtype=dtype, device="cuda", weights=weights, seed=0)
     draft = load_model(ZOO / draft_path, dtype=dtype, device="cuda", weights=weights, seed=1)
-    if kernels and kernels.get("cudagraph_prefill_tokens") and target.conv_layer_ids:
-        print(f"  {name}: prefill graphs take attention-only targets; off for this pair", flush=True)
-        kernels = {**kernels, "cudagraph_prefill_tokens": ()}
     out = {"target": target_path, "draft": draft_path, "weights": weights, "dtype": str(dtype),
            "target_params": sum(p.numel() for p in target.parameters()),
            "draft_params": sum(p.numel() for p in draft.parameters())}
@@ -344,7 +341,7 @@ def main() -> None:
                         help="engine.conv_kernel: LFM2's decode/verify short conv in torch or one Triton kernel")
     parser.add_argument("--prefill-graph-tokens", default="",
                         help="engine.cudagraph_prefill_tokens, e.g. 16,32,64,128: lone prompt chunks replay a "
-                             "captured target prefill graph (attention-only targets; ignored for LFM2 pairs)")
+                             "captured prefill graph, in the target and the draft")
     args = parser.parse_args()
     sections = tuple(args.sections.split(","))
     try:

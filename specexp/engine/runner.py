@@ -197,10 +197,6 @@ class NativeEngine:
         self._verify_graph_ctx: dict[tuple[int, int], ForwardContext] = {}  # by (rows, key-length bucket)
         # One-request prompt prefills, one manager per token count (a "batch" of one row of that many tokens).
         prefill_tokens = engine.cudagraph_prefill_tokens if self.use_graphs else ()
-        if prefill_tokens and self.conv_states:
-            raise EngineConfigError(
-                f"engine.cudagraph_prefill_tokens={list(prefill_tokens)}: prefill graphs take attention-only "
-                "targets; this one has short-conv layers (their graphs take verify rows only). Use []")
         self.prefill_graphs = PromptGraphs("target_prefill", prefill_tokens, self.device,
                                            tuple(self.seq_len_buckets))
         self._prefill_graph_ctx: dict[tuple[int, int], ForwardContext] = {}  # by (tokens, key-length bucket)
@@ -322,8 +318,9 @@ class NativeEngine:
     def _prepare_prefill_capture(self, desc: BatchExecutionDescriptor) -> None:
         """An inert one-row prompt of desc.num_tokens tokens (`InputBuffers.load_inert_prompt`)."""
         attn = self.buffers.load_inert_prompt(desc.num_tokens, desc.max_seq_len)
+        conv = self.conv_builder.build_for_prompt_capture(num_tokens=desc.num_tokens) if self.conv_states else None
         self._prefill_graph_ctx[(desc.num_tokens, desc.max_seq_len)] = ForwardContext(
-            attn=attn, conv=None, kv_caches=self.kv_caches, conv_states=self.conv_states)
+            attn=attn, conv=conv, kv_caches=self.kv_caches, conv_states=self.conv_states)
 
     def _prefill_graph(self, desc: BatchExecutionDescriptor) -> None:
         """The captured prompt prefill of one row (padded to desc.num_tokens): the target's forward, the logits
@@ -498,7 +495,11 @@ class NativeEngine:
                 + [r.num_query_tokens - 1 if not r.is_prefill else -1 for r in rows],
                 dtype=torch.int32).view(4, num_reqs).unbind(0)
         conv = None
-        if self.conv_states:
+        if self.conv_states and desc.cg_mode == FULL and rows[0].is_prefill:
+            # a prompt-prefill graph (verify graphs take no prefill rows): its one-row persistent buffers
+            self.conv_builder.load_prompt_row(query_len=rows[0].num_query_tokens, num_tokens_padded=desc.num_tokens,
+                                              num_computed_tokens=starts[0], state_index=rows[0].request.conv_slot)
+        elif self.conv_states:
             conv = self.conv_builder.build(
                 query_start_loc_cpu=cpu.query_start_loc,
                 num_computed_tokens_cpu=starts_32,

@@ -161,6 +161,30 @@ class _SpecGraphBuffers:
         return ints.tobytes() + bytes(fields["spec_sequence_masks"]) + bytes(m - num_rows)
 
 
+class _PromptGraphBuffers:
+    """Persistent device tensors a captured prompt-prefill graph reads: one non-spec row (a lone prompt chunk,
+    padded up to the graph's token count). One byte buffer, so a step rewrites it with one host-to-device copy:
+
+        query_start_loc  int32[2]  [0, q]: the row's real tokens; the padding after them belongs to no row
+                                   (zero outputs, and the state written ends at the last real input)
+        state_indices    int32[1]  the row's conv slot (NULL at capture: reads slot 0, writes nothing)
+        num_computed     int32[1]  tokens before this chunk
+        has_initial      bool[1]   whether the row reads its stored window (chunks after the first)
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.buffer = torch.zeros(4 * 4 + 1, dtype=torch.uint8, device=device)
+        ints = self.buffer[:16].view(torch.int32)
+        self.query_start_loc = ints[0:2]
+        self.state_indices = ints[2:3]
+        self.num_computed = ints[3:4]
+        self.has_initial = self.buffer[16:].view(torch.bool)
+
+    @staticmethod
+    def payload(query_len: int, state_index: int, num_computed: int) -> bytes:
+        return array("i", [0, query_len, state_index, num_computed]).tobytes() + bytes([num_computed > 0])
+
+
 def _pad(values: torch.Tensor, length: int, fill: int | bool) -> torch.Tensor:
     """`values` extended to `length` entries with `fill`."""
     out = torch.full((length,), fill, dtype=values.dtype)
@@ -196,6 +220,7 @@ class ShortConvMetadataBuilder:
             self.decode_cudagraph_max_bs = min(self.decode_cudagraph_max_bs, max_capture_size)
             self.decode_cudagraph_max_tokens = min(self.decode_cudagraph_max_tokens, max_capture_size)
         self._graph = _SpecGraphBuffers(self.decode_cudagraph_max_bs, self.device)
+        self._prompt = _PromptGraphBuffers(self.device)
         self._no_rows_int32 = torch.zeros(0, dtype=torch.int32, device=self.device)
         self._no_rows_int64 = torch.zeros(0, dtype=torch.int64, device=self.device)
         # Pinned staging makes the host-to-device copies truly asynchronous.
@@ -259,7 +284,44 @@ class ShortConvMetadataBuilder:
             capture=True,
         )
 
+    def build_for_prompt_capture(self, *, num_tokens: int, state_lookahead: int = 0) -> ShortConvMetadata:
+        """Metadata of a prompt-prefill graph: one non-spec row padded to `num_tokens` tokens, whose tensors are
+        the persistent prompt buffers (`load_prompt_row` rewrites them before each replay). Captured on an inert
+        row (all `num_tokens` tokens real, NULL slot, no initial state), so capture touches no request's state.
+        state_lookahead: as `ShortConvMetadata.non_spec_state_lookahead` (1 for a draft's prefill region)."""
+        if num_tokens < 1:
+            raise ValueError(f"a prompt-prefill graph needs num_tokens >= 1, got {num_tokens}")
+        self._load_prompt(num_tokens, NULL_BLOCK_ID, 0)
+        p = self._prompt
+        return ShortConvMetadata(
+            num_prefills=1, num_prefill_tokens=num_tokens, num_decodes=0, num_decode_tokens=0, num_spec_decodes=0,
+            num_spec_decode_tokens=0, num_actual_tokens=num_tokens, spec_query_len=self.spec_query_len,
+            max_prefill_query_len=num_tokens, query_start_loc=p.query_start_loc,
+            state_indices_tensor=p.state_indices, non_spec_query_start_loc=p.query_start_loc,
+            has_initial_states_p=p.has_initial, state_indices_tensor_p=p.state_indices,
+            query_start_loc_p=p.query_start_loc, num_computed_tokens_p=p.num_computed,
+            non_spec_token_indx=None, non_spec_state_lookahead=state_lookahead,
+        )
+
+    def load_prompt_row(self, *, query_len: int, num_tokens_padded: int, num_computed_tokens: int,
+                        state_index: int) -> None:
+        """Point the prompt-prefill graphs at one prompt chunk: `query_len` real tokens (of the replayed graph's
+        `num_tokens_padded`), `num_computed_tokens` before it (> 0: it reads its stored window), conv slot
+        `state_index`. One host-to-device copy; nothing waits on the device."""
+        if not 1 <= query_len <= num_tokens_padded:
+            raise ValueError(f"a prompt chunk of {query_len} tokens does not fit a prompt graph of "
+                             f"{num_tokens_padded} tokens (valid: 1..{num_tokens_padded})")
+        if state_index <= NULL_BLOCK_ID or num_computed_tokens < 0:
+            raise ValueError(f"a prompt chunk needs a conv slot > NULL_BLOCK_ID ({NULL_BLOCK_ID}) and "
+                             f"num_computed_tokens >= 0, got slot {state_index}, {num_computed_tokens} computed")
+        self._load_prompt(query_len, state_index, num_computed_tokens)
+
     # ----------------------------------------------------------------------------------------- helpers
+
+    def _load_prompt(self, query_len: int, state_index: int, num_computed: int) -> None:
+        staged = torch.frombuffer(bytearray(_PromptGraphBuffers.payload(query_len, state_index, num_computed)),
+                                  dtype=torch.uint8)
+        self._prompt.buffer.copy_(staged.pin_memory() if self._pin else staged, non_blocking=True)
 
     def _h2d(self, t: torch.Tensor) -> torch.Tensor:
         """A device copy of CPU tensor `t` that never aliases the caller's (reusable) CPU buffers."""

@@ -161,11 +161,13 @@ class AutoRegressiveSpeculator:
         self.decode_graphs = CudaGraphManager("draft_decode", sizes, 1, device, enabled=use_cuda_graphs and self.k > 1,
                                               seq_len_buckets=buckets)
         # A lone prompt chunk's region (its tokens + the sampled one), one manager per slot count: as the target's
-        # prompt-prefill graphs (engine.cudagraph_prefill_tokens), for attention-only drafts.
-        self.prompt_graphs = PromptGraphs("draft_prompt_prefill", prompt_graph_tokens
-                                          if use_cuda_graphs and not self.conv_states else (), device, buckets)
-        # Forward contexts (views of the persistent buffers) of the captured (rows, tokens, key-length bucket).
+        # prompt-prefill graphs (engine.cudagraph_prefill_tokens).
+        self.prompt_graphs = PromptGraphs("draft_prompt_prefill", prompt_graph_tokens if use_cuda_graphs else (),
+                                          device, buckets)
+        # Forward contexts (views of the persistent buffers) of the captured (rows, tokens, key-length bucket):
+        # the verify rows' prefill graphs and the prompt regions' (whose shapes may coincide at one row).
         self._prefill_graph_ctx: dict[tuple[int, int, int], ForwardContext] = {}
+        self._prompt_graph_ctx: dict[tuple[int, int], ForwardContext] = {}
         self._decode_graph_ctx: dict[tuple[int, int], ForwardContext] = {}
         self._prefill_ctx: ForwardContext | None = None
         self._decode_ctx: ForwardContext | None = None
@@ -222,7 +224,10 @@ class AutoRegressiveSpeculator:
         """An inert one-row region of desc.num_tokens slots (`InputBuffers.load_inert_prompt`)."""
         attn = self.prefill_buffers.load_inert_prompt(desc.num_tokens, desc.max_seq_len)
         self.last_token_indices[:1].zero_()
-        self._prefill_graph_ctx[(1, desc.num_tokens, desc.max_seq_len)] = self._prefill_ctx = self._ctx(attn, None)
+        conv = None
+        if self.conv_states:  # the region's last slot is the sampled token, not yet committed: lookahead 1
+            conv = self.prefill_conv_builder.build_for_prompt_capture(num_tokens=desc.num_tokens, state_lookahead=1)
+        self._prompt_graph_ctx[(desc.num_tokens, desc.max_seq_len)] = self._prefill_ctx = self._ctx(attn, conv)
 
     def _prepare_decode_capture(self, desc: BatchExecutionDescriptor) -> None:
         num_reqs = desc.num_reqs
@@ -313,6 +318,13 @@ class AutoRegressiveSpeculator:
         torch.add(region_start_d, num_valid, out=self.last_token_indices[:num_reqs])
         self.last_token_indices[num_reqs : desc.num_reqs].zero_()
         staged_rows = StagedRows(num_valid, start_d, samples_d)
+        if desc.cg_mode == FULL and not bool(batch.is_spec[0]):  # a prompt graph (prefill graphs: verify rows)
+            self._prefill_ctx = self._prompt_graph_ctx[(desc.num_tokens, desc.max_seq_len)]
+            if self.conv_states:  # point its persistent conv buffers at this region
+                self.prefill_conv_builder.load_prompt_row(
+                    query_len=query_lens[0] + 1, num_tokens_padded=desc.num_tokens,
+                    num_computed_tokens=int(batch.start_positions[0]), state_index=int(batch.conv_slots[0]))
+            return staged_rows
         if desc.cg_mode == FULL:
             self._prefill_ctx = self._prefill_graph_ctx[(desc.num_reqs, desc.num_tokens, desc.max_seq_len)]
             if self.conv_states:  # refresh the persistent conv buffers the graph reads

@@ -171,16 +171,17 @@ def test_sampling_with_graphs_is_reproducible(pairs):
     assert [r.output_token_ids for r in a.requests] == [r.output_token_ids for r in b.requests]
 
 
+@pytest.mark.parametrize("pair", ["llama+llama", "lfm2+lfm2", "lfm2+llama"])
 @pytest.mark.parametrize("k", [0, 3])
 @pytest.mark.parametrize("kernels", [{}, {"compile_pointwise": True, "linear_kernel": "triton_gemv",
-                                          "attention_kernel": "triton"}])
-def test_prefill_graphs_replay_like_eager(pairs, k, kernels):
+                                          "attention_kernel": "triton", "conv_kernel": "triton"}])
+def test_prefill_graphs_replay_like_eager(pairs, pair, k, kernels):
     """engine.cudagraph_prefill_tokens on the GPU: lone prompt chunks (1-23 tokens, chunks of at most 64)
-    replay captured target and draft prefill graphs and serve the eager engine's greedy tokens; nothing is
-    captured after start-up."""
+    replay captured target and draft prefill graphs (attention-only, short-conv and hybrid models) and serve
+    the eager engine's greedy tokens, with the same drafts accepted; nothing is captured after start-up."""
     if kernels and not triton_support.AVAILABLE:
         pytest.skip("triton is not installed")
-    target_dir, draft_dir = pairs["llama+llama"]
+    target_dir, draft_dir = pairs[pair]
     target, draft = load_model(target_dir, device="cuda"), load_model(draft_dir, device="cuda")
     prompts = _prompts(8, seed=k)
 
@@ -199,6 +200,7 @@ def test_prefill_graphs_replay_like_eager(pairs, k, kernels):
     captured = {m.name: set(m.graphs) for m in graphed_engine.graph_managers()}
     graphed = graphed_engine.generate(prompts)
     assert [r.output_token_ids for r in graphed.requests] == [r.output_token_ids for r in eager.requests]
+    assert [r.verifies for r in graphed.requests] == [r.verifies for r in eager.requests]
     assert {m.name: set(m.graphs) for m in graphed_engine.graph_managers()} == captured, "no capture after start-up"
     assert sum(m.num_replays for m in graphed_engine.prefill_graphs.managers.values()) == len(prompts)
     if k > 0:  # and the draft's prefill of each prompt (its tokens + the sampled one)

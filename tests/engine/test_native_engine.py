@@ -269,15 +269,19 @@ def test_compiled_pointwise_ops_stay_lossless(pair_dirs, prompts, hf_greedy, pai
     assert outputs[3] == outputs[0] == hf_greedy[pair]
 
 
+@pytest.mark.parametrize("pair", ["llama+llama", "lfm2+lfm2", "lfm2+llama", "llama+lfm2"])
 @pytest.mark.parametrize("k", [0, 1, 4])
 @pytest.mark.parametrize("max_num_seqs", [1, 3])
-def test_prefill_graphs_serve_the_eager_tokens(pair_dirs, prompts, k, max_num_seqs):
+def test_prefill_graphs_serve_the_eager_tokens(pair_dirs, prompts, pair, k, max_num_seqs):
     """engine.cudagraph_prefill_tokens, emulated on the CPU: a lone prompt chunk is padded up to the smallest
     captured token count (8 or 16; chunks are cut at 16 tokens) and replayed through the persistent buffers,
-    including chunks after the first (cached keys) and one-token prompts; prefill chunks batched with other
-    rows run eagerly. The draft's prefill of a lone chunk replays a graph of one more slot. The greedy tokens are
-    the eager engine's, and every lone prefill chunk replayed, in the target and in the draft."""
-    target, draft = (load_model(d) for d in pair_dirs["llama+llama"])
+    including chunks after the first (cached keys, stored conv windows) and one-token prompts; prefill chunks
+    batched with other rows run eagerly. The draft's prefill of a lone chunk replays a graph of one more slot.
+    Attention-only, short-conv and hybrid targets and drafts: the greedy tokens are the eager engine's, and every
+    lone prefill chunk replayed, in the target and in the draft."""
+    target_dir, draft_dir = pair_dirs[pair] if pair != "llama+lfm2" else (pair_dirs["llama+llama"][0],
+                                                                           pair_dirs["lfm2+lfm2"][1])
+    target, draft = load_model(target_dir), load_model(draft_dir)
     many = [p + p[: 5 * i] for i, p in enumerate(prompts)]  # up to ~45 tokens: two or three chunks
 
     def run(mode, prefill_tokens=()):
@@ -293,6 +297,9 @@ def test_prefill_graphs_serve_the_eager_tokens(pair_dirs, prompts, k, max_num_se
     _, eager = run("none")
     engine, graphed = run("full", (8, 16))
     assert [r.output_token_ids for r in graphed.requests] == [r.output_token_ids for r in eager.requests]
+    # Lossless speculation keeps the tokens whatever the drafts: the drafts themselves (what each verify
+    # accepted) show the draft's prefill graphs left its KV and conv state as the eager prefill does.
+    assert [r.verifies for r in graphed.requests] == [r.verifies for r in eager.requests]
     lone_chunks = sum(1 for s in graphed.steps if s.num_prefill_tokens > 0 and s.num_reqs == 1)
     replays = {n: engine.prefill_graphs.managers[n].num_replays for n in (8, 16)}
     assert sum(replays.values()) == lone_chunks  # prefill chunks batched with other rows ran eagerly
@@ -308,7 +315,3 @@ def test_prefill_graphs_serve_the_eager_tokens(pair_dirs, prompts, k, max_num_se
 def test_prefill_graphs_are_validated(pair_dirs):
     with pytest.raises(EngineConfigError, match=r"cudagraph_prefill_tokens=\(8, 64\).*\[1, 32\]"):
         EngineConfig(max_num_batched_tokens=32, cudagraph_prefill_tokens=(8, 64)).validate()
-    with pytest.raises(EngineConfigError, match="cudagraph_prefill_tokens=\\[8\\].*short-conv"):
-        NativeEngine(load_model(pair_dirs["lfm2+lfm2"][0]), None,
-                     EngineConfig(cudagraph_mode="full", cudagraph_prefill_tokens=(8,)), SpeculatorConfig(),
-                     SamplingConfig(), emulate_graphs_on_cpu=True)
