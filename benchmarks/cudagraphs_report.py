@@ -68,8 +68,9 @@ def render(result: dict) -> str:
     lines = [f"Machine: {result['machine']['gpu']}, torch {result['machine']['torch']}, "
              f"Python {result['machine']['python']}. Measured copy bandwidth (read + write): "
              f"{result['copy_bandwidth_bytes_per_s'] / 1e12:.2f} TB/s.", ""]
-    switches = [f"{key}={result[key]}" for key in ("compile_pointwise", "linear_kernel", "attention_kernel",
-                                                    "conv_kernel", "plain_decode_lookahead") if key in result]
+    switches = [f"{key}={result[key]}" for key in ("compile_pointwise", "linear_kernel", "fold_norm_weights",
+                                                    "attention_kernel", "conv_kernel", "plain_decode_lookahead",
+                                                    "cudagraph_prefill_tokens") if key in result]
     if switches:  # results written before a switch existed leave it out
         lines += [f"Engine: {', '.join(switches)}.", ""]
     for name, pair in result["pairs"].items():

@@ -328,6 +328,9 @@ def main() -> None:
                         choices=["cublas", "triton_gemv", "triton_skinny"],
                         help="engine.linear_kernel: single-token projections on cuBLAS or the Triton GEMV; "
                              "triton_skinny: also projections of up to 16 tokens (verify, draft prefill)")
+    parser.add_argument("--fold-norm-weights", action="store_true",
+                        help="engine.fold_norm_weights: pre-norm weights folded into the projections (the fused "
+                             "norms of the Triton kernels skip scaling x)")
     parser.add_argument("--attention-kernel", default="triton", choices=["sdpa", "triton"],
                         help="engine.attention_kernel: decode/verify attention by gather + SDPA or one Triton kernel")
     parser.add_argument("--ks", default=None, help="end to end: comma-separated depths (must include 0; default 0..8)")
@@ -368,10 +371,12 @@ def main() -> None:
     result = {"machine": {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
                           "python": platform.python_version()}, "pairs": {}, "errors": {},
               "compile_pointwise": args.compile_pointwise, "linear_kernel": args.linear_kernel,
+              "fold_norm_weights": args.fold_norm_weights,
               "attention_kernel": args.attention_kernel, "conv_kernel": args.conv_kernel,
               "plain_decode_lookahead": not args.no_plain_decode_lookahead, "end_to_end_grid": e2e,
               "cudagraph_prefill_tokens": list(prefill_tokens)}
     kernels = {"compile_pointwise": args.compile_pointwise, "linear_kernel": args.linear_kernel,
+               "fold_norm_weights": args.fold_norm_weights,
                "attention_kernel": args.attention_kernel, "conv_kernel": args.conv_kernel,
                "plain_decode_lookahead": not args.no_plain_decode_lookahead,
                "cudagraph_prefill_tokens": prefill_tokens}

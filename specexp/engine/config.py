@@ -30,8 +30,9 @@ class EngineConfig:
     (64, 128, 256): a step that prefills a single request (batch-1 serving: the prompt's time to first token)
     pads its chunk to the smallest count that holds it and replays that graph instead of running eagerly, host
     bound; () = off (the default). The draft's prefill of the chunk (its tokens + the sampled one) replays a
-    graph of count + 1 slots likewise. Attention-only targets (the short-conv builder's graphs take spec rows
-    only; a short-conv draft prefills eagerly); each count must fit a step (max_num_batched_tokens).
+    graph of count + 1 slots likewise. Attention-only, short-conv and hybrid models alike (a short-conv layer
+    reads the chunk's conv-state slot from the builder's one-row persistent buffers); each count must fit a
+    step (max_num_batched_tokens).
     compile_pointwise: fuse each RMSNorm, SiLU-gated product, RoPE and short-conv multiply-add chain of the
     target and draft into one torch.compile'd kernel (`specexp.models.pointwise`; needs a compiler for
     inductor's backend: Triton on a GPU, a C++ compiler on a CPU). Off: plain eager torch. With CUDA graphs
@@ -41,6 +42,9 @@ class EngineConfig:
     i.e. batch-1 decode and draft steps, on the Triton GEMV of `specexp.models.triton_gemv`; CUDA only) |
     "triton_skinny" (the same, and projections of up to 16 tokens, e.g. a batch-1 verify, on its skinny GEMM;
     slower than cuBLAS inside the engine on the H200, see `triton_gemv`'s docstring).
+    fold_norm_weights: fold each decoder layer's pre-norm weight into the projections that read it, in place
+    (`specexp.models.norm_folding`: the same function up to one rounding of each folded weight), so the Triton
+    kernels that fuse the norm skip scaling x by it; the models stay folded after the engine.
     attention_kernel: "sdpa" (gather each row's keys, then SDPA) | "triton" (uniform batches, i.e. decode
     and verify steps, on one Triton kernel reading the paged cache in place, `specexp.models.triton_attention`;
     CUDA only; other batches keep SDPA).
@@ -65,6 +69,7 @@ class EngineConfig:
     cudagraph_prefill_tokens: tuple[int, ...] = ()
     compile_pointwise: bool = False
     linear_kernel: str = "cublas"
+    fold_norm_weights: bool = False
     attention_kernel: str = "sdpa"
     conv_kernel: str = "torch"
     plain_decode_lookahead: bool = True
@@ -92,7 +97,7 @@ class EngineConfig:
             raise EngineConfigError(
                 f"engine.cudagraph_prefill_tokens={prefill!r}: must be a list of token counts in [1, "
                 f"{self.token_budget}] (a step's token budget, max_num_batched_tokens), or [] for none")
-        for name in ("compile_pointwise", "plain_decode_lookahead"):
+        for name in ("compile_pointwise", "plain_decode_lookahead", "fold_norm_weights"):
             if not isinstance(getattr(self, name), bool):
                 raise EngineConfigError(f"engine.{name}={getattr(self, name)!r}: must be true or false")
         self._check_kernel("linear_kernel", LINEAR_KERNELS, ("triton_gemv", "triton_skinny"),

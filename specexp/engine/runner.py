@@ -43,6 +43,7 @@ from specexp.engine.timing import PhaseStamps, PhaseTimer
 from specexp.models.attention import ATTENTION_KERNELS, use_attention_kernel
 from specexp.models.caches import allocate_conv_states, allocate_kv_caches
 from specexp.models.linear_ops import LINEAR_KERNELS, use_linear_ops
+from specexp.models.norm_folding import fold_norm_weights
 from specexp.models.metadata import ForwardContext
 from specexp.models.pointwise import EAGER as EAGER_POINTWISE
 from specexp.models.pointwise import compiled_pointwise_ops, use_pointwise_ops
@@ -141,6 +142,8 @@ class NativeEngine:
         # (set on the modules: a model shared by two engines follows the last one built).
         ops = compiled_pointwise_ops() if engine.compile_pointwise else EAGER_POINTWISE
         for model in (target, draft) if self.k > 0 else (target,):
+            if engine.fold_norm_weights:
+                fold_norm_weights(model)
             use_pointwise_ops(model, ops)
             use_linear_ops(model, LINEAR_KERNELS[engine.linear_kernel])
             use_attention_kernel(model, ATTENTION_KERNELS[engine.attention_kernel])

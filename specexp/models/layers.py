@@ -22,7 +22,10 @@ from specexp.models.stacked import StackedLinear
 
 
 class RMSNorm(nn.Module):
-    """y = weight * (x / sqrt(mean(x^2) + eps)) (see :func:`specexp.models.pointwise.rms_norm`)."""
+    """y = weight * (x / sqrt(mean(x^2) + eps)) (see :func:`specexp.models.pointwise.rms_norm`).
+
+    `folded`: the weight has been folded into the projections that read this norm and is now all ones
+    (:mod:`specexp.models.norm_folding`), so a kernel that fuses the norm may skip the scaling."""
 
     ops: PointwiseOps = EAGER
 
@@ -30,6 +33,7 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
+        self.folded = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [..., dim] -> [..., dim]."""

@@ -111,6 +111,14 @@ class Lfm2DecoderLayer(nn.Module):
         self.operator_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.ffn_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
+    def pre_norm_projections(self) -> list[tuple[RMSNorm, list[nn.Linear]]]:
+        """Each pre-norm with the projections that read its output (:mod:`specexp.models.norm_folding`)."""
+        if self.is_attention:
+            operator = [self.self_attn.q_proj, self.self_attn.k_proj, self.self_attn.v_proj]
+        else:
+            operator = [self.conv.in_proj]
+        return [(self.operator_norm, operator), (self.ffn_norm, [self.feed_forward.w1, self.feed_forward.w3])]
+
     def forward(self, h, positions, rope, cache: torch.Tensor, plan: AttentionPlan | None,
                 conv_plan: ConvPlan | None) -> torch.Tensor:
         """h [T, hidden], the residual stream, updated in place and returned. cache: this layer's KV cache

@@ -48,6 +48,7 @@ class Norm(Protocol):
 
     weight: torch.Tensor
     eps: float
+    folded: bool  # weight folded into the projections that read the norm (now all ones)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor: ...
 
@@ -91,6 +92,8 @@ def _gemv_norm_linear(max_tokens: int):
         if norm is None:
             return linear(x, weight, bias)
         if x.is_cuda and triton_gemv.supports(x, weight, norm.weight, max_tokens=max_tokens):
+            if norm.folded:  # its weight is ones, already in `weight`: 1/rms(x) alone
+                return triton_gemv.gemv(x, weight, bias, eps=norm.eps, rms_only=True)
             return triton_gemv.gemv(x, weight, bias, norm_weight=norm.weight, eps=norm.eps)
         return norm_linear(x, norm, weight, bias)
 

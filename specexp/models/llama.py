@@ -52,6 +52,12 @@ class LlamaDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
+    def pre_norm_projections(self) -> list[tuple[RMSNorm, list[nn.Linear]]]:
+        """Each pre-norm with the projections that read its output (:mod:`specexp.models.norm_folding`)."""
+        attn, mlp = self.self_attn, self.mlp
+        return [(self.input_layernorm, [attn.q_proj, attn.k_proj, attn.v_proj]),
+                (self.post_attention_layernorm, [mlp.gate_proj, mlp.up_proj])]
+
     def forward(self, h, positions, rope, kv_cache, meta):
         """h [T, hidden], the residual stream, updated in place and returned (each norm is applied by the
         projection that reads it, so the linear kernels may fuse the two)."""

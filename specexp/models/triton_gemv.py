@@ -88,7 +88,7 @@ if AVAILABLE:
     @triton.jit
     def _gemv_kernel(x_ptr, norm_w_ptr, w_ptr, bias_ptr, res_ptr, y_ptr, N, K, stride_w, eps,
                      HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, NORM: tl.constexpr,
-                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                     SCALE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
         rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         cols = tl.arange(0, BLOCK_K)
         row_ok = rows < N
@@ -101,6 +101,7 @@ if AVAILABLE:
             x = tl.load(x_ptr + k, mask=k_ok, other=0.0).to(tl.float32)
             if NORM:  # the 1/rms scale is applied to the dot products at the end
                 squares += x * x
+            if SCALE:  # the norm's weight (not folded into W)
                 x = x * tl.load(norm_w_ptr + k, mask=k_ok, other=0.0).to(tl.float32)
             w = tl.load(w_ptr + rows[:, None] * stride_w + k[None, :], mask=row_ok[:, None] & k_ok[None, :],
                         other=0.0)
@@ -118,7 +119,8 @@ if AVAILABLE:
     @triton.jit
     def _skinny_kernel(x_ptr, norm_w_ptr, w_ptr, bias_ptr, res_ptr, y_ptr, M, N, K, stride_x, stride_w, stride_y,
                        eps, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, NORM: tl.constexpr,
-                       IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                       SCALE: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BLOCK_K: tl.constexpr):
         rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         tokens = tl.arange(0, BLOCK_M)
         cols = tl.arange(0, BLOCK_K)
@@ -137,6 +139,7 @@ if AVAILABLE:
                     gram = tl.dot(x, tl.trans(x), gram, input_precision="ieee")
                 else:
                     gram = tl.dot(x, tl.trans(x), gram)
+            if SCALE:  # the norm's weight (not folded into W): x goes through registers, off the pipeline
                 x = (x.to(tl.float32) * tl.load(norm_w_ptr + k, mask=k_ok, other=0.0).to(tl.float32)[None, :]).to(
                     x.dtype)
             w = tl.load(w_ptr + rows[:, None] * stride_w + k[None, :], mask=row_ok[:, None] & k_ok[None, :],
@@ -167,9 +170,11 @@ def supports(x: torch.Tensor, weight: torch.Tensor, *same_dtype: torch.Tensor, m
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
          residual: torch.Tensor | None = None, config: tuple[int, ...] | None = None, *,
-         norm_weight: torch.Tensor | None = None, eps: float = 0.0) -> torch.Tensor:
+         norm_weight: torch.Tensor | None = None, eps: float = 0.0, rms_only: bool = False) -> torch.Tensor:
     """x [M, K] (1 <= M <= MAX_TOKENS), weight [N, K] (rows contiguous), bias [N] or None -> a @ weight^T + bias,
-    [M, N] in x's dtype, where a = x, or rms_norm(x) * norm_weight row by row with `norm_weight` [K] (and `eps`).
+    [M, N] in x's dtype, where a = x, or rms_norm(x) * norm_weight row by row with `norm_weight` [K] (and `eps`),
+    or with `rms_only` (no norm_weight) rms_norm(x) alone: a norm whose weight is folded into `weight`
+    (:mod:`specexp.models.norm_folding`), which spares the kernels the scaling of x.
 
     M = 1 runs the GEMV kernel, M >= 2 the skinny kernel. With `residual` ([M, N], contiguous) the sum is added to
     it in place and residual is returned: one rounding of (residual + product + bias), as `residual.addmm_` rounds.
@@ -179,16 +184,19 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     """
     n, k = weight.shape
     m = x.shape[0]
+    if rms_only and norm_weight is not None:
+        raise ValueError("triton_gemv.gemv: rms_only normalises without a weight; got a norm_weight too")
+    normalize = norm_weight is not None or rms_only
     if not 1 <= m <= MAX_TOKENS:
         raise ValueError(f"triton_gemv.gemv takes 1..{MAX_TOKENS} rows of x, got x of shape {tuple(x.shape)}")
     if config is None and m == 1:
-        config = (BLOCK_N if norm_weight is None else NORM_BLOCK_N, min(MAX_BLOCK_K, triton.next_power_of_2(k)),
+        config = (NORM_BLOCK_N if normalize else BLOCK_N, min(MAX_BLOCK_K, triton.next_power_of_2(k)),
                   NUM_WARPS)
     block_n, block_k, warps, *stages = config or skinny_config(n, k, x.element_size())
     x = x.contiguous()
     out = residual if residual is not None else torch.empty(m, n, device=x.device, dtype=x.dtype)
-    flags = dict(HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None, NORM=norm_weight is not None,
-                 BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps)
+    flags = dict(HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None, NORM=normalize,
+                 SCALE=norm_weight is not None, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps)
     if stages:
         flags["num_stages"] = stages[0]
     operands = (x, norm_weight if norm_weight is not None else x, weight, bias if bias is not None else x, out, out)

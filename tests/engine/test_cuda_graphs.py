@@ -30,14 +30,15 @@ def _prompts(n, seed=0):
 
 
 def _engine(target, draft, k, max_num_seqs, graphs, temperature=0.0, compile_pointwise=False,
-            linear_kernel="cublas", attention_kernel="sdpa", conv_kernel="torch", plain_decode_lookahead=True):
+            linear_kernel="cublas", attention_kernel="sdpa", conv_kernel="torch", plain_decode_lookahead=True,
+            fold_norm_weights=False):
     return NativeEngine(
         target, draft,
         EngineConfig(device="cuda", max_num_seqs=max_num_seqs, max_model_len=96, block_size=8,
                      max_num_batched_tokens=64, cudagraph_mode="full" if graphs else "none", seed=0,
                      compile_pointwise=compile_pointwise, linear_kernel=linear_kernel,
                      attention_kernel=attention_kernel, conv_kernel=conv_kernel,
-                     plain_decode_lookahead=plain_decode_lookahead),
+                     plain_decode_lookahead=plain_decode_lookahead, fold_norm_weights=fold_norm_weights),
         SpeculatorConfig(num_speculative_tokens=k, cudagraph_mode="full" if graphs else "none"),
         # EOS (id 2) is honoured: requests finish at different steps, so batches change every step.
         SamplingConfig(temperature=temperature, max_new_tokens=24, ignore_eos=False),
@@ -109,17 +110,20 @@ def test_compiled_pointwise_ops_run_only_inside_graphs(pairs):
 
 
 TRITON_CASES = [("lfm2+llama", 0, 1), ("lfm2+lfm2", 3, 1), ("llama+llama", 4, 5), ("llama+llama", 8, 32)]
-TRITON_KERNELS = [("triton_gemv", "sdpa", "torch"), ("cublas", "triton", "torch"), ("cublas", "sdpa", "triton"),
-                  ("triton_gemv", "triton", "triton"), ("triton_skinny", "triton", "triton")]
+# (linear, attention, conv kernel, fold_norm_weights)
+TRITON_KERNELS = [("triton_gemv", "sdpa", "torch", False), ("cublas", "triton", "torch", False),
+                  ("cublas", "sdpa", "triton", False), ("triton_gemv", "triton", "triton", False),
+                  ("triton_skinny", "triton", "triton", False), ("triton_skinny", "triton", "triton", True)]
 
 
-@pytest.mark.parametrize("linear_kernel, attention_kernel, conv_kernel", TRITON_KERNELS)
+@pytest.mark.parametrize("linear_kernel, attention_kernel, conv_kernel, fold", TRITON_KERNELS)
 @pytest.mark.parametrize("pair, k, max_num_seqs", TRITON_CASES)
 def test_triton_kernels_replay_like_the_defaults(pairs, pair, k, max_num_seqs, linear_kernel, attention_kernel,
-                                                 conv_kernel, monkeypatch):
+                                                 conv_kernel, fold, monkeypatch):
     """engine.linear_kernel=triton_gemv / attention_kernel=triton / conv_kernel=triton: single-token
     projections, uniform-batch attention and LFM2's uniform-batch short conv run on the Triton kernels
-    (captured in the graphs), and the greedy tokens equal the default engine's (fp32 pairs without near-ties)."""
+    (captured in the graphs), and the greedy tokens equal the default engine's (fp32 pairs without near-ties);
+    with fold_norm_weights too (the fused norms then skip the scaling by the norm weight)."""
     from specexp.models import attention, short_conv_ops, triton_gemv
     from specexp.models.kernels import UniformKernel
 
@@ -141,7 +145,8 @@ def test_triton_kernels_replay_like_the_defaults(pairs, pair, k, max_num_seqs, l
     prompts = _prompts(12 if max_num_seqs < 32 else 40, seed=k)
     plain = _engine(target, draft, k, max_num_seqs, graphs=False).generate(prompts)
     assert calls == {"gemv": 0, "attention": 0, "conv": 0}
-    kernels = {"linear_kernel": linear_kernel, "attention_kernel": attention_kernel, "conv_kernel": conv_kernel}
+    kernels = {"linear_kernel": linear_kernel, "attention_kernel": attention_kernel, "conv_kernel": conv_kernel,
+               "fold_norm_weights": fold}
     eager = _engine(target, draft, k, max_num_seqs, graphs=False, **kernels).generate(prompts)
     assert (calls["gemv"] > 0) == linear_kernel.startswith("triton")
     assert (calls["attention"] > 0) == (attention_kernel == "triton")

@@ -9,6 +9,7 @@ from pairs import VOCAB, build_pairs, save_tiny, tiny_hf_model
 from specexp.engine.config import EngineConfig, EngineConfigError, SamplingConfig, SpeculatorConfig
 from specexp.engine.runner import NativeEngine
 from specexp.models import load_model
+from specexp.models.norm_folding import pre_norm_pairs
 
 MAX_NEW = 10
 PROMPT_LENS = [3, 11, 6, 17, 1, 9]
@@ -315,3 +316,26 @@ def test_prefill_graphs_serve_the_eager_tokens(pair_dirs, prompts, pair, k, max_
 def test_prefill_graphs_are_validated(pair_dirs):
     with pytest.raises(EngineConfigError, match=r"cudagraph_prefill_tokens=\(8, 64\).*\[1, 32\]"):
         EngineConfig(max_num_batched_tokens=32, cudagraph_prefill_tokens=(8, 64)).validate()
+
+
+@pytest.mark.parametrize("pair", ["lfm2+lfm2", "llama+llama"])
+def test_folded_norm_weights_serve_the_same_tokens(pair_dirs, prompts, pair):
+    """engine.fold_norm_weights folds each pre-norm's weight into its projections (fresh models: folding is in
+    place): the greedy tokens and every verify's accepted drafts are the unfolded engine's."""
+
+    def run(fold):
+        target, draft = (load_model(d) for d in pair_dirs[pair])
+        engine = NativeEngine(
+            target, draft, EngineConfig(max_num_seqs=4, max_model_len=64, block_size=4, fold_norm_weights=fold),
+            SpeculatorConfig(num_speculative_tokens=3), SamplingConfig(max_new_tokens=MAX_NEW, ignore_eos=True),
+        )
+        return engine, engine.generate(prompts)
+
+    _, plain = run(False)
+    engine, folded = run(True)
+    assert all(norm.folded for model in (engine.target, engine.speculator.model)
+               for norm, _ in pre_norm_pairs(model))
+    assert [r.output_token_ids for r in folded.requests] == [r.output_token_ids for r in plain.requests]
+    assert [r.verifies for r in folded.requests] == [r.verifies for r in plain.requests]
+    with pytest.raises(EngineConfigError, match="engine.fold_norm_weights='yes': must be true or false"):
+        EngineConfig(fold_norm_weights="yes").validate()

@@ -25,7 +25,8 @@ from specexp.models.triton_gemv import skinny_config
 SHAPES = [(5, 3), (64, 1), (1000, 37), (1024, 256), (2500, 130)]
 
 
-FUSIONS = ("none", "norm")  # the RMSNorm before the product fused in, or not
+# the RMSNorm before the product fused in ("norm"), with its weight folded into W ("rms": 1/rms(x) alone), or not
+FUSIONS = ("none", "norm", "rms")
 # rows of x: the GEMV (1), then the skinny kernel at and between powers of 2 (a verify of k + 1 <= 9 tokens, a
 # draft prefill region of k + 2 <= 10, the 16 it takes at most)
 TOKENS = (1, 2, 3, 5, 9, 16)
@@ -45,12 +46,15 @@ def check_products(device: str, dtypes, fusions=FUSIONS, tokens=TOKENS) -> None:
             norm_weight = torch.rand(k, generator=gen) + 0.5
             x, w, bias, residual, norm_weight = (t.to(dtype) for t in (x, w, bias, residual, norm_weight))
             a = x.double()
-            if "norm" in fusion:
-                a = a * torch.rsqrt(a.pow(2).mean(-1, keepdim=True) + 1e-5) * norm_weight.double()
+            if fusion != "none":
+                a = a * torch.rsqrt(a.pow(2).mean(-1, keepdim=True) + 1e-5)
+            if fusion == "norm":
+                a = a * norm_weight.double()
             expected = a @ w.double().T + (bias.double() if with_bias else 0)
             expected = expected + (residual.double() if with_residual else 0)
             res = residual.to(device).clone() if with_residual else None
-            norm = {"norm_weight": norm_weight.to(device), "eps": 1e-5} if "norm" in fusion else {}
+            norm = {"none": {}, "norm": {"norm_weight": norm_weight.to(device), "eps": 1e-5},
+                    "rms": {"eps": 1e-5, "rms_only": True}}[fusion]
             got = triton_gemv.gemv(x.to(device), w.to(device), bias.to(device) if with_bias else None,
                                    residual=res, **norm)
             assert got.shape == (m, n) and got.dtype == dtype
@@ -86,7 +90,7 @@ POINTERS = ("x_ptr", "norm_w_ptr", "w_ptr", "bias_ptr", "res_ptr", "y_ptr")
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
-@pytest.mark.parametrize("norm", [False, True])
+@pytest.mark.parametrize("norm", ["none", "norm", "rms"])
 def test_every_launch_fits_a_hopper_block(dtype, norm):
     """Compiled for sm_90 without a GPU, every kernel configuration `gemv` launches (GEMV, skinny at each
     output-width bound of SKINNY_CONFIGS_BY_N) compiles and asks for no more shared memory than a Hopper block has.
@@ -94,10 +98,10 @@ def test_every_launch_fits_a_hopper_block(dtype, norm):
     if not triton_gemv.AVAILABLE:
         pytest.skip("triton is not installed")
     element_bytes = {"bf16": 2, "fp32": 4}[dtype]
-    flags = {"HAS_BIAS": True, "HAS_RESIDUAL": True, "NORM": norm}
+    flags = {"HAS_BIAS": True, "HAS_RESIDUAL": True, "NORM": norm != "none", "SCALE": norm == "norm"}
     pointers = {name: f"*{dtype}" for name in POINTERS}
     k = 2500  # past one 1024-wide chunk: the widest BLOCK_K each kernel takes
-    gemv_block_n = triton_gemv.NORM_BLOCK_N if norm else triton_gemv.BLOCK_N
+    gemv_block_n = triton_gemv.NORM_BLOCK_N if norm != "none" else triton_gemv.BLOCK_N
     shared = {"gemv": hopper_shared_bytes(
         triton_gemv._gemv_kernel, {**pointers, "N": "i32", "K": "i32", "stride_w": "i32", "eps": "fp32"},
         {**flags, "BLOCK_N": gemv_block_n, "BLOCK_K": triton_gemv.MAX_BLOCK_K}, triton_gemv.NUM_WARPS)}
@@ -152,10 +156,17 @@ def test_skinny_table_takes_up_to_max_tokens_rows():
     bit for bit."""
     table, most = TRITON_SKINNY, triton_gemv.MAX_TOKENS
     w, norm = torch.randn(96, 200, device="cuda"), RMSNorm(200, 1e-6).cuda()
+    with torch.no_grad():
+        norm.weight.copy_(torch.rand(200) + 0.5)
+    folded = RMSNorm(200, 1e-6).cuda()  # the same norm with its weight folded into the projection
+    folded.folded = True
+    w_folded = w * norm.weight.detach()
     for rows in sorted({1, 2, 3, most // 2 + 1, most}):
         x = torch.randn(rows, 200, device="cuda")
         torch.testing.assert_close(table.linear(x, w, None), F.linear(x, w), atol=1e-4, rtol=1e-4)
         torch.testing.assert_close(table.norm_linear(x, norm, w, None), F.linear(norm(x), w), atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(table.norm_linear(x, folded, w_folded, None), F.linear(norm(x), w),
+                                   atol=1e-4, rtol=1e-4)
         residual = torch.randn(rows, 96, device="cuda")
         expected = residual + F.linear(x, w)
         torch.testing.assert_close(table.add_linear_(residual, x, w, None), expected, atol=1e-4, rtol=1e-4)
@@ -171,6 +182,13 @@ def test_gemv_rejects_more_rows_than_it_takes():
     x = torch.zeros(triton_gemv.MAX_TOKENS + 1, 8)
     with pytest.raises(ValueError, match=f"1..{triton_gemv.MAX_TOKENS} rows of x"):
         triton_gemv.gemv(x, torch.zeros(4, 8))
+
+
+def test_gemv_rejects_rms_only_with_a_norm_weight():
+    if not triton_gemv.AVAILABLE:
+        pytest.skip("triton is not installed")
+    with pytest.raises(ValueError, match="rms_only normalises without a weight"):
+        triton_gemv.gemv(torch.zeros(2, 8), torch.zeros(4, 8), norm_weight=torch.ones(8), rms_only=True)
 
 
 def test_linear_kernel_is_validated():
