@@ -41,7 +41,8 @@ class EngineConfig:
     linear_kernel: "cublas" (torch's GEMMs for every projection) | "triton_gemv" (single-token projections,
     i.e. batch-1 decode and draft steps, on the Triton GEMV of `specexp.models.triton_gemv`; CUDA only) |
     "triton_skinny" (the same, and projections of up to 16 tokens, e.g. a batch-1 verify, on its skinny GEMM;
-    slower than cuBLAS inside the engine on the H200, see `triton_gemv`'s docstring).
+    with fold_norm_weights it beats cuBLAS + separate norms inside the engine on the H200, see `triton_gemv`'s
+    docstring; `engine=cuda`'s default).
     fold_norm_weights: fold each decoder layer's pre-norm weight into the projections that read it, in place
     (`specexp.models.norm_folding`: the same function up to one rounding of each folded weight), so the Triton
     kernels that fuse the norm skip scaling x by it; the models stay folded after the engine.

@@ -55,6 +55,14 @@ is written into persistent buffers and padded up to the runner's padded row coun
     spec_query_start_loc      [0   4   8   12 | 12   12]    flat tail: padded rows own no token
     spec_sequence_masks       [T   T   T  | F    F   ]
 
+Prompt-prefill graphs (`engine.cudagraph_prefill_tokens`) replay a lone prompt chunk of q tokens padded to the
+graph's N: one non-spec row, on the varlen path, whose few tensors live in their own persistent buffers
+(`build_for_prompt_capture` once per graph, `load_prompt_row` before each replay):
+
+    non_spec_query_start_loc  [0, q]        tokens q..N-1 belong to no row: zero outputs, no state written
+    state_indices_tensor      [slot]        NULL at capture
+    has_initial_states_p      [computed > 0]  chunks after the first read their stored window
+
 Everything is computed from CPU tensors: counts are Python ints and device tensors arrive through
 non-blocking host-to-device copies, so building never waits on the device.
 """

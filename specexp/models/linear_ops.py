@@ -13,6 +13,10 @@ bias)` and `norm_linear(x, norm, weight, bias)` (a pre-norm projection: linear(n
 - :data:`TRITON_SKINNY` (`engine.linear_kernel=triton_skinny`): the same for products of up to
   `triton_gemv.MAX_TOKENS` rows (a batch-1 verify of k + 1 tokens, a draft prefill region of k + 2), the rows
   past the first on the GEMV's skinny-GEMM sibling, which streams each weight once for all rows.
+
+A pre-norm whose weight is folded into the projections (`RMSNorm.folded`, :mod:`specexp.models.norm_folding`)
+reaches the Triton kernels as `rms_only`: they scale each row's products by 1/rms(x) and skip the multiply by the
+norm weight, which is what made the skinny kernel lose to cuBLAS before.
 """
 
 from __future__ import annotations

@@ -32,9 +32,11 @@ against 0.76 ms in cuBLAS's GEMMs (plus 0.06 ms of separate RMSNorms; diag_verif
 The fused norm was why. The kernel now sums each token's squares on the tensor cores too, as the diagonal of
 x x^T accumulated over the chunks: summing them in registers needs x in a second layout every chunk, which cost
 2.7x the unfused kernel's time (2.17 ms against 0.80 for the GEMMs of a LFM2-1.2B-shaped step at M = 2; 1.22 ms
-now; session 9, verify_cost_skinny_gram_s9.json). Scaling x by the norm weight still costs 15-25%: a verify of
-2 tokens now takes 1.13 ms against 1.08 on cuBLAS plus separate norms (LFM2-1.2B shape) and is level on the
-Llama-3.2-1B shape (1.13 ms), so `triton_skinny` stays off by default.
+now; session 9, verify_cost_skinny_gram_s9.json). Scaling x by the norm weight cost another 15-25%, as x then
+leaves its shared-memory pipeline for registers; with the weight folded into W (`rms_only`,
+:mod:`specexp.models.norm_folding`) the kernel skips it. Session 10 (verify_cost_skinny_fold_s10.json): a verify
+of 2-5 tokens takes 1.19-1.21 decode steps on the LFM2-1.2B shape and 1.13-1.15 on the Llama-3.2-1B shape,
+against 1.27 and 1.21 on cuBLAS plus separate norms, so `engine=cuda` runs `triton_skinny` with folded norms.
 
 A multi-row GEMV (one fp32 accumulator per row of x, each weight chunk loaded once; sessions 8-9) lost to cuBLAS at
 2-4 rows on every 1B-class shape even tuned (LFM2-1.2B shape at M = 2: 0.87 ms against 0.80) and was removed.
