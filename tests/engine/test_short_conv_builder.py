@@ -516,3 +516,80 @@ def test_building_never_syncs_with_the_device():
                 assert got.device.type == "cuda" and torch.equal(got.cpu(), value), name
             else:
                 assert got == value, name
+
+
+@st.composite
+def prompt_runs(draw):
+    lookahead = draw(st.integers(0, 1))  # a draft's region ends with one uncommitted token
+    graph_tokens = draw(st.integers(1 + lookahead, 12))
+    return {"width": draw(st.integers(2, 5)), "k": draw(st.integers(0, 4)), "graph_tokens": graph_tokens,
+            "lookahead": lookahead,
+            "chunks": draw(st.lists(st.integers(1 + lookahead, graph_tokens), min_size=1, max_size=4)),
+            "seed": draw(st.integers(0, 2**20))}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@settings(max_examples=60, deadline=None)
+@given(run=prompt_runs())
+def test_prompt_graph_replays_match_the_committed_stream(device, run):
+    """A prompt-prefill graph of N tokens (`build_for_prompt_capture`, captured once) replayed for a request's
+    chunks of 1..N tokens (`load_prompt_row` before each; padding after the chunk holds NaN): each real token's
+    output is the conv of the committed stream plus the chunk, the padding gives zeros, and the slot's window
+    ends at the last committed input (with a lookahead of L, the chunk's last L inputs are not committed and
+    follow the window); no other slot changes. On CUDA a real graph replay, on CPU the captured call again."""
+    dev = torch.device(device)
+    width, n, lookahead = run["width"], run["graph_tokens"], run["lookahead"]
+    gen = torch.Generator().manual_seed(run["seed"])
+    weight = torch.randn(DIM, width, generator=gen, dtype=torch.float64).to(dev)
+    bias = torch.randn(DIM, generator=gen, dtype=torch.float64).to(dev)
+    state = torch.randn(4, DIM, width - 1 + run["k"] + 1, generator=gen, dtype=torch.float64).to(dev)
+    slot = 2
+    builder = _builder(run["k"] + 1, full=True, max_num_seqs=3, device=dev)
+    captured = builder.build_for_prompt_capture(num_tokens=n, state_lookahead=lookahead)
+    x_buf = torch.zeros(n, DIM, dtype=torch.float64, device=dev)
+    untouched = [s for s in range(state.shape[0]) if s != slot]
+    before = state[untouched].clone()
+    if dev.type == "cuda":
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up on the NULL slot: changes nothing
+            short_conv(x_buf, weight, bias, state, captured)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out_buf = short_conv(x_buf, weight, bias, state, captured)
+        replay = graph.replay
+    else:
+        out_buf = torch.zeros_like(x_buf)
+
+        def replay():
+            out_buf.copy_(short_conv(x_buf, weight, bias, state, captured))
+
+    committed = torch.zeros(0, DIM, dtype=torch.float64)
+    for q in run["chunks"]:
+        chunk = torch.randn(q, DIM, generator=gen, dtype=torch.float64)
+        builder.load_prompt_row(query_len=q, num_tokens_padded=n, num_computed_tokens=committed.shape[0],
+                                state_index=slot)
+        x_buf.fill_(math.nan)
+        x_buf[:q].copy_(chunk)
+        replay()
+        out = out_buf.cpu()
+        torch.testing.assert_close(out[:q], conv_of_appended(committed, chunk, weight.cpu(), bias.cpu()))
+        assert torch.equal(out[q:], torch.zeros_like(out[q:]))
+        committed = torch.cat([committed, chunk[: q - lookahead]])
+        window = state[slot].cpu()
+        torch.testing.assert_close(window[:, : width - 1], last_window(committed, width))
+        if lookahead:
+            torch.testing.assert_close(window[:, width - 1 : width - 1 + lookahead], chunk[q - lookahead:].T)
+        assert torch.equal(state[untouched], before)
+
+
+def test_prompt_rows_outside_the_graph_are_refused():
+    builder = _builder(2, full=True)
+    builder.build_for_prompt_capture(num_tokens=8)
+    with pytest.raises(ValueError, match="12 tokens does not fit a prompt graph of 8 tokens"):
+        builder.load_prompt_row(query_len=12, num_tokens_padded=8, num_computed_tokens=0, state_index=1)
+    with pytest.raises(ValueError, match="conv slot > NULL_BLOCK_ID"):
+        builder.load_prompt_row(query_len=3, num_tokens_padded=8, num_computed_tokens=0, state_index=NULL_BLOCK_ID)
+    with pytest.raises(ValueError, match="num_tokens >= 1"):
+        builder.build_for_prompt_capture(num_tokens=0)
