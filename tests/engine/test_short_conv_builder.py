@@ -437,6 +437,29 @@ DEVICES = ["cpu", pytest.param("cuda", marks=[
     pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")])]
 
 
+def _replayable(run_conv, like: torch.Tensor):
+    """(replay, out): on CUDA a graph of run_conv() (a conv on captured metadata, returning its output), captured
+    after a warm-up on a side stream (capture rows sit on the NULL slot and change nothing), and the graph's
+    output; on CPU, replay() calls run_conv again into `out` (zeros like `like`), which is exactly what a graph
+    replay re-executes."""
+    if like.device.type == "cuda":
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            run_conv()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = run_conv()
+        return graph.replay, out
+    out = torch.zeros_like(like)
+
+    def replay() -> None:
+        out.copy_(run_conv())
+
+    return replay, out
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_full_graph_replay_matches_eager_for_padded_uniform_spec_batches(device):
     """Capture short_conv once on the capture metadata; each later build rewrites the persistent buffers in
@@ -458,21 +481,7 @@ def test_full_graph_replay_matches_eager_for_padded_uniform_spec_batches(device)
     x_buf = torch.zeros(max_tokens, dim, device=dev)
     captured = builder.build_for_cudagraph_capture(num_reqs=max_rows, num_tokens=max_tokens)
     null_before = state[NULL_BLOCK_ID].clone()
-    if dev.type == "cuda":
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm-up; capture rows sit on the NULL slot and change nothing
-            short_conv(x_buf, weight, bias, state, captured)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out_buf = short_conv(x_buf, weight, bias, state, captured)
-        replay = graph.replay
-    else:
-        out_buf = torch.zeros_like(x_buf)
-
-        def replay():
-            out_buf.copy_(short_conv(x_buf, weight, bias, state, captured))
+    replay, out_buf = _replayable(lambda: short_conv(x_buf, weight, bias, state, captured), x_buf)
 
     q = k + 1
     batches = [_pure_spec(k, [q] * 3, [3, 1, 7], [1, 4, 2]), _pure_spec(k, [q] * 4, [2, 5, 6, 8], [3, 3, 1, 4]),
@@ -549,21 +558,7 @@ def test_prompt_graph_replays_match_the_committed_stream(device, run):
     x_buf = torch.zeros(n, DIM, dtype=torch.float64, device=dev)
     untouched = [s for s in range(state.shape[0]) if s != slot]
     before = state[untouched].clone()
-    if dev.type == "cuda":
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm-up on the NULL slot: changes nothing
-            short_conv(x_buf, weight, bias, state, captured)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out_buf = short_conv(x_buf, weight, bias, state, captured)
-        replay = graph.replay
-    else:
-        out_buf = torch.zeros_like(x_buf)
-
-        def replay():
-            out_buf.copy_(short_conv(x_buf, weight, bias, state, captured))
+    replay, out_buf = _replayable(lambda: short_conv(x_buf, weight, bias, state, captured), x_buf)
 
     committed = torch.zeros(0, DIM, dtype=torch.float64)
     for q in run["chunks"]:
