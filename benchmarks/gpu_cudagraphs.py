@@ -12,10 +12,13 @@ Measures, per pair (trained demo pairs when present, and real-size random-weight
      prefill steps, and replays vs eager runs per graph manager.
 
     python benchmarks/gpu_cudagraphs.py --out results.json [--quick] [--pairs A,B] [--sections capture,step,e2e]
-                                        [--compile-pointwise] [--linear-kernel triton_gemv|triton_skinny|cublas]
-                                        [--attention-kernel triton|sdpa] [--conv-kernel triton|torch]
+                                        [--compile-pointwise] [--linear-kernel triton_skinny|triton_gemv|cublas]
+                                        [--no-fold-norm-weights] [--attention-kernel triton|sdpa]
+                                        [--conv-kernel triton|torch] [--prefill-graph-tokens 16,32,64,128]
                                         [--ks 0,1,4] [--rates 0.8] [--repeats 3] [--prompts 4]
                                         [--no-plain-decode-lookahead]
+
+The kernel switches default to what `engine=cuda` runs (CUDA_KERNELS); --compile-pointwise is off unless given.
 
 Prints each figure as it is measured and rewrites the JSON after every section, so a run cut short keeps
 what it finished.
@@ -50,10 +53,10 @@ RANDOM_PAIRS = {
     "lfm2-1.2b+lfm2-350m": ("configs/lfm2-1.2b", "configs/lfm2-350m"),
     "llama-3.2-1b+llama-100m": ("configs/llama-3.2-1b", "configs/llama-100m-draft"),
 }
-# The kernels `engine=cuda` runs, with compile_pointwise: the configuration the diagnostics (host_time.py,
-# step_trace.py) look at.
-CUDA_KERNELS = {"compile_pointwise": True, "linear_kernel": "triton_gemv", "attention_kernel": "triton",
-                "conv_kernel": "triton"}
+# What `engine=cuda` runs (conf/engine/cuda.yaml), with compile_pointwise: the configuration the diagnostics
+# (host_time.py, step_trace.py, verify_cost.py) look at, and the defaults of this script's kernel switches.
+CUDA_KERNELS = {"compile_pointwise": True, "linear_kernel": "triton_skinny", "fold_norm_weights": True,
+                "attention_kernel": "triton", "conv_kernel": "triton", "cudagraph_prefill_tokens": (16, 32, 64, 128)}
 DEMO_PAIRS = {
     "tiny_lfm2": ("tiny-lfm2", "tiny-llama-draft"),
     "tiny_lfm2_hybrid": ("tiny-lfm2", "tiny-lfm2-draft"),
@@ -324,11 +327,12 @@ def main() -> None:
     parser.add_argument("--compile-pointwise", action="store_true",
                         help="engine.compile_pointwise: fused (torch.compile) pointwise ops")
     # kernel defaults: those of conf/engine/cuda.yaml (what `engine=cuda` runs)
-    parser.add_argument("--linear-kernel", default="triton_gemv",
+    parser.add_argument("--linear-kernel", default=CUDA_KERNELS["linear_kernel"],
                         choices=["cublas", "triton_gemv", "triton_skinny"],
                         help="engine.linear_kernel: single-token projections on cuBLAS or the Triton GEMV; "
                              "triton_skinny: also projections of up to 16 tokens (verify, draft prefill)")
-    parser.add_argument("--fold-norm-weights", action="store_true",
+    parser.add_argument("--fold-norm-weights", action=argparse.BooleanOptionalAction,
+                        default=CUDA_KERNELS["fold_norm_weights"],
                         help="engine.fold_norm_weights: pre-norm weights folded into the projections (the fused "
                              "norms of the Triton kernels skip scaling x)")
     parser.add_argument("--attention-kernel", default="triton", choices=["sdpa", "triton"],
@@ -342,9 +346,9 @@ def main() -> None:
                         help="engine.plain_decode_lookahead=false: k = 0 reads each step back before the next")
     parser.add_argument("--conv-kernel", default="triton", choices=["torch", "triton"],
                         help="engine.conv_kernel: LFM2's decode/verify short conv in torch or one Triton kernel")
-    parser.add_argument("--prefill-graph-tokens", default="",
-                        help="engine.cudagraph_prefill_tokens, e.g. 16,32,64,128: lone prompt chunks replay a "
-                             "captured prefill graph, in the target and the draft")
+    parser.add_argument("--prefill-graph-tokens", default=",".join(map(str, CUDA_KERNELS["cudagraph_prefill_tokens"])),
+                        help="engine.cudagraph_prefill_tokens: lone prompt chunks replay a captured prefill graph, "
+                             "in the target and the draft ('' = none)")
     args = parser.parse_args()
     sections = tuple(args.sections.split(","))
     try:

@@ -8,9 +8,9 @@ Two commands:
   summarize  (any machine): per trace, the steady-state step period (from one step's read-back to the next),
              the device's busy time within it (kernels, copies and memsets), the idle fraction, and the host's
              median microseconds inside each kind of cudaMemcpyAsync (a copy that waits for the stream shows
-             up here); and the first step (the prompt's prefill, eager): its host time, the device's busy time
-             while it runs, the host time in each CUDA runtime call, and the aten ops with the most host self
-             time. Writes JSON.
+             up here); and the first step (the prompt's prefill: a graph replay with engine=cuda's prompt
+             graphs, else eager): its host time, the device's busy time while it runs, the host time in each
+             CUDA runtime call, and the aten ops with the most host self time. Writes JSON.
 
     python benchmarks/step_trace.py record --pair lfm2-1.2b+lfm2-350m --ks 0,1,4 --out traces/
     python benchmarks/step_trace.py summarize traces/trace_k*.json.gz --out trace_summary.json

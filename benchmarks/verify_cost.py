@@ -98,7 +98,8 @@ def main() -> None:
     parser.add_argument("--pairs", default=",".join(RANDOM_PAIRS), help=f"comma-separated: {', '.join(RANDOM_PAIRS)}")
     parser.add_argument("--ks", default="0,1,2,4", help="comma-separated depths (must include 0)")
     parser.add_argument("--linear-kernel", default=CUDA_KERNELS["linear_kernel"], choices=sorted(LINEAR_KERNELS))
-    parser.add_argument("--fold-norm-weights", action="store_true",
+    parser.add_argument("--fold-norm-weights", action=argparse.BooleanOptionalAction,
+                        default=CUDA_KERNELS["fold_norm_weights"],
                         help="engine.fold_norm_weights: pre-norm weights folded into the projections")
     parser.add_argument("--out", default="verify_cost.json")
     args = parser.parse_args()
@@ -114,7 +115,9 @@ def main() -> None:
         parser.error(f"--ks={args.ks!r}: must include 0 (the plain decode step every verify is compared with)")
     if not torch.cuda.is_available():
         sys.exit("verify_cost.py needs a CUDA GPU")
-    kernels = dict(CUDA_KERNELS, linear_kernel=args.linear_kernel, fold_norm_weights=args.fold_norm_weights)
+    # no prompt-prefill graphs: this script replays the verify and draft graphs alone, never a prompt's
+    kernels = dict(CUDA_KERNELS, linear_kernel=args.linear_kernel, fold_norm_weights=args.fold_norm_weights,
+                   cudagraph_prefill_tokens=())
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "kernels": kernels, "pairs": {}}
     out = Path(args.out)
     with torch.inference_mode():

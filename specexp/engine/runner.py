@@ -43,8 +43,8 @@ from specexp.engine.timing import PhaseStamps, PhaseTimer
 from specexp.models.attention import ATTENTION_KERNELS, use_attention_kernel
 from specexp.models.caches import allocate_conv_states, allocate_kv_caches
 from specexp.models.linear_ops import LINEAR_KERNELS, use_linear_ops
-from specexp.models.norm_folding import fold_norm_weights
 from specexp.models.metadata import ForwardContext
+from specexp.models.norm_folding import fold_norm_weights
 from specexp.models.pointwise import EAGER as EAGER_POINTWISE
 from specexp.models.pointwise import compiled_pointwise_ops, use_pointwise_ops
 from specexp.models.short_conv_ops import CONV_KERNELS, use_conv_kernel

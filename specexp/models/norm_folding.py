@@ -4,8 +4,8 @@ where W g scales column j of W [out, in] by g[j].
 A decoder layer applies RMSNorm with weight g [hidden] to the residual stream before its q/k/v (or LFM2's conv
 in_proj) and gate/up projections. After folding, the norm's weight is all ones (`RMSNorm.folded` is set) and
 each of those projections' weights holds W g. The model computes the same function, up to one rounding of W g
-to the weights' dtype (exact in fp32 up to one rounding per weight; in bf16 a relative 2^-9 per weight, the
-size of the rounding eager already applies to rms_norm(x) * g). Biases are unchanged: b does not see the norm.
+to the weights' dtype (in bf16 at most 2^-8 relative per weight, the size of the rounding eager already applies
+to rms_norm(x) * g). Biases are unchanged: b does not see the norm.
 
 Why: a kernel that fuses the norm into the projection (`triton_gemv.gemv`) then only scales each row's dot
 products by 1/rms(x) at the end. The skinny kernel (2..16 rows of x on the tensor cores) otherwise multiplies
