@@ -71,19 +71,40 @@ def test_help_runs_as_a_module():
     (["engine=cuda", "engine.cudagraph_mode=none", "speculator.cudagraph_mode=full"], "none"),  # ...not over eager
 ])
 def test_the_native_drafts_graph_mode_follows_the_engine(overrides, draft_mode):
+    cfg = OmegaConf.to_container(compose_config(["+exp=quickstart", *overrides]), resolve=True)
+    assert cfg["speculator"]["cudagraph_mode"] in ("none", "full")  # records keep DESIGN.md §6's values
+    _, speculator, _ = _native_configs(overrides)
+    assert speculator.cudagraph_mode == draft_mode
+
+
+def _native_configs(overrides):
+    """The native engine's (EngineConfig, SpeculatorConfig, SamplingConfig) for the quickstart + overrides."""
     from types import SimpleNamespace
 
     from specexp.backends.native import engine_configs
     from specexp.specs import EngineSpec, SamplingSpec, SpeculatorSpec, group_spec
 
     cfg = OmegaConf.to_container(compose_config(["+exp=quickstart", *overrides]), resolve=True)
-    assert cfg["speculator"]["cudagraph_mode"] in ("none", "full")  # records keep DESIGN.md §6's values
     spec = SimpleNamespace(
         engine=group_spec(EngineSpec, cfg["engine"]), speculator=group_spec(SpeculatorSpec, cfg["speculator"]),
         sampling=group_spec(SamplingSpec, cfg["sampling"]), pair=SimpleNamespace(dtype=cfg["pair"]["dtype"]),
     )
-    _, speculator, _ = engine_configs(spec)
-    assert speculator.cudagraph_mode == draft_mode
+    return engine_configs(spec)
+
+
+@pytest.mark.parametrize(("overrides", "expected"), [
+    (["engine=cuda"], {"linear_kernel": "triton_skinny", "fold_norm_weights": True, "plain_decode_lookahead": True,
+                       "cudagraph_prefill_tokens": (16, 32, 64, 128)}),
+    (["engine=cpu"], {"linear_kernel": "cublas", "fold_norm_weights": False, "cudagraph_prefill_tokens": ()}),
+    (["engine=cuda", "engine.fold_norm_weights=false", "engine.plain_decode_lookahead=false",
+      "engine.cudagraph_prefill_tokens=[]"],
+     {"fold_norm_weights": False, "plain_decode_lookahead": False, "cudagraph_prefill_tokens": ()}),
+])
+def test_engine_group_keys_reach_the_native_engine(overrides, expected):
+    """Every engine key of the config groups reaches EngineConfig (a key dropped on the way would silently run
+    the default)."""
+    engine, _, _ = _native_configs(overrides)
+    assert {name: getattr(engine, name) for name in expected} == expected
 
 
 @pytest.mark.parametrize(("args", "expected"), [
