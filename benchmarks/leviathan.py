@@ -75,6 +75,16 @@ def add_theory(rows: list[dict], c: float) -> None:
                     None if k == 0 else abs(r["decode_speedup"] / r["theory_speedup"] - 1) <= 0.15)
 
 
+def count_within(rows: list[dict], c: float, tolerance: float = 0.15) -> tuple[int, int]:
+    """(points within `tolerance` of the formula at cost ratio c, points checked): the rows with k >= 1 and a
+    synthetic acceptance rate, their `speedup` (set by add_theory) against leviathan_speedup(a, k, c). For
+    asking how a verdict depends on how c was measured."""
+    checked = [r for r in rows if r["k"] > 0 and r.get("acceptance_rate") is not None and "speedup" in r]
+    within = sum(abs(r["speedup"] / leviathan_speedup(r["acceptance_rate"], r["k"], c) - 1) <= tolerance
+                 for r in checked)
+    return within, len(checked)
+
+
 def _decode_ms_per_request(row: dict) -> float | None:
     """A request's wall ms less its prefill steps' (None for rows that did not time them)."""
     if "wall_ms_per_request" not in row or "prefill_step_ms_mean" not in row:

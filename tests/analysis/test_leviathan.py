@@ -9,7 +9,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-from leviathan import add_theory, leviathan_speedup
+from leviathan import add_theory, count_within, leviathan_speedup
 
 
 def test_formula_is_expected_tokens_over_step_cost():
@@ -75,3 +75,17 @@ def test_decode_phase_speedup_leaves_out_the_prefill_steps():
     assert k2["decode_within_15pct_of_theory"] == (abs(120.0 / 126.0 / leviathan_speedup(0.8, 2, 0.66) - 1) <= 0.15)
     assert rows[0]["decode_within_15pct_of_theory"] is None
     assert "decode_speedup" not in rows[3] and "decode_within_15pct_of_theory" not in rows[3]
+
+
+def test_count_within_rechecks_the_rows_at_another_cost_ratio():
+    rows = [{"k": 0, "acceptance_rate": 0.8, "output_tokens_per_s": 100.0},
+            {"k": 1, "acceptance_rate": 0.8, "output_tokens_per_s": 100.0 * leviathan_speedup(0.8, 1, 0.4)},
+            {"k": 4, "acceptance_rate": 0.8, "output_tokens_per_s": 100.0 * leviathan_speedup(0.8, 4, 0.4)},
+            {"k": 2, "acceptance_rate": None, "output_tokens_per_s": 150.0}]
+    add_theory(rows, c=0.4)
+    assert count_within(rows, 0.4) == (2, 2)  # exactly the formula at the c it was built with; k = 0 and
+    # measured-acceptance rows are not points
+    # at a cheaper draft the formula promises more: 8% more at k = 1 (still within), 18% at k = 4 (outside)
+    assert leviathan_speedup(0.8, 1, 0.3) / leviathan_speedup(0.8, 1, 0.4) == pytest.approx(1.4 / 1.3)
+    assert leviathan_speedup(0.8, 4, 0.3) / leviathan_speedup(0.8, 4, 0.4) == pytest.approx(2.6 / 2.2)
+    assert count_within(rows, 0.3) == (1, 2)
