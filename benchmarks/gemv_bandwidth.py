@@ -148,8 +148,7 @@ def bench_skinny(weights: list[torch.Tensor], num_tokens: int, total: int, copy_
     best, tried = tune_triton(weights, copy_bw, SKINNY_CONFIGS, num_tokens)
     rows = {}
     impls = [("cublas_linear", "cublas_linear", None), ("triton_skinny", "triton", None),
-             ("triton_skinny tuned", "triton", best)]
-    impls.append(("triton_skinny +norm", "triton_norm", None))
+             ("triton_skinny tuned", "triton", best), ("triton_skinny +norm", "triton_norm", None)]
     for label, impl, configs in impls:
         ms = graph_ms(chain(weights, impl, configs, num_tokens))
         rows[label] = {"graph_ms": ms, "fraction_of_copy_bandwidth": total / (ms / 1e3) / copy_bw}

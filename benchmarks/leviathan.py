@@ -33,7 +33,7 @@ def add_theory(rows: list[dict], c: float) -> None:
     formula's 1) and `draft_cost_per_token_in_plain_steps` (the draft phase over k, k >= 1; the formula's c).
 
     The formula prices decoding only, while a request's wall time also holds its prompt's prefill step, which
-    costs more with a draft (its eager prefill of the prompt joins the target's). Rows that timed their steps
+    costs more with a draft (its prefill of the prompt joins the target's). Rows that timed their steps
     also get the decode phase alone: `decode_ms_per_request` (wall time less the prefill steps),
     `decode_speedup` (the k = 0 rows' median of it over the row's; every request emits the same number of
     tokens at every k, as the benchmark's do) and `decode_within_15pct_of_theory`.
@@ -69,10 +69,10 @@ def add_theory(rows: list[dict], c: float) -> None:
             r["theory_acceptance_length"] = expected_acceptance_length(a, k)
             r["theory_speedup"] = leviathan_speedup(a, k, c)
             # a k = 0 row is (part of) the baseline itself: its spread is noise, not a prediction to check
-            r["within_15pct_of_theory"] = None if k == 0 else abs(r["speedup"] / r["theory_speedup"] - 1) <= 0.15
+            r["within_15pct_of_theory"] = None if k == 0 else _within(r["speedup"], r["theory_speedup"])
             if "decode_speedup" in r:
                 r["decode_within_15pct_of_theory"] = (
-                    None if k == 0 else abs(r["decode_speedup"] / r["theory_speedup"] - 1) <= 0.15)
+                    None if k == 0 else _within(r["decode_speedup"], r["theory_speedup"]))
 
 
 def count_within(rows: list[dict], c: float, tolerance: float = 0.15) -> tuple[int, int]:
@@ -80,9 +80,14 @@ def count_within(rows: list[dict], c: float, tolerance: float = 0.15) -> tuple[i
     synthetic acceptance rate, their `speedup` (set by add_theory) against leviathan_speedup(a, k, c). For
     asking how a verdict depends on how c was measured."""
     checked = [r for r in rows if r["k"] > 0 and r.get("acceptance_rate") is not None and "speedup" in r]
-    within = sum(abs(r["speedup"] / leviathan_speedup(r["acceptance_rate"], r["k"], c) - 1) <= tolerance
+    within = sum(_within(r["speedup"], leviathan_speedup(r["acceptance_rate"], r["k"], c), tolerance)
                  for r in checked)
     return within, len(checked)
+
+
+def _within(measured: float, predicted: float, tolerance: float = 0.15) -> bool:
+    """measured / predicted is within `tolerance` of 1."""
+    return abs(measured / predicted - 1) <= tolerance
 
 
 def _decode_ms_per_request(row: dict) -> float | None:

@@ -101,8 +101,7 @@ class EngineConfig:
         for name in ("compile_pointwise", "plain_decode_lookahead", "fold_norm_weights"):
             if not isinstance(getattr(self, name), bool):
                 raise EngineConfigError(f"engine.{name}={getattr(self, name)!r}: must be true or false")
-        self._check_kernel("linear_kernel", LINEAR_KERNELS, ("triton_gemv", "triton_skinny"),
-                           "cublas")
+        self._check_kernel("linear_kernel", LINEAR_KERNELS, ("triton_gemv", "triton_skinny"), "cublas")
         self._check_kernel("attention_kernel", ATTENTION_KERNELS, ("triton",), "sdpa")
         self._check_kernel("conv_kernel", CONV_KERNELS, ("triton",), "torch")
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:

@@ -199,7 +199,6 @@ class InputBuffers:
             num_actual_tokens=num_actual_tokens,
         )
 
-
     def load_inert_prompt(self, num_tokens: int, max_seq_len: int) -> AttentionMetadata:
         """Load an inert one-row prompt of `num_tokens` tokens (slots -1, for capturing a prompt-prefill graph)
         and return its attention metadata, which counts every token as the row's (max_query_len =

@@ -164,9 +164,10 @@ class AutoRegressiveSpeculator:
         # prompt-prefill graphs (engine.cudagraph_prefill_tokens).
         self.prompt_graphs = PromptGraphs("draft_prompt_prefill", prompt_graph_tokens if use_cuda_graphs else (),
                                           device, buckets)
-        # Forward contexts (views of the persistent buffers) of the captured (rows, tokens, key-length bucket):
-        # the verify rows' prefill graphs and the prompt regions' (whose shapes may coincide at one row).
-        self._prefill_graph_ctx: dict[tuple[int, int, int], ForwardContext] = {}
+        # Forward contexts (views of the persistent buffers) of the captured graphs: the verify rows' prefill
+        # graphs by (rows, key-length bucket), the prompt regions' by (slots, key-length bucket); kept apart, as a
+        # one-row region of k + 2 slots has a verify-row graph's shape.
+        self._prefill_graph_ctx: dict[tuple[int, int], ForwardContext] = {}
         self._prompt_graph_ctx: dict[tuple[int, int], ForwardContext] = {}
         self._decode_graph_ctx: dict[tuple[int, int], ForwardContext] = {}
         self._prefill_ctx: ForwardContext | None = None
@@ -218,7 +219,7 @@ class AutoRegressiveSpeculator:
         conv = None
         if self.conv_states:
             conv = self.prefill_conv_builder.build_for_cudagraph_capture(num_reqs=num_reqs, num_tokens=num_tokens)
-        self._prefill_graph_ctx[(num_reqs, num_tokens, desc.max_seq_len)] = self._prefill_ctx = self._ctx(attn, conv)
+        self._prefill_graph_ctx[(num_reqs, desc.max_seq_len)] = self._prefill_ctx = self._ctx(attn, conv)
 
     def _prepare_prompt_capture(self, desc: BatchExecutionDescriptor) -> None:
         """An inert one-row region of desc.num_tokens slots (`InputBuffers.load_inert_prompt`)."""
@@ -326,7 +327,7 @@ class AutoRegressiveSpeculator:
                     num_computed_tokens=int(batch.start_positions[0]), state_index=int(batch.conv_slots[0]))
             return staged_rows
         if desc.cg_mode == FULL:
-            self._prefill_ctx = self._prefill_graph_ctx[(desc.num_reqs, desc.num_tokens, desc.max_seq_len)]
+            self._prefill_ctx = self._prefill_graph_ctx[(desc.num_reqs, desc.max_seq_len)]
             if self.conv_states:  # refresh the persistent conv buffers the graph reads
                 self._build_prefill_conv(batch, cpu, desc.num_reqs)
             return staged_rows

@@ -313,7 +313,7 @@ def test_prefill_graphs_serve_the_eager_tokens(pair_dirs, prompts, pair, k, max_
     assert {f"target_prefill_{n}" for n in (8, 16)} <= {m.name for m in engine.graph_managers()}
 
 
-def test_prefill_graphs_are_validated(pair_dirs):
+def test_prefill_graphs_are_validated():
     with pytest.raises(EngineConfigError, match=r"cudagraph_prefill_tokens=\(8, 64\).*\[1, 32\]"):
         EngineConfig(max_num_batched_tokens=32, cudagraph_prefill_tokens=(8, 64)).validate()
 
