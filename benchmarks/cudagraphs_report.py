@@ -64,13 +64,23 @@ def _pair(measured, predicted) -> str:
     return f"{_fmt(measured)} / {_fmt(predicted)}"
 
 
+def _c_rounds(pair: dict) -> str:
+    """How c was measured, for results that timed it over interleaved rounds ('' for older results)."""
+    rounds = pair.get("cost_ratio_per_round")
+    if not rounds:
+        return ""
+    return (f" (median of {len(rounds)} rounds of the two steps timed alternately, {min(rounds):.3f}-{max(rounds):.3f}; "
+            f"the two steps' separate measurements above give {pair['cost_ratio_c_separate']:.3f})")
+
+
 def render(result: dict) -> str:
     lines = [f"Machine: {result['machine']['gpu']}, torch {result['machine']['torch']}, "
              f"Python {result['machine']['python']}. Measured copy bandwidth (read + write): "
              f"{result['copy_bandwidth_bytes_per_s'] / 1e12:.2f} TB/s.", ""]
     switches = [f"{key}={result[key]}" for key in ("compile_pointwise", "linear_kernel", "fold_norm_weights",
                                                     "attention_kernel", "conv_kernel", "plain_decode_lookahead",
-                                                    "cudagraph_prefill_tokens") if key in result]
+                                                    "cudagraph_prefill_tokens", "cudagraph_shared_pool")
+                if key in result]
     if switches:  # results written before a switch existed leave it out
         lines += [f"Engine: {', '.join(switches)}.", ""]
     for name, pair in result["pairs"].items():
@@ -87,7 +97,8 @@ def render(result: dict) -> str:
         lines += ["", f"Target decode step, batch 1: graph {t['graph_ms']:.3f} ms, eager {t['eager_ms']:.2f} ms; "
                   f"weights {t['weight_bytes'] / 1e9:.2f} GB -> {t['achieved_bytes_per_s'] / 1e12:.2f} TB/s = "
                   f"{100 * t['fraction_of_copy_bandwidth']:.0f}% of the measured copy bandwidth. "
-                  f"Cost ratio c (draft step / target step, graphs) = {pair['cost_ratio_c']:.3f}.{stream}", ""]
+                  f"Cost ratio c (draft step / target step, graphs) = {pair['cost_ratio_c']:.3f}{_c_rounds(pair)}."
+                  f"{stream}", ""]
         lines += _kernel_lines(t.get("kernels"))
         if "end_to_end" not in pair:
             continue

@@ -8,13 +8,15 @@ Measures, per pair (trained demo pairs when present, and real-size random-weight
   4. end-to-end output tokens/s for k = 0..8 (batch 1, 8 prompts of 64 tokens, 128 new tokens; one engine per k,
      every k once per round over 5 interleaved rounds), with synthetic acceptance rates (random pairs) or real
      greedy acceptance (demo pairs), next to Leviathan's speedup (1 - a^(k+1)) / ((1 - a)(k c + 1)) with the
-     measured cost ratio c. Each row also says where a request's wall time goes: steps and their median / mean,
+     measured cost ratio c (batch-1 decode-step replays of draft and target, alternating over 7 rounds: the
+     median of the rounds' ratios). Each row also says where a request's wall time goes: steps and their median / mean,
      prefill steps, and replays vs eager runs per graph manager.
 
     python benchmarks/gpu_cudagraphs.py --out results.json [--quick] [--pairs A,B] [--sections capture,step,e2e]
                                         [--compile-pointwise] [--linear-kernel triton_skinny|triton_gemv|cublas]
                                         [--no-fold-norm-weights] [--attention-kernel triton|sdpa]
                                         [--conv-kernel triton|torch] [--prefill-graph-tokens 16,32,64,128]
+                                        [--no-shared-graph-pool]
                                         [--ks 0,1,4] [--rates 0.8] [--repeats 3] [--prompts 4]
                                         [--no-plain-decode-lookahead]
 
@@ -27,6 +29,7 @@ what it finished.
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import json
 import platform
@@ -167,6 +170,29 @@ def target_decode_step(target, copy_bw: float, kernels=None) -> dict:
             "kernels": breakdown}
 
 
+def interleaved_cost_ratio(target, draft, kernels=None, rounds: int = 7, iters: int = 30) -> dict:
+    """Leviathan's c from batch-1 decode-step replays of draft and target alternating over `rounds` rounds
+    (each round: the target's median synchronised replay over `iters`, then the draft's): c is the median of the
+    rounds' ratios, so a drift of the device's clocks or of the host between the two measurements moves both.
+    Returns {"cost_ratio_c", "cost_ratio_per_round", "target_step_ms_per_round", "draft_step_ms_per_round"}."""
+    engines, replays = [], []
+    for model in (target, draft):
+        engine = make_engine(model, None, 0, 1, graphs=True, kernels=kernels)
+        desc = BatchExecutionDescriptor(1, 1, FULL, min(engine.seq_len_buckets))  # a short context (<= 256 keys)
+        engine._prepare_verify_capture(desc)
+        engines.append(engine)
+        replays.append(functools.partial(engine.verify_graphs.replay, desc))
+    target_ms, draft_ms = [], []
+    for _ in range(rounds):
+        for replay, times in zip(replays, (target_ms, draft_ms)):
+            times.append(cuda_ms(replay, iters=iters))
+    del engines, replays
+    torch.cuda.empty_cache()
+    ratios = [d / t for d, t in zip(draft_ms, target_ms)]
+    return {"cost_ratio_c": statistics.median(ratios), "cost_ratio_per_round": ratios,
+            "target_step_ms_per_round": target_ms, "draft_step_ms_per_round": draft_ms}
+
+
 def profile_kernels(fn, calls: int) -> list[tuple[str, int, float]]:
     """(kernel name, launches, device µs) of every GPU kernel `fn` runs over `calls` calls (after one unprofiled
     call; graph replays' kernels included)."""
@@ -292,8 +318,11 @@ def bench_pair(name, target_path, draft_path, weights, dtype, quick, copy_bw, se
         return out
     out["target_decode_step"] = target_decode_step(target, copy_bw, kernels)
     out["draft_decode_step_batch1"] = target_decode_step(draft, copy_bw, kernels)
-    c = out["draft_decode_step_batch1"]["graph_ms"] / out["target_decode_step"]["graph_ms"]
-    out["cost_ratio_c"] = c
+    # c for the formula: the two steps timed alternately over rounds; the ratio of the two separate measurements
+    # above (what sessions before 11 used) is kept beside it
+    out["cost_ratio_c_separate"] = out["draft_decode_step_batch1"]["graph_ms"] / out["target_decode_step"]["graph_ms"]
+    out.update(interleaved_cost_ratio(target, draft, kernels))
+    c = out["cost_ratio_c"]
     step = out["target_decode_step"]
     # the same ratio from replays queued back to back (the device's time alone), which cudagraphs_report also
     # derives from these two steps' figures to check the end-to-end rows against
@@ -301,7 +330,8 @@ def bench_pair(name, target_path, draft_path, weights, dtype, quick, copy_bw, se
     print(f"  target step {step['graph_ms']:.3f} ms ({100 * step['fraction_of_copy_bandwidth']:.0f}% of copy bw); "
           f"back to back {step['graph_back_to_back_ms']:.3f} ms "
           f"({100 * step['fraction_of_copy_bandwidth_back_to_back']:.0f}%), c={c:.3f} "
-          f"(back to back {c_back_to_back:.3f})", flush=True)
+          f"(rounds {min(out['cost_ratio_per_round']):.3f}-{max(out['cost_ratio_per_round']):.3f}; "
+          f"separate {out['cost_ratio_c_separate']:.3f}; back to back {c_back_to_back:.3f})", flush=True)
     if "e2e" not in sections:
         return out
     gen = torch.Generator().manual_seed(0)
@@ -353,6 +383,9 @@ def main() -> None:
     parser.add_argument("--prefill-graph-tokens", default=",".join(map(str, CUDA_KERNELS["cudagraph_prefill_tokens"])),
                         help="engine.cudagraph_prefill_tokens: lone prompt chunks replay a captured prefill graph, "
                              "in the target and the draft ('' = none)")
+    parser.add_argument("--shared-graph-pool", action=argparse.BooleanOptionalAction, default=True,
+                        help="engine.cudagraph_shared_pool: every graph, target and draft, in one memory pool "
+                             "(--no-shared-graph-pool: a pool per manager)")
     args = parser.parse_args()
     sections = tuple(args.sections.split(","))
     try:
@@ -380,7 +413,7 @@ def main() -> None:
                "fold_norm_weights": args.fold_norm_weights,
                "attention_kernel": args.attention_kernel, "conv_kernel": args.conv_kernel,
                "plain_decode_lookahead": not args.no_plain_decode_lookahead,
-               "cudagraph_prefill_tokens": prefill_tokens}
+               "cudagraph_prefill_tokens": prefill_tokens, "cudagraph_shared_pool": args.shared_graph_pool}
     # the engine switches are recorded as run (JSON writes the tuple of token counts as a list)
     result = {"machine": {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
                           "python": platform.python_version()}, "pairs": {}, "errors": {}, **kernels,

@@ -33,6 +33,9 @@ class EngineConfig:
     graph of count + 1 slots likewise. Attention-only, short-conv and hybrid models alike (a short-conv layer
     reads the chunk's conv-state slot from the builder's one-row persistent buffers); each count must fit a
     step (max_num_batched_tokens).
+    cudagraph_shared_pool: capture every graph of the engine, target and draft, into one memory pool (vLLM's
+    way: one process-wide pool), so the graph memory is about the largest graph's intermediates rather than the
+    sum over managers (the default). False: a pool per manager (each model's prompt-prefill managers share one).
     compile_pointwise: fuse each RMSNorm, SiLU-gated product, RoPE and short-conv multiply-add chain of the
     target and draft into one torch.compile'd kernel (`specexp.models.pointwise`; needs a compiler for
     inductor's backend: Triton on a GPU, a C++ compiler on a CPU). Off: plain eager torch. With CUDA graphs
@@ -68,6 +71,7 @@ class EngineConfig:
     cudagraph_capture_sizes: tuple[int, ...] | None = None
     cudagraph_seq_len_buckets: tuple[int, ...] | None = None
     cudagraph_prefill_tokens: tuple[int, ...] = ()
+    cudagraph_shared_pool: bool = True
     compile_pointwise: bool = False
     linear_kernel: str = "cublas"
     fold_norm_weights: bool = False
@@ -98,7 +102,7 @@ class EngineConfig:
             raise EngineConfigError(
                 f"engine.cudagraph_prefill_tokens={prefill!r}: must be a list of token counts in [1, "
                 f"{self.token_budget}] (a step's token budget, max_num_batched_tokens), or [] for none")
-        for name in ("compile_pointwise", "plain_decode_lookahead", "fold_norm_weights"):
+        for name in ("compile_pointwise", "plain_decode_lookahead", "fold_norm_weights", "cudagraph_shared_pool"):
             if not isinstance(getattr(self, name), bool):
                 raise EngineConfigError(f"engine.{name}={getattr(self, name)!r}: must be true or false")
         self._check_kernel("linear_kernel", LINEAR_KERNELS, ("triton_gemv", "triton_skinny"), "cublas")

@@ -20,6 +20,12 @@ checkable without a GPU.
 Memory is measured as vLLM does — device free memory before minus after capture, after emptying the
 allocator's cache — and, beyond vLLM, per captured size, together with the allocator's reserved-bytes
 delta and the capture wall time. Sizes are captured largest first so smaller graphs reuse the shared pool.
+
+Pools: a manager captures into the pool it is given (`pool`), else into its own. Graphs of one pool must never
+run concurrently: a graph's intermediates are free pool memory once its capture ends, which the next graph
+captured into the pool may take. The engine replays every graph on one stream, one at a time, and graphs pass
+data only through persistent buffers, so it gives all its managers one pool (as vLLM gives every manager its
+process-wide pool): the pool then holds about the largest graph's intermediates instead of their sum.
 """
 
 from __future__ import annotations
@@ -115,7 +121,8 @@ class CudaGraphManager:
     name: label in metrics. capture_sizes: row counts to capture. tokens_per_req: tokens each row runs
     (uniform batches only). enabled: False on CPU or when graphs are off — then every batch is eager.
     seq_len_buckets: key-length buckets (tokens) to capture each size at; (0,) = one unbucketed graph per
-    size (the function decides its key length).
+    size (the function decides its key length). pool: the graph memory pool to capture into (a
+    `torch.cuda.graph_pool_handle()` shared with other managers, see the module docstring); None = its own.
     """
 
     name: str
@@ -129,12 +136,14 @@ class CudaGraphManager:
     num_replays: int = 0
     num_eager: int = 0
     replays_per_graph: dict[tuple[int, int], int] = field(default_factory=dict)
+    pool: tuple | None = None
 
     def __post_init__(self) -> None:
         self.capture_sizes = sorted(set(self.capture_sizes))
         self.seq_len_buckets = tuple(sorted(set(self.seq_len_buckets)))
         self.emulated = self.device.type != "cuda"
-        self.pool = torch.cuda.graph_pool_handle() if self.enabled and not self.emulated else None
+        if self.pool is None and self.enabled and not self.emulated:
+            self.pool = torch.cuda.graph_pool_handle()
         self._fn: Callable[[BatchExecutionDescriptor], None] | None = None
 
     def dispatch(self, num_reqs: int, num_tokens: int, uniform: bool, max_seq_len: int = 0
@@ -223,11 +232,18 @@ class CudaGraphManager:
 
 class PromptGraphs:
     """Prompt-prefill graphs of one model: a `CudaGraphManager` per token count N (`name`_N), each of one row
-    of N tokens at every key-length bucket. `managers`: {N: manager}, ascending (empty: none)."""
+    of N tokens at every key-length bucket. `managers`: {N: manager}, ascending (empty: none).
 
-    def __init__(self, name: str, token_counts, device: torch.device, seq_len_buckets: tuple[int, ...]) -> None:
-        self.managers = {n: CudaGraphManager(f"{name}_{n}", [1], n, device, seq_len_buckets=seq_len_buckets)
-                         for n in sorted(set(token_counts))}
+    pool: the graph pool every count's manager captures into; None = one pool of their own, shared by them (a
+    model prefills one prompt chunk at a time, so its prompt graphs never run at once)."""
+
+    def __init__(self, name: str, token_counts, device: torch.device, seq_len_buckets: tuple[int, ...],
+                 pool: tuple | None = None) -> None:
+        counts = sorted(set(token_counts))
+        if pool is None and counts and device.type == "cuda":
+            pool = torch.cuda.graph_pool_handle()
+        self.managers = {n: CudaGraphManager(f"{name}_{n}", [1], n, device, seq_len_buckets=seq_len_buckets, pool=pool)
+                         for n in counts}
 
     def dispatch(self, num_tokens: int, max_seq_len: int
                  ) -> tuple[BatchExecutionDescriptor, CudaGraphManager] | None:
@@ -242,6 +258,7 @@ class PromptGraphs:
     def capture(self, fn: Callable[[BatchExecutionDescriptor], None],
                 prepare: Callable[[BatchExecutionDescriptor], None], progress: Callable[[str], None] | None = None
                 ) -> None:
-        """Capture every count's graphs (`CudaGraphManager.capture`)."""
-        for manager in self.managers.values():
-            manager.capture(fn, prepare, progress)
+        """Capture every count's graphs (`CudaGraphManager.capture`), largest count first: the smaller ones
+        reuse its intermediates' memory in the shared pool."""
+        for n in sorted(self.managers, reverse=True):
+            self.managers[n].capture(fn, prepare, progress)

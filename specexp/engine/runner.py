@@ -188,9 +188,13 @@ class NativeEngine:
             max_capture_size=None, device=self.device,
         )
         self.buffers = InputBuffers(engine.max_num_seqs, self.max_num_tokens, self.max_blocks_per_req, self.device)
+        # One memory pool for every graph, target and draft (engine.cudagraph_shared_pool); None: a pool each.
+        self.graph_pool = (torch.cuda.graph_pool_handle()
+                           if self.use_graphs and self.device.type == "cuda" and engine.cudagraph_shared_pool else None)
         # Target verify graphs: uniform batches of k+1 tokens a row (1 without speculation).
         self.verify_graphs = CudaGraphManager("target_verify", self.capture_sizes, self.k + 1, self.device,
-                                              enabled=self.use_graphs, seq_len_buckets=tuple(self.seq_len_buckets))
+                                              enabled=self.use_graphs, seq_len_buckets=tuple(self.seq_len_buckets),
+                                              pool=self.graph_pool)
         # Per row of a step, what the rejection sampler reads (filled by one host-to-device copy, padding rows
         # zero): logits rows [k+1], the row of the speculator's draft buffer holding its drafts, the count of
         # drafts it may accept, whether it samples, its conv slot (which also indexes its draft probs).
@@ -201,7 +205,7 @@ class NativeEngine:
         # One-request prompt prefills, one manager per token count (a "batch" of one row of that many tokens).
         prefill_tokens = engine.cudagraph_prefill_tokens if self.use_graphs else ()
         self.prefill_graphs = PromptGraphs("target_prefill", prefill_tokens, self.device,
-                                           tuple(self.seq_len_buckets))
+                                           tuple(self.seq_len_buckets), pool=self.graph_pool)
         self._prefill_graph_ctx: dict[tuple[int, int], ForwardContext] = {}  # by (tokens, key-length bucket)
         self.rejection = RejectionSampler(
             temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
@@ -217,7 +221,7 @@ class NativeEngine:
                 max_blocks_per_req=self.max_blocks_per_req, temperature=sampling.temperature,
                 device=self.device, dtype=self.dtype, generator=self.generator,
                 use_cuda_graphs=self.use_graphs and speculator.cudagraph_mode == FULL,
-                capture_sizes=self.capture_sizes, seq_len_buckets=self.seq_len_buckets,
+                capture_sizes=self.capture_sizes, seq_len_buckets=self.seq_len_buckets, graph_pool=self.graph_pool,
                 # a prompt chunk's draft region is its tokens + the sampled one
                 prompt_graph_tokens=tuple(n + 1 for n in self.prefill_graphs.managers),
             )

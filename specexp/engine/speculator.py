@@ -98,7 +98,8 @@ class AutoRegressiveSpeculator:
 
     The draft shares the target's block ids (its own KV tensors, same block table). Conv slots: a request's
     slot s holds its real draft conv state, slot s + max_num_reqs its scratch state for decode steps.
-    capture_sizes: row counts of the graphs (used when use_cuda_graphs).
+    capture_sizes: row counts of the graphs (used when use_cuda_graphs). graph_pool: the memory pool every draft
+    graph captures into (the engine's shared pool, `cudagraph` module docstring); None = a pool per manager.
     """
 
     def __init__(
@@ -119,6 +120,7 @@ class AutoRegressiveSpeculator:
         capture_sizes: list[int] | None = None,
         seq_len_buckets: list[int] | None = None,
         prompt_graph_tokens: tuple[int, ...] = (),
+        graph_pool: tuple | None = None,
     ) -> None:
         self.model = draft_model
         self.k = num_speculative_tokens
@@ -157,13 +159,13 @@ class AutoRegressiveSpeculator:
         sizes = capture_sizes or [max_num_reqs]
         buckets = tuple(seq_len_buckets or [self.max_graph_seq_len])
         self.prefill_graphs = CudaGraphManager("draft_prefill", sizes, self.k + 2, device, enabled=use_cuda_graphs,
-                                               seq_len_buckets=buckets)
+                                               seq_len_buckets=buckets, pool=graph_pool)
         self.decode_graphs = CudaGraphManager("draft_decode", sizes, 1, device, enabled=use_cuda_graphs and self.k > 1,
-                                              seq_len_buckets=buckets)
+                                              seq_len_buckets=buckets, pool=graph_pool)
         # A lone prompt chunk's region (its tokens + the sampled one), one manager per slot count: as the target's
         # prompt-prefill graphs (engine.cudagraph_prefill_tokens).
         self.prompt_graphs = PromptGraphs("draft_prompt_prefill", prompt_graph_tokens if use_cuda_graphs else (),
-                                          device, buckets)
+                                          device, buckets, pool=graph_pool)
         # Forward contexts (views of the persistent buffers) of the captured graphs: the verify rows' prefill
         # graphs by (rows, key-length bucket), the prompt regions' by (slots, key-length bucket); kept apart, as a
         # one-row region of k + 2 slots has a verify-row graph's shape.

@@ -210,3 +210,43 @@ def test_prefill_graphs_replay_like_eager(pairs, pair, k, kernels):
     assert sum(m.num_replays for m in graphed_engine.prefill_graphs.managers.values()) == len(prompts)
     if k > 0:  # and the draft's prefill of each prompt (its tokens + the sampled one)
         assert sum(m.num_replays for m in graphed_engine.speculator.prompt_graphs.managers.values()) == len(prompts)
+
+
+@pytest.mark.parametrize("pair", ["lfm2+lfm2", "llama+llama"])
+def test_one_graph_pool_serves_every_manager(pairs, pair):
+    """engine.cudagraph_shared_pool: every graph, target and draft, captures into the engine's one pool, and the
+    replays still give the eager engine's tokens and accepted drafts (batches changing every step, lone prompt
+    chunks on prompt graphs) while needing no more device memory than a pool per manager."""
+    target_dir, draft_dir = pairs[pair]
+    target, draft = load_model(target_dir, device="cuda"), load_model(draft_dir, device="cuda")
+    prompts = _prompts(24, seed=5)
+
+    def engine(graphs, shared_pool=True):
+        return NativeEngine(
+            target, draft,
+            EngineConfig(device="cuda", max_num_seqs=8, max_model_len=96, block_size=8, max_num_batched_tokens=64,
+                         cudagraph_mode="full" if graphs else "none", cudagraph_prefill_tokens=(16, 32),
+                         cudagraph_shared_pool=shared_pool),
+            SpeculatorConfig(num_speculative_tokens=3, cudagraph_mode="full" if graphs else "none"),
+            SamplingConfig(max_new_tokens=24, ignore_eos=False), eos_token_ids=[2],
+        )
+
+    eager = engine(False).generate(prompts)
+    runs = {}
+    for shared in (True, False):
+        graphed = engine(True, shared)
+        pools = [m.pool for m in graphed.graph_managers()]
+        prompt_pools = {m.pool for m in graphed.prefill_graphs.managers.values()}
+        if shared:
+            assert set(pools) == {graphed.graph_pool}
+        else:
+            assert graphed.graph_pool is None and len(prompt_pools) == 1
+            assert len(set(pools)) == 5, "verify, target prompts, draft prefill, draft prompts, draft decode"
+        result = graphed.generate(prompts)
+        assert [r.output_token_ids for r in result.requests] == [r.output_token_ids for r in eager.requests]
+        assert [r.verifies for r in result.requests] == [r.verifies for r in eager.requests]
+        assert sum(m.num_replays for m in graphed.prefill_graphs.managers.values()) > 0
+        runs[shared] = graphed.graph_summary()["graph_capture_bytes"]
+        del graphed
+        torch.cuda.empty_cache()
+    assert 0 < runs[True] <= runs[False], runs
