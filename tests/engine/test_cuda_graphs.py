@@ -219,7 +219,7 @@ def test_one_graph_pool_serves_every_manager(pairs, pair):
     chunks on prompt graphs) while needing no more device memory than a pool per manager."""
     target_dir, draft_dir = pairs[pair]
     target, draft = load_model(target_dir, device="cuda"), load_model(draft_dir, device="cuda")
-    prompts = _prompts(24, seed=5)
+    batch, lone = _prompts(24, seed=5), _prompts(1, seed=6)  # lone: a prompt prefilled alone, on a prompt graph
 
     def engine(graphs, shared_pool=True):
         return NativeEngine(
@@ -231,7 +231,7 @@ def test_one_graph_pool_serves_every_manager(pairs, pair):
             SamplingConfig(max_new_tokens=24, ignore_eos=False), eos_token_ids=[2],
         )
 
-    eager = engine(False).generate(prompts)
+    eager = [engine(False).generate(prompts) for prompts in (batch, lone)]
     runs = {}
     for shared in (True, False):
         graphed = engine(True, shared)
@@ -242,10 +242,13 @@ def test_one_graph_pool_serves_every_manager(pairs, pair):
         else:
             assert graphed.graph_pool is None and len(prompt_pools) == 1
             assert len(set(pools)) == 5, "verify, target prompts, draft prefill, draft prompts, draft decode"
-        result = graphed.generate(prompts)
-        assert [r.output_token_ids for r in result.requests] == [r.output_token_ids for r in eager.requests]
-        assert [r.verifies for r in result.requests] == [r.verifies for r in eager.requests]
-        assert sum(m.num_replays for m in graphed.prefill_graphs.managers.values()) > 0
+        prompt_managers = [*graphed.prefill_graphs.managers.values(), *graphed.speculator.prompt_graphs.managers.values()]
+        for prompts, expected in zip((batch, lone), eager):
+            before = sum(m.num_replays for m in prompt_managers)
+            result = graphed.generate(prompts)
+            assert [r.output_token_ids for r in result.requests] == [r.output_token_ids for r in expected.requests]
+            assert [r.verifies for r in result.requests] == [r.verifies for r in expected.requests]
+        assert sum(m.num_replays for m in prompt_managers) - before == 2, "the lone prompt: target and draft graphs"
         runs[shared] = graphed.graph_summary()["graph_capture_bytes"]
         del graphed
         torch.cuda.empty_cache()
