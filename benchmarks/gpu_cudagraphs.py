@@ -9,8 +9,8 @@ Measures, per pair (trained demo pairs when present, and real-size random-weight
      every k once per round over 5 interleaved rounds), with synthetic acceptance rates (random pairs) or real
      greedy acceptance (demo pairs), next to Leviathan's speedup (1 - a^(k+1)) / ((1 - a)(k c + 1)) with the
      measured cost ratio c (batch-1 decode-step replays of draft and target, alternating over 7 rounds: the
-     median of the rounds' ratios). Each row also says where a request's wall time goes: steps and their median / mean,
-     prefill steps, and replays vs eager runs per graph manager.
+     median of the rounds' ratios). Each row also says where a request's wall time goes: steps and their
+     median / mean, prefill steps, and replays vs eager runs per graph manager.
 
     python benchmarks/gpu_cudagraphs.py --out results.json [--quick] [--pairs A,B] [--sections capture,step,e2e]
                                         [--compile-pointwise] [--linear-kernel triton_skinny|triton_gemv|cublas]

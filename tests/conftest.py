@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 TINY_VOCAB_SIZE = 384
+SPECIAL_TOKENS = ["<pad>", "<bos>", "<eos>"]  # ids 0, 1, 2
 TESTS_DIR = Path(__file__).parent
 # The Hydra / W&B / notebook layer's tests, none of them marked ``cuda``, and the modules they import that the GPU
 # machine (torch, safetensors and tokenizers only) lacks.
@@ -42,7 +43,6 @@ def pytest_ignore_collect(collection_path, config):
         return None
     return True
 
-SPECIAL_TOKENS = ["<pad>", "<bos>", "<eos>"]  # ids 0, 1, 2
 
 _CORPUS = """
 Speculative decoding lets a small draft model propose several tokens that a large target model then
