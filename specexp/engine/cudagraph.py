@@ -25,7 +25,9 @@ Pools: a manager captures into the pool it is given (`pool`), else into its own.
 run concurrently: a graph's intermediates are free pool memory once its capture ends, which the next graph
 captured into the pool may take. The engine replays every graph on one stream, one at a time, and graphs pass
 data only through persistent buffers, so it gives all its managers one pool (as vLLM gives every manager its
-process-wide pool): the pool then holds about the largest graph's intermediates instead of their sum.
+process-wide pool): the pool then holds about the largest graph's intermediates instead of their sum. A size's
+recorded memory is then what its capture added to the pool given every graph captured before it (mostly the
+first, largest graph's figure); the per-size figures still add up to the total.
 """
 
 from __future__ import annotations
