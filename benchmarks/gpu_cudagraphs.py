@@ -13,14 +13,14 @@ Measures, per pair (trained demo pairs when present, and real-size random-weight
      median / mean, prefill steps, and replays vs eager runs per graph manager.
 
     python benchmarks/gpu_cudagraphs.py --out results.json [--quick] [--pairs A,B] [--sections capture,step,e2e]
-                                        [--compile-pointwise] [--linear-kernel triton_skinny|triton_gemv|cublas]
+                                        [--no-compile-pointwise] [--linear-kernel triton_skinny|triton_gemv|cublas]
                                         [--no-fold-norm-weights] [--attention-kernel triton|sdpa]
                                         [--conv-kernel triton|torch] [--prefill-graph-tokens 16,32,64,128]
                                         [--no-shared-graph-pool]
                                         [--ks 0,1,4] [--rates 0.8] [--repeats 3] [--prompts 4]
                                         [--no-plain-decode-lookahead]
 
-The kernel switches default to what `engine=cuda` runs (CUDA_KERNELS); --compile-pointwise is off unless given.
+The engine switches default to what `engine=cuda` runs (CUDA_KERNELS).
 
 Prints each figure as it is measured and rewrites the JSON after every section, so a run cut short keeps
 what it finished.
@@ -56,7 +56,7 @@ RANDOM_PAIRS = {
     "lfm2-1.2b+lfm2-350m": ("configs/lfm2-1.2b", "configs/lfm2-350m"),
     "llama-3.2-1b+llama-100m": ("configs/llama-3.2-1b", "configs/llama-100m-draft"),
 }
-# What `engine=cuda` runs (conf/engine/cuda.yaml), with compile_pointwise: the configuration the diagnostics
+# What `engine=cuda` runs (conf/engine/cuda.yaml): the configuration the diagnostics
 # (host_time.py, step_trace.py, verify_cost.py) look at, and the defaults of this script's kernel switches.
 CUDA_KERNELS = {"compile_pointwise": True, "linear_kernel": "triton_skinny", "fold_norm_weights": True,
                 "attention_kernel": "triton", "conv_kernel": "triton", "cudagraph_prefill_tokens": (16, 32, 64, 128)}
@@ -358,8 +358,9 @@ def main() -> None:
     parser.add_argument("--pairs", default="all", help="comma-separated pair names, or 'all'")
     parser.add_argument("--sections", default=",".join(SECTIONS),
                         help=f"comma-separated subset of {','.join(SECTIONS)} (e2e needs the step's cost ratio)")
-    parser.add_argument("--compile-pointwise", action="store_true",
-                        help="engine.compile_pointwise: fused (torch.compile) pointwise ops")
+    parser.add_argument("--compile-pointwise", action=argparse.BooleanOptionalAction,
+                        default=CUDA_KERNELS["compile_pointwise"],
+                        help="engine.compile_pointwise: fused (torch.compile) pointwise ops inside the graphs")
     # kernel defaults: those of conf/engine/cuda.yaml (what `engine=cuda` runs)
     parser.add_argument("--linear-kernel", default=CUDA_KERNELS["linear_kernel"],
                         choices=["cublas", "triton_gemv", "triton_skinny"],
