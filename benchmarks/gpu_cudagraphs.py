@@ -149,19 +149,24 @@ def capture_costs(target, draft, k, max_num_seqs, kernels=None) -> dict:
     return {"capture": summary, "draft_decode_step": decode}
 
 
-def target_decode_step(target, copy_bw: float, kernels=None) -> dict:
-    """Batch-1 decode step of the target alone (k = 0): graph replay vs eager, and bandwidth."""
-    engine = make_engine(target, None, 0, 1, graphs=True, kernels=kernels)
-    desc = BatchExecutionDescriptor(1, 1, FULL, min(engine.seq_len_buckets))  # a short context (<= 256 keys)
+def batch1_decode_step(model, kernels=None) -> tuple[NativeEngine, BatchExecutionDescriptor]:
+    """A k = 0 engine on `model` at batch 1, with its decode-step graph's inputs staged at the shortest key-length
+    bucket (a short context, <= 256 keys): (engine, desc), replayed by engine.verify_graphs.replay(desc)."""
+    engine = make_engine(model, None, 0, 1, graphs=True, kernels=kernels)
+    desc = BatchExecutionDescriptor(1, 1, FULL, min(engine.seq_len_buckets))
     engine._prepare_verify_capture(desc)
+    return engine, desc
+
+
+def target_decode_step(step: tuple[NativeEngine, BatchExecutionDescriptor], copy_bw: float) -> dict:
+    """A model's batch-1 decode step alone (k = 0; `batch1_decode_step`): graph replay vs eager, and bandwidth."""
+    engine, desc = step
     graph_ms = cuda_ms(lambda: engine.verify_graphs.replay(desc), iters=30)
     stream_ms = back_to_back_ms(lambda: engine.verify_graphs.replay(desc))
     eager_ms = cuda_ms(lambda: engine._verify_graph(desc), iters=10)
     breakdown = kernel_breakdown(lambda: engine._verify_graph(desc))
-    weights = model_bytes(target)
+    weights = model_bytes(engine.target)
     achieved = weights / (graph_ms / 1e3)
-    del engine
-    torch.cuda.empty_cache()
     # graph_ms: one synchronised replay (includes the host's launch latency); graph_back_to_back_ms: replays
     # queued back to back (the device's time per step)
     return {"graph_ms": graph_ms, "graph_back_to_back_ms": stream_ms, "eager_ms": eager_ms, "weight_bytes": weights,
@@ -170,25 +175,18 @@ def target_decode_step(target, copy_bw: float, kernels=None) -> dict:
             "kernels": breakdown}
 
 
-def interleaved_cost_ratio(target, draft, kernels=None, rounds: int = 7, iters: int = 30) -> dict:
-    """Leviathan's c from batch-1 decode-step replays of draft and target alternating over `rounds` rounds
-    (each round: the target's median synchronised replay over `iters`, then the draft's): c is the median of the
-    rounds' ratios, so a drift of the device's clocks or of the host between the two measurements moves both.
-    Returns {"cost_ratio_c", "cost_ratio_per_round", "target_step_ms_per_round", "draft_step_ms_per_round"}."""
-    engines, replays = [], []
-    for model in (target, draft):
-        engine = make_engine(model, None, 0, 1, graphs=True, kernels=kernels)
-        desc = BatchExecutionDescriptor(1, 1, FULL, min(engine.seq_len_buckets))  # a short context (<= 256 keys)
-        engine._prepare_verify_capture(desc)
-        engines.append(engine)
-        replays.append(functools.partial(engine.verify_graphs.replay, desc))
+def interleaved_cost_ratio(target_step, draft_step, rounds: int = 7, iters: int = 30) -> dict:
+    """Leviathan's c from the batch-1 decode-step replays of draft and target (`batch1_decode_step`) alternating
+    over `rounds` rounds (each round: the target's median synchronised replay over `iters`, then the draft's): c
+    is the median of the rounds' ratios, so a drift of the device's clocks or of the host between the two
+    measurements moves both. Returns {"cost_ratio_c", "cost_ratio_per_round", "target_step_ms_per_round",
+    "draft_step_ms_per_round"}."""
+    replays = [functools.partial(engine.verify_graphs.replay, desc) for engine, desc in (target_step, draft_step)]
     target_ms, draft_ms = [], []
     for _ in range(rounds):
-        for replay, times in zip(replays, (target_ms, draft_ms)):
+        for replay, times in zip(replays, (target_ms, draft_ms), strict=True):
             times.append(cuda_ms(replay, iters=iters))
-    del engines, replays
-    torch.cuda.empty_cache()
-    ratios = [d / t for d, t in zip(draft_ms, target_ms)]
+    ratios = [d / t for d, t in zip(draft_ms, target_ms, strict=True)]
     return {"cost_ratio_c": statistics.median(ratios), "cost_ratio_per_round": ratios,
             "target_step_ms_per_round": target_ms, "draft_step_ms_per_round": draft_ms}
 
@@ -316,12 +314,15 @@ def bench_pair(name, target_path, draft_path, weights, dtype, quick, copy_bw, se
                                  kernels=kernels))
     if "step" not in sections and "e2e" not in sections:
         return out
-    out["target_decode_step"] = target_decode_step(target, copy_bw, kernels)
-    out["draft_decode_step_batch1"] = target_decode_step(draft, copy_bw, kernels)
+    target_step, draft_step = batch1_decode_step(target, kernels), batch1_decode_step(draft, kernels)
+    out["target_decode_step"] = target_decode_step(target_step, copy_bw)
+    out["draft_decode_step_batch1"] = target_decode_step(draft_step, copy_bw)
     # c for the formula: the two steps timed alternately over rounds; the ratio of the two separate measurements
     # above (what sessions before 11 used) is kept beside it
     out["cost_ratio_c_separate"] = out["draft_decode_step_batch1"]["graph_ms"] / out["target_decode_step"]["graph_ms"]
-    out.update(interleaved_cost_ratio(target, draft, kernels))
+    out.update(interleaved_cost_ratio(target_step, draft_step))
+    del target_step, draft_step
+    torch.cuda.empty_cache()
     c = out["cost_ratio_c"]
     step = out["target_decode_step"]
     # the same ratio from replays queued back to back (the device's time alone), which cudagraphs_report also
