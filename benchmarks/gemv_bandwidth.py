@@ -168,18 +168,17 @@ def bench_model(name: str, path: str, copy_bw: float, skinny_tokens: tuple[int, 
     out = {"num_gemvs": len(weights), "gemv_weight_bytes": total, "parameter_bytes": params,
            "shapes": {str(s): sum(tuple(w.shape) == s for w in weights) for s in {tuple(w.shape) for w in weights}},
            "chains": {}}
-    impls = ["cublas_linear", "cublas_addmm"]
-    configs = None
+    impls = [("cublas_linear", "cublas_linear", None), ("cublas_addmm", "cublas_addmm", None)]
     if triton_gemv.AVAILABLE:
         configs, out["triton_tuning_ms"] = tune_triton(weights, copy_bw)
         out["triton_best_config"] = {str(s): c for s, c in configs.items()}
-        impls += ["triton_gemv", "triton_gemv +norm"]
-    for impl in impls:
         # "+norm": the GEMV at the engine's defaults with the RMSNorm fused (NORM_BLOCK_N rows per program)
-        ms = graph_ms(chain(weights, "triton_norm") if impl == "triton_gemv +norm" else chain(weights, impl, configs))
-        out["chains"][impl] = {"graph_ms": ms, "achieved_bytes_per_s": total / (ms / 1e3),
-                               "fraction_of_copy_bandwidth": total / (ms / 1e3) / copy_bw}
-        print(f"  {impl:14s} {ms:.3f} ms  {total / (ms / 1e3) / 1e12:.2f} TB/s "
+        impls += [("triton_gemv", "triton_gemv", configs), ("triton_gemv +norm", "triton_norm", None)]
+    for label, impl, configs in impls:
+        ms = graph_ms(chain(weights, impl, configs))
+        out["chains"][label] = {"graph_ms": ms, "achieved_bytes_per_s": total / (ms / 1e3),
+                                "fraction_of_copy_bandwidth": total / (ms / 1e3) / copy_bw}
+        print(f"  {label:17s} {ms:.3f} ms  {total / (ms / 1e3) / 1e12:.2f} TB/s "
               f"({total / (ms / 1e3) / copy_bw:.0%} of copy bw)", flush=True)
     if triton_gemv.AVAILABLE and skinny_tokens:
         out["skinny"] = {str(m): bench_skinny(weights, m, total, copy_bw) for m in skinny_tokens}

@@ -48,7 +48,7 @@ def add_theory(rows: list[dict], c: float) -> None:
     base = statistics.median(runs)
     plain_steps = [r["step_ms_p50"] for r in rows if r["k"] == 0 and r.get("step_ms_p50")]
     plain_step_ms = statistics.median(plain_steps) if plain_steps else None
-    plain_decode = [_decode_ms_per_request(r) for r in rows if r["k"] == 0 and _decode_ms_per_request(r)]
+    plain_decode = [ms for r in rows if r["k"] == 0 and (ms := _decode_ms_per_request(r))]
     plain_decode_ms = statistics.median(plain_decode) if plain_decode else None
     for r in rows:
         r["baseline_tokens_per_s"] = base
