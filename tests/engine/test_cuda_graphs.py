@@ -29,16 +29,14 @@ def _prompts(n, seed=0):
     return [torch.randint(3, VOCAB, (m,), generator=gen).tolist() for m in lens]
 
 
-def _engine(target, draft, k, max_num_seqs, graphs, temperature=0.0, compile_pointwise=False,
-            linear_kernel="cublas", attention_kernel="sdpa", conv_kernel="torch", plain_decode_lookahead=True,
-            fold_norm_weights=False):
+def _engine(target, draft, k, max_num_seqs, graphs, temperature=0.0, **engine_options):
+    """A GPU engine on the test pairs; engine_options: further EngineConfig fields (kernels, prompt graphs, pools),
+    else EngineConfig's defaults (cuBLAS, SDPA, torch conv, no prompt graphs, one graph pool)."""
     return NativeEngine(
         target, draft,
         EngineConfig(device="cuda", max_num_seqs=max_num_seqs, max_model_len=96, block_size=8,
                      max_num_batched_tokens=64, cudagraph_mode="full" if graphs else "none", seed=0,
-                     compile_pointwise=compile_pointwise, linear_kernel=linear_kernel,
-                     attention_kernel=attention_kernel, conv_kernel=conv_kernel,
-                     plain_decode_lookahead=plain_decode_lookahead, fold_norm_weights=fold_norm_weights),
+                     **engine_options),
         SpeculatorConfig(num_speculative_tokens=k, cudagraph_mode="full" if graphs else "none"),
         # EOS (id 2) is honoured: requests finish at different steps, so batches change every step.
         SamplingConfig(temperature=temperature, max_new_tokens=24, ignore_eos=False),
@@ -189,19 +187,8 @@ def test_prefill_graphs_replay_like_eager(pairs, pair, k, kernels):
     target_dir, draft_dir = pairs[pair]
     target, draft = load_model(target_dir, device="cuda"), load_model(draft_dir, device="cuda")
     prompts = _prompts(8, seed=k)
-
-    def engine(graphs, prefill_tokens=()):
-        return NativeEngine(
-            target, draft,
-            EngineConfig(device="cuda", max_num_seqs=1, max_model_len=96, block_size=8, max_num_batched_tokens=64,
-                         cudagraph_mode="full" if graphs else "none", cudagraph_prefill_tokens=prefill_tokens,
-                         **kernels),
-            SpeculatorConfig(num_speculative_tokens=k, cudagraph_mode="full" if graphs else "none"),
-            SamplingConfig(max_new_tokens=24, ignore_eos=False), eos_token_ids=[2],
-        )
-
-    eager = engine(False).generate(prompts)
-    graphed_engine = engine(True, (8, 16, 32, 64))
+    eager = _engine(target, draft, k, 1, graphs=False, **kernels).generate(prompts)
+    graphed_engine = _engine(target, draft, k, 1, graphs=True, cudagraph_prefill_tokens=(8, 16, 32, 64), **kernels)
     captured = {m.name: set(m.graphs) for m in graphed_engine.graph_managers()}
     graphed = graphed_engine.generate(prompts)
     assert [r.output_token_ids for r in graphed.requests] == [r.output_token_ids for r in eager.requests]
@@ -220,21 +207,11 @@ def test_one_graph_pool_serves_every_manager(pairs, pair):
     target_dir, draft_dir = pairs[pair]
     target, draft = load_model(target_dir, device="cuda"), load_model(draft_dir, device="cuda")
     batch, lone = _prompts(24, seed=5), _prompts(1, seed=6)  # lone: a prompt prefilled alone, on a prompt graph
-
-    def engine(graphs, shared_pool=True):
-        return NativeEngine(
-            target, draft,
-            EngineConfig(device="cuda", max_num_seqs=8, max_model_len=96, block_size=8, max_num_batched_tokens=64,
-                         cudagraph_mode="full" if graphs else "none", cudagraph_prefill_tokens=(16, 32),
-                         cudagraph_shared_pool=shared_pool),
-            SpeculatorConfig(num_speculative_tokens=3, cudagraph_mode="full" if graphs else "none"),
-            SamplingConfig(max_new_tokens=24, ignore_eos=False), eos_token_ids=[2],
-        )
-
-    eager = [engine(False).generate(prompts) for prompts in (batch, lone)]
+    eager = [_engine(target, draft, 3, 8, graphs=False).generate(prompts) for prompts in (batch, lone)]
     runs = {}
     for shared in (True, False):
-        graphed = engine(True, shared)
+        graphed = _engine(target, draft, 3, 8, graphs=True, cudagraph_prefill_tokens=(16, 32),
+                          cudagraph_shared_pool=shared)
         pools = [m.pool for m in graphed.graph_managers()]
         prompt_pools = {m.pool for m in graphed.prefill_graphs.managers.values()}
         if shared:
