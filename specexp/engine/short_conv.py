@@ -69,135 +69,25 @@ non-blocking host-to-device copies, so building never waits on the device.
 
 from __future__ import annotations
 
-from array import array
-from dataclasses import dataclass
-
 import torch
 
+from specexp.engine.short_conv_buffers import PromptGraphBuffers, SpecGraphBuffers, pad_to
+from specexp.engine.short_conv_rows import (
+    DECODE,
+    EMPTY,
+    PREFILL,
+    SPEC,
+    RowGroups,
+    check_batch,
+    classify_rows,
+    grouped_token_order,
+    start_offsets,
+)
 from specexp.models.metadata import NULL_BLOCK_ID, ShortConvMetadata
 
-# Per-row group keys; the token sort orders by them, so spec tokens come first.
-SPEC, DECODE, PREFILL, EMPTY = 0, 1, 2, 3
-
-
-@dataclass(frozen=True)
-class RowGroups:
-    """CPU classification of one batch's rows.
-
-    query_lens: int64[R]   tokens of each row (batch order).
-    group:      int64[R]   SPEC / DECODE / PREFILL / EMPTY of each row.
-    spec_rows, decode_rows, prefill_rows: int64[n_s] / [n_d] / [n_p]  batch rows of each group, ascending.
-    """
-
-    query_lens: torch.Tensor
-    group: torch.Tensor
-    spec_rows: torch.Tensor
-    decode_rows: torch.Tensor
-    prefill_rows: torch.Tensor
-
-    @property
-    def non_spec_rows(self) -> torch.Tensor:
-        """int64[n_d + n_p]: decode rows, then prefill rows."""
-        return torch.cat([self.decode_rows, self.prefill_rows])
-
-
-def classify_rows(query_lens: torch.Tensor, num_decode_draft_tokens: torch.Tensor) -> RowGroups:
-    """Group rows by mask: spec (drafts >= 0), decode (1 token), prefill (> 1 token), empty (0 tokens)."""
-    query_lens = query_lens.to(torch.int64)
-    spec = num_decode_draft_tokens >= 0
-    group = torch.full_like(query_lens, EMPTY)
-    group[~spec & (query_lens == 1)] = DECODE
-    group[~spec & (query_lens > 1)] = PREFILL
-    group[spec] = SPEC
-
-    def rows_of(key: int) -> torch.Tensor:
-        return (group == key).nonzero().flatten()  # ascending: batch order within the group
-
-    return RowGroups(query_lens, group, rows_of(SPEC), rows_of(DECODE), rows_of(PREFILL))
-
-
-def grouped_token_order(groups: RowGroups, num_tokens: int) -> torch.Tensor | None:
-    """int64[num_tokens]: flat token indices in [spec | decode | prefill] order, each row's tokens
-    contiguous and in order; None when that is already the batch order."""
-    token_group = torch.repeat_interleave(groups.group, groups.query_lens, output_size=num_tokens)
-    if bool((token_group[1:] >= token_group[:-1]).all()):
-        return None
-    return torch.argsort(token_group, stable=True)
-
-
-def start_offsets(lengths: torch.Tensor) -> torch.Tensor:
-    """int32[n + 1]: [0, l0, l0 + l1, ...] (query-start locations of rows of these lengths)."""
-    out = torch.zeros(lengths.numel() + 1, dtype=torch.int32)
-    torch.cumsum(lengths.to(torch.int32), dim=0, out=out[1:])
-    return out
-
-
-class _SpecGraphBuffers:
-    """Persistent device tensors a captured full graph reads for a pure-spec batch of up to `max_rows` rows.
-
-    All five live in one byte buffer (four int32 fields, then the bool masks), so a build rewrites them with a
-    single host-to-device copy. Each build that may replay a graph rewrites every row, padding included, so
-    no capture-time value survives into a replay.
-    """
-
-    def __init__(self, max_rows: int, device: torch.device) -> None:
-        self.max_rows = m = max_rows
-        self.num_ints = 4 * m + 2
-        self.buffer = torch.zeros(4 * self.num_ints + m, dtype=torch.uint8, device=device)
-        ints = self.buffer[: 4 * self.num_ints].view(torch.int32)
-        self.query_start_loc = ints[: m + 1]
-        self.spec_query_start_loc = ints[m + 1 : 2 * m + 2]
-        self.spec_state_indices = ints[2 * m + 2 : 3 * m + 2]
-        self.num_accepted_tokens = ints[3 * m + 2 :]
-        self.spec_sequence_masks = self.buffer[4 * self.num_ints :].view(torch.bool)
-        self.spec_state_indices.fill_(NULL_BLOCK_ID)
-        self.num_accepted_tokens.fill_(1)
-
-    def payload(self, fields: dict[str, list[int]], num_rows: int) -> bytes:
-        """The whole buffer's bytes for a batch whose spec rows fill rows [0, num_rows) of each field (CPU
-        lists, `query_start_loc`'s with its num_rows + 1 offsets); every later row gets the padding of the
-        module doc: flat query-start tail, NULL slot, 1 accepted, mask False."""
-        m, tail = self.max_rows, fields["query_start_loc"][-1]
-        ints = array("i", fields["query_start_loc"])
-        ints.extend([tail] * (m - num_rows))
-        ints.extend(fields["spec_query_start_loc"])
-        ints.extend([tail] * (m - num_rows))
-        ints.extend(fields["spec_state_indices_tensor"])
-        ints.extend([NULL_BLOCK_ID] * (m - num_rows))
-        ints.extend(fields["num_accepted_tokens"])
-        ints.extend([1] * (m - num_rows))
-        return ints.tobytes() + bytes(fields["spec_sequence_masks"]) + bytes(m - num_rows)
-
-
-class _PromptGraphBuffers:
-    """Persistent device tensors a captured prompt-prefill graph reads: one non-spec row (a lone prompt chunk,
-    padded up to the graph's token count). One byte buffer, so a step rewrites it with one host-to-device copy:
-
-        query_start_loc  int32[2]  [0, q]: the row's real tokens; the padding after them belongs to no row
-                                   (zero outputs, and the state written ends at the last real input)
-        state_indices    int32[1]  the row's conv slot (NULL at capture: reads slot 0, writes nothing)
-        num_computed     int32[1]  tokens before this chunk
-        has_initial      bool[1]   whether the row reads its stored window (chunks after the first)
-    """
-
-    def __init__(self, device: torch.device) -> None:
-        self.buffer = torch.zeros(4 * 4 + 1, dtype=torch.uint8, device=device)
-        ints = self.buffer[:16].view(torch.int32)
-        self.query_start_loc = ints[0:2]
-        self.state_indices = ints[2:3]
-        self.num_computed = ints[3:4]
-        self.has_initial = self.buffer[16:].view(torch.bool)
-
-    @staticmethod
-    def payload(query_len: int, state_index: int, num_computed: int) -> bytes:
-        return array("i", [0, query_len, state_index, num_computed]).tobytes() + bytes([num_computed > 0])
-
-
-def _pad(values: torch.Tensor, length: int, fill: int | bool) -> torch.Tensor:
-    """`values` extended to `length` entries with `fill`."""
-    out = torch.full((length,), fill, dtype=values.dtype)
-    out[: values.numel()] = values
-    return out
+# Re-exported: the row grouping is part of this module's public face.
+__all__ = ["DECODE", "EMPTY", "PREFILL", "SPEC", "RowGroups", "ShortConvMetadataBuilder", "check_batch", "classify_rows",
+           "grouped_token_order", "start_offsets"]
 
 
 class ShortConvMetadataBuilder:
@@ -227,8 +117,8 @@ class ShortConvMetadataBuilder:
         if max_capture_size is not None:
             self.decode_cudagraph_max_bs = min(self.decode_cudagraph_max_bs, max_capture_size)
             self.decode_cudagraph_max_tokens = min(self.decode_cudagraph_max_tokens, max_capture_size)
-        self._graph = _SpecGraphBuffers(self.decode_cudagraph_max_bs, self.device)
-        self._prompt = _PromptGraphBuffers(self.device)
+        self._graph = SpecGraphBuffers(self.decode_cudagraph_max_bs, self.device)
+        self._prompt = PromptGraphBuffers(self.device)
         self._no_rows_int32 = torch.zeros(0, dtype=torch.int32, device=self.device)
         self._no_rows_int64 = torch.zeros(0, dtype=torch.int64, device=self.device)
         # Pinned staging makes the host-to-device copies truly asynchronous.
@@ -327,7 +217,7 @@ class ShortConvMetadataBuilder:
     # ----------------------------------------------------------------------------------------- helpers
 
     def _load_prompt(self, query_len: int, state_index: int, num_computed: int) -> None:
-        staged = torch.frombuffer(bytearray(_PromptGraphBuffers.payload(query_len, state_index, num_computed)),
+        staged = torch.frombuffer(bytearray(PromptGraphBuffers.payload(query_len, state_index, num_computed)),
                                   dtype=torch.uint8)
         self._prompt.buffer.copy_(staged.pin_memory() if self._pin else staged, non_blocking=True)
 
@@ -351,8 +241,9 @@ class ShortConvMetadataBuilder:
         capture: bool,
     ) -> ShortConvMetadata:
         if check:
-            self._check(query_start_loc_cpu, num_decode_draft_tokens_cpu, num_computed_tokens_cpu,
-                        num_accepted_tokens_cpu, state_indices_cpu, num_reqs_padded, num_tokens_padded)
+            check_batch(query_start_loc_cpu, num_decode_draft_tokens_cpu, num_computed_tokens_cpu,
+                        num_accepted_tokens_cpu, state_indices_cpu, num_reqs_padded, num_tokens_padded,
+                        self.spec_query_len)
         graph = self._graph_build(query_start_loc_cpu, num_decode_draft_tokens_cpu, num_accepted_tokens_cpu,
                                   state_indices_cpu, num_reqs_padded, num_tokens_padded, capture)
         if graph is not None:
@@ -492,7 +383,7 @@ class ShortConvMetadataBuilder:
         out = {}
         for name, t in fields.items():
             length = padded_rows + (1 if name.endswith("query_start_loc") else 0)
-            staged = _pad(t, length, padding[name])
+            staged = pad_to(t, length, padding[name])
             view = buffers[name][:length]
             view.copy_(staged.pin_memory() if self._pin else staged, non_blocking=True)
             out[name] = view
@@ -528,51 +419,3 @@ class ShortConvMetadataBuilder:
                 num_computed_tokens_p=self._h2d(computed[num_decodes:]),
             )
         return fields
-
-    def _check(
-        self,
-        query_start_loc_cpu: torch.Tensor,
-        num_decode_draft_tokens_cpu: torch.Tensor,
-        num_computed_tokens_cpu: torch.Tensor,
-        num_accepted_tokens_cpu: torch.Tensor,
-        state_indices_cpu: torch.Tensor,
-        num_reqs_padded: int | None,
-        num_tokens_padded: int | None,
-    ) -> None:
-        """Reject batches the conv ops would silently get wrong (on CPU lists: R is small, and this runs every
-        step)."""
-        qsl = query_start_loc_cpu.tolist()
-        num_reqs = len(qsl) - 1
-        for name, t in (("num_decode_draft_tokens_cpu", num_decode_draft_tokens_cpu),
-                        ("num_computed_tokens_cpu", num_computed_tokens_cpu),
-                        ("num_accepted_tokens_cpu", num_accepted_tokens_cpu),
-                        ("state_indices_cpu", state_indices_cpu)):
-            if t.shape != (num_reqs,):
-                raise ValueError(f"{name} has shape {tuple(t.shape)}; query_start_loc_cpu has {num_reqs} rows")
-        query_lens = [qsl[i + 1] - qsl[i] for i in range(num_reqs)]
-        if qsl[0] != 0 or any(q < 0 for q in query_lens):
-            raise ValueError(f"query_start_loc_cpu must start at 0 and never decrease, got {qsl}")
-        k1 = self.spec_query_len
-        drafts, computed = num_decode_draft_tokens_cpu.tolist(), num_computed_tokens_cpu.tolist()
-        accepted, slots = num_accepted_tokens_cpu.tolist(), state_indices_cpu.tolist()
-        spec_rows = [r for r in range(num_reqs) if drafts[r] >= 0]
-        for r in spec_rows:
-            if not 1 <= query_lens[r] <= k1:
-                raise ValueError(f"spec row {r} verifies {query_lens[r]} tokens; a spec row verifies "
-                                 f"1..k+1 = 1..{k1} (its conv state keeps W-1+k columns)")
-        for r in spec_rows:
-            if not 1 <= accepted[r] <= k1:
-                raise ValueError(f"spec row {r} has num_accepted_tokens {accepted[r]}; it must be "
-                                 f"1..k+1 = 1..{k1} (bonus included, 1 after a prefill)")
-        for r in spec_rows:
-            if computed[r] <= 0:
-                raise ValueError(f"spec row {r} has no conv state yet (num_computed_tokens 0): a request starts "
-                                 "with a prefill, a non-spec row (drafts -1)")
-        live_slots = [slots[r] for r in range(num_reqs) if drafts[r] >= 0 or query_lens[r] > 0]
-        if any(slot <= NULL_BLOCK_ID for slot in live_slots) or len(set(live_slots)) != len(live_slots):
-            raise ValueError(f"rows with tokens need distinct conv slots > NULL_BLOCK_ID ({NULL_BLOCK_ID}), "
-                             f"got {live_slots}")
-        if num_reqs_padded is not None and num_reqs_padded < num_reqs:
-            raise ValueError(f"num_reqs_padded ({num_reqs_padded}) < num_reqs ({num_reqs})")
-        if num_tokens_padded is not None and num_tokens_padded < qsl[-1]:
-            raise ValueError(f"num_tokens_padded ({num_tokens_padded}) < num_tokens ({qsl[-1]})")
