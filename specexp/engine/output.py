@@ -1,0 +1,44 @@
+"""What the native engine hands back: one record per step and the run's output."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from specexp.engine.request import Request
+
+
+@dataclass
+class StepRecord:
+    """One engine step (a row of steps.parquet). Times in milliseconds.
+
+    The phases are device time between the step's marks (CUDA events; wall clock on CPU): schedule_ms from the
+    step's start to its verify (the device waiting for the host's scheduling and staging; ~0 while the host
+    stages ahead of a device still busy with the step before), verify_ms, sample_ms (rejection sampler; 0 when
+    the step replays a verify graph, which samples too: verify_ms then includes it), draft_ms (the draft's
+    prefill and decode steps). step_ms is the host's wall time in the step() call."""
+
+    step: int
+    num_reqs: int
+    num_tokens: int
+    num_prefill_tokens: int
+    num_drafts: int
+    num_draft_tokens: int
+    num_accepted_tokens: int
+    num_output_tokens: int
+    schedule_ms: float
+    verify_ms: float
+    sample_ms: float
+    draft_ms: float
+    step_ms: float
+
+
+@dataclass
+class EngineOutput:
+    """A `generate` call's requests (prompt order), its step records, its wall time in seconds, the bytes of
+    the engine's persistent buffers, and the graphs' capture/replay summary (None when the engine runs eager)."""
+
+    requests: list[Request]
+    steps: list[StepRecord] = field(default_factory=list)
+    total_s: float = 0.0
+    persistent_buffer_bytes: int = 0
+    graphs: dict | None = None

@@ -1,0 +1,112 @@
+"""The target's CUDA graphs in the native engine: what is captured at start-up, and which graph a step replays.
+
+Two kinds, both sampling inside the graph (the rejection sampler's small ops would otherwise cost the host a
+launch each):
+- verify graphs (`verify_graphs`): uniform batches of k+1 tokens a row (1 without speculation), one per
+  (padded row count, key-length bucket);
+- prompt-prefill graphs (`prefill_graphs`, `engine.cudagraph_prefill_tokens`): a lone prompt chunk padded up
+  to N tokens, one manager per N.
+The draft's graphs belong to the speculator (`AutoRegressiveSpeculator.capture`); `capture` here captures
+them too, so the whole engine's graph memory is measured as one figure.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from specexp.engine.cudagraph import BatchExecutionDescriptor, CudaGraphManager, free_device_bytes, frozen_gc
+from specexp.engine.inputs import uniform_dummy_inputs
+from specexp.engine.progress import ProgressCallback, capture_reporter
+from specexp.engine.scheduler import ScheduledBatch
+from specexp.models.metadata import ForwardContext
+
+
+class TargetGraphs:
+    """The graph half of `NativeEngine` (a mixin: it reads the engine's models, buffers and caches, and calls
+    its `_sample` and `_logits_at_scoring_rows`). Captures every graph once and dispatches each step."""
+
+    @torch.inference_mode()
+    def capture(self, progress: ProgressCallback | None = None) -> None:
+        """Capture every graph once, at start-up: target verify, target prompt prefill, draft prefill, draft
+        prompt prefill, draft decode.
+
+        Records the free-memory delta of the whole capture (vLLM's figure) and each manager's per-size costs.
+        progress (default: the engine's) receives a CAPTURE event before the first graph and after each."""
+        cuda = self.device.type == "cuda"
+        total = sum(m.num_graphs_to_capture for m in self.graph_managers())
+        graph_captured = capture_reporter(self.progress if progress is None else progress, total)
+        with frozen_gc():
+            free_before = free_device_bytes(self.device) if cuda else None
+            start = time.perf_counter()
+            self.verify_graphs.capture(self._verify_graph, self._prepare_verify_capture, graph_captured)
+            self.prefill_graphs.capture(self._prefill_graph, self._prepare_prefill_capture, graph_captured)
+            if self.speculator is not None:
+                self.speculator.capture(graph_captured)
+            capture_s = time.perf_counter() - start
+        self.graph_capture = {
+            "graph_capture_bytes": free_before - free_device_bytes(self.device) if cuda else None,
+            "graph_capture_s": capture_s if cuda else None,
+        }
+
+    def graph_managers(self) -> list[CudaGraphManager]:
+        """Every graph manager of the engine, target's then draft's."""
+        managers = [self.verify_graphs, *self.prefill_graphs.managers.values()]
+        if self.speculator is not None:
+            managers += [self.speculator.prefill_graphs, *self.speculator.prompt_graphs.managers.values(),
+                         self.speculator.decode_graphs]
+        return managers
+
+    def graph_summary(self) -> dict | None:
+        """Capture totals, per (manager, size) costs, and replayed vs eager step counts."""
+        if self.graph_capture is None:
+            return None
+        return {**self.graph_capture, "managers": {m.name: m.summary() for m in self.graph_managers()}}
+
+    def _dispatch(self, batch: ScheduledBatch) -> tuple[BatchExecutionDescriptor, CudaGraphManager]:
+        """How the step runs, and the graph manager that counts it: a lone prompt chunk that fits a prefill
+        graph's token count replays the smallest such graph; anything else goes to the verify graphs (uniform
+        batches of k+1 tokens a row) or runs eagerly."""
+        max_seq_len = max(r.request.num_computed_tokens + r.num_query_tokens for r in batch.rows)
+        if batch.num_reqs == 1 and batch.rows[0].is_prefill:
+            prompt = self.prefill_graphs.dispatch(batch.rows[0].num_query_tokens, max_seq_len)
+            if prompt is not None:
+                return prompt
+        uniform = all(not r.is_prefill and r.num_query_tokens == self.k + 1 for r in batch.rows)
+        return self.verify_graphs.dispatch(batch.num_reqs, batch.num_tokens, uniform, max_seq_len), self.verify_graphs
+
+    def _prepare_verify_capture(self, desc: BatchExecutionDescriptor) -> None:
+        cpu = uniform_dummy_inputs(desc.num_reqs, self.k + 1, self.max_blocks_per_req)
+        self.buffers.load(cpu)
+        attn = self.buffers.attention_metadata(desc.num_reqs, desc.num_tokens, desc.max_seq_len, self.k + 1,
+                                               desc.num_tokens)
+        conv = None
+        if self.conv_states:
+            conv = self.conv_builder.build_for_cudagraph_capture(num_reqs=desc.num_reqs, num_tokens=desc.num_tokens)
+        self._verify_graph_ctx[(desc.num_reqs, desc.max_seq_len)] = ForwardContext(
+            attn=attn, conv=conv, kv_caches=self.kv_caches, conv_states=self.conv_states)
+
+    def _verify_graph(self, desc: BatchExecutionDescriptor) -> None:
+        """The captured step: the target scores every token of a uniform batch, and the rejection sampler turns
+        the logits into `step_out` (one graph, so sampling costs the host nothing)."""
+        num_tokens = desc.num_tokens
+        hidden = self.target(self.buffers.input_ids[:num_tokens], self.buffers.positions[:num_tokens],
+                             self._verify_graph_ctx[(desc.num_reqs, desc.max_seq_len)])
+        logits = self.target.compute_logits(hidden).view(desc.num_reqs, self.k + 1, -1)
+        self._sample(logits, desc.num_reqs)
+
+    def _prepare_prefill_capture(self, desc: BatchExecutionDescriptor) -> None:
+        """An inert one-row prompt of desc.num_tokens tokens (`InputBuffers.load_inert_prompt`)."""
+        attn = self.buffers.load_inert_prompt(desc.num_tokens, desc.max_seq_len)
+        conv = self.conv_builder.build_for_prompt_capture(num_tokens=desc.num_tokens) if self.conv_states else None
+        self._prefill_graph_ctx[(desc.num_tokens, desc.max_seq_len)] = ForwardContext(
+            attn=attn, conv=conv, kv_caches=self.kv_caches, conv_states=self.conv_states)
+
+    def _prefill_graph(self, desc: BatchExecutionDescriptor) -> None:
+        """The captured prompt prefill of one row (padded to desc.num_tokens): the target's forward, the logits
+        at the row's scoring position and the sampler, as an eager step runs them."""
+        ctx = self._prefill_graph_ctx[(desc.num_tokens, desc.max_seq_len)]
+        hidden = self.target(self.buffers.input_ids[: desc.num_tokens], self.buffers.positions[: desc.num_tokens],
+                             ctx)
+        self._sample(self._logits_at_scoring_rows(hidden, 1), 1)

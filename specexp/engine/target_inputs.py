@@ -1,0 +1,123 @@
+"""How a scheduled batch becomes the target's inputs in the native engine's persistent buffers.
+
+One step's rows (decode rows first, then prefill chunks) turn into: the flat token ids and positions, the
+attention metadata, the short-conv metadata (`ShortConvMetadataBuilder`), and per row a line of `row_inputs`
+that the rejection sampler reads (the logits rows it scores, where its drafts wait in the speculator's draft
+buffer, how many it may accept, whether it samples, its conv slot). The drafts themselves never leave the
+device: one gather copies them from the draft buffer into the input ids.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specexp.engine.cudagraph import FULL, BatchExecutionDescriptor
+from specexp.engine.inputs import build_step_inputs
+from specexp.engine.scheduler import ScheduledBatch
+from specexp.engine.speculator import VerifiedBatch
+
+
+class TargetStepInputs:
+    """The input half of `NativeEngine` (a mixin: it fills the engine's `buffers`, `row_inputs` and conv
+    builder). `_prepare_target_inputs` stages one step; `_verified_batch` hands its facts to the speculator."""
+
+    def _prepare_target_inputs(self, batch: ScheduledBatch, desc: BatchExecutionDescriptor) -> dict:
+        """Stage one step of `batch`, as `desc` runs it (padded rows and tokens under FULL), into the persistent
+        buffers; returns the step's CPU inputs (`cpu`), attention and conv metadata, and the per-row CPU
+        tensors the speculator reads (`_verified_batch`)."""
+        k, dev = self.k, self.device
+        rows = batch.rows
+        token_lists, starts, block_ids = [], [], []
+        for row in rows:
+            req = row.request
+            start = req.num_computed_tokens
+            if row.is_prefill:
+                token_lists.append(req.token_ids[start : start + row.num_query_tokens])
+            else:  # the drafts are gathered on the device below
+                token_lists.append([req.token_ids[-1]] + [0] * (row.num_query_tokens - 1))
+            starts.append(start)
+            block_ids.append(req.block_ids)
+        cpu = build_step_inputs(token_lists, starts, block_ids, self.cfg.block_size, self.max_blocks_per_req,
+                                desc.num_reqs, desc.num_tokens, pin_memory=self.pin_memory)
+        self.buffers.load(cpu, desc.num_reqs, desc.num_tokens)
+        num_reqs, num_tokens = cpu.num_reqs, cpu.num_tokens
+        attn = self.buffers.attention_metadata(
+            num_reqs, num_tokens, max_seq_len=desc.max_seq_len, max_query_len=cpu.max_query_len,
+            num_actual_tokens=num_tokens,
+        )
+        # Per-row CPU facts, one tensor per dtype, for the speculator (VerifiedBatch) and the conv builder:
+        # plain decoding of an attention-only target needs none. Every decode row is a spec row (0..k drafts),
+        # even without speculation: its conv window then sits at num_accepted - 1, and the spec path is the one
+        # full graphs replay. The conv builder's draft count is the drafts in each row's query (scored, not
+        # capped).
+        query_lens = starts_t = is_spec = samples_cpu = slots = num_accepted = None
+        if self.speculator is not None:
+            query_lens, starts_t = torch.tensor(
+                [r.num_query_tokens for r in rows] + starts, dtype=torch.int64).view(2, num_reqs).unbind(0)
+            is_spec, samples_cpu = torch.tensor(
+                [not r.is_prefill for r in rows] + [r.samples for r in rows]).view(2, num_reqs).unbind(0)
+        if self.speculator is not None or self.conv_states:
+            slots, num_accepted, starts_32, query_drafts = torch.tensor(
+                [r.request.conv_slot for r in rows] + [r.request.num_accepted_tokens for r in rows] + starts
+                + [r.num_query_tokens - 1 if not r.is_prefill else -1 for r in rows],
+                dtype=torch.int32).view(4, num_reqs).unbind(0)
+        conv = None
+        if self.conv_states and desc.cg_mode == FULL and rows[0].is_prefill:
+            # a prompt-prefill graph (verify graphs take no prefill rows): its one-row persistent buffers
+            self.conv_builder.load_prompt_row(query_len=rows[0].num_query_tokens, num_tokens_padded=desc.num_tokens,
+                                              num_computed_tokens=starts[0], state_index=rows[0].request.conv_slot)
+        elif self.conv_states:
+            conv = self.conv_builder.build(
+                query_start_loc_cpu=cpu.query_start_loc,
+                num_computed_tokens_cpu=starts_32,
+                num_decode_draft_tokens_cpu=query_drafts,
+                num_accepted_tokens_cpu=num_accepted,
+                state_indices_cpu=slots,
+                num_reqs_padded=desc.num_reqs if desc.cg_mode == FULL else None,
+            )
+        # Per row, its line of `row_inputs` (verify rows score every query token, others their last one,
+        # repeated; padding rows all zero), then, per draft in a query, the token it fills and its place in the
+        # draft buffer (flat): one packed host-to-device copy.
+        packed_rows, fill_tokens, fill_sources = [], [], []
+        for row, start in zip(rows, cpu.query_start_loc.tolist()):
+            req, last = row.request, row.num_query_tokens - 1
+            packed_rows += [start + (last if row.is_prefill else min(c, last)) for c in range(k + 1)]
+            packed_rows += [max(req.draft_row, 0), row.num_draft_tokens, int(row.samples), req.conv_slot]
+            if row.is_prefill:
+                continue
+            if last > 0:  # its drafts, from the speculator's draft buffer
+                fill_tokens += range(start + 1, start + 1 + last)
+                fill_sources += range(req.draft_row * k, req.draft_row * k + last)
+            if req.pending_token_row >= 0:  # its last token, from the in-flight step's (k = 0)
+                fill_tokens.append(start)
+                fill_sources.append(req.pending_token_row)
+        width, rows_padded = k + 5, max(desc.num_reqs, num_reqs)
+        packed_rows += [0] * ((rows_padded - num_reqs) * width)
+        packed = torch.tensor(packed_rows + fill_tokens + fill_sources, dtype=torch.int64, pin_memory=self.pin_memory)
+        self.row_inputs[:rows_padded].copy_(packed[: rows_padded * width].view(rows_padded, width), non_blocking=True)
+        if fill_tokens:
+            # drafts: flat in the draft buffer; a pending token (k = 0): the in-flight step's, in step_out's
+            # first column, which this step's sampling overwrites only after this gather
+            source = self.speculator.draft_tokens.view(-1) if self.speculator is not None else self.step_out[:, 0]
+            fill = packed[rows_padded * width :].to(dev, non_blocking=True).view(2, -1)
+            self.buffers.input_ids[fill[0]] = source[fill[1]]
+        return {
+            "cpu": cpu, "attn": attn, "conv": conv, "query_lens": query_lens, "is_spec": is_spec,
+            "slots": slots, "num_accepted": num_accepted, "samples_cpu": samples_cpu, "starts": starts_t,
+        }
+
+    def _verified_batch(self, batch: ScheduledBatch, prep: dict) -> VerifiedBatch:
+        """What the speculator needs of a verified step: the rows' CPU facts and the device's sampled tokens."""
+        cpu = prep["cpu"]
+        return VerifiedBatch(
+            query_lens=prep["query_lens"],
+            start_positions=prep["starts"],
+            is_spec=prep["is_spec"],
+            samples=prep["samples_cpu"],
+            conv_slots=prep["slots"],
+            num_accepted_prev=prep["num_accepted"],
+            block_table=cpu.block_table,
+            target_input_ids=self.buffers.input_ids[: cpu.num_tokens],
+            sampled=self.step_out[: batch.num_reqs, : self.k + 1],
+            num_sampled=self.step_out[: batch.num_reqs, self.k + 1],
+        )
