@@ -235,7 +235,8 @@ def execute(cfg: dict, ctx: RunContext) -> dict:
     answers.jsonl only when the backend finished. Returns the result record. A KeyboardInterrupt is
     recorded and then re-raised; every other error is recorded and printed as one line on stderr.
     """
-    from specexp.backends import get_backend
+    from specexp.backends import get_backend, run_backend
+    from specexp.progress import console_progress
     from specexp.tracking.summary import format_summary
 
     run_dir = ctx.run_dir
@@ -259,7 +260,8 @@ def execute(cfg: dict, ctx: RunContext) -> dict:
         backend = get_backend(spec.backend)
         log.info("starting backend %s: %s, k=%d, %d prompts", spec.backend, spec.pair.name,
                  spec.speculator.num_speculative_tokens, len(spec.prompts))
-        result = backend.run(spec)
+        with console_progress() as progress:
+            result = run_backend(backend, spec, progress)
         _write_outputs(run_dir, result, spec)
         record["metrics"] = result.metrics
         record["env"] = {**environment(spec.engine.device), **result.env}

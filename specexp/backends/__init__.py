@@ -1,4 +1,5 @@
-"""Backend registry: a name -> a lazily imported module exposing ``run(spec: RunSpec) -> RunResult``.
+"""Backend registry: a name -> a lazily imported module exposing
+``run(spec: RunSpec, progress=None) -> RunResult``.
 
 - ``native``: specexp's own engine (``specexp.backends.native``).
 - ``hf``: Hugging Face transformers assisted generation, one request at a time (``specexp.backends.hf``).
@@ -6,11 +7,15 @@
 
 Modules are imported only when a run asks for them, so a missing optional dependency (vllm) or a backend
 not written yet costs nothing until it is chosen, and then gives a one-line :class:`ConfigError`.
+
+``progress`` is a ``specexp.engine.progress.ProgressCallback`` (the app layer's display) or None; a backend
+whose ``run`` takes no ``progress`` still runs, showing none (:func:`run_backend`).
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
 from types import ModuleType
 
 from specexp.errors import ConfigError
@@ -40,3 +45,14 @@ def get_backend(name: str) -> ModuleType:
     if not callable(getattr(module, "run", None)):
         raise ConfigError(f"backend '{name}' is not available: {module_name} has no run(spec) function")
     return module
+
+
+def run_backend(module: ModuleType, spec, progress=None):
+    """``module.run(spec, progress=progress)``; ``module.run(spec)`` when its run takes no ``progress``."""
+    try:
+        parameters = inspect.signature(module.run).parameters.values()
+    except (TypeError, ValueError):  # no signature to read (a builtin): call it the plain way
+        parameters = ()
+    if any(p.name == "progress" or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return module.run(spec, progress=progress)
+    return module.run(spec)

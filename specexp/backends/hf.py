@@ -26,6 +26,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.generation.streamers import BaseStreamer
 from transformers.utils import logging as hf_logging
 
+from specexp.engine.progress import RUN, ProgressCallback, ProgressEvent
 from specexp.engine.stats import AcceptanceStats, request_latency
 from specexp.models import load_model as load_native_model
 from specexp.result import RequestOutput, RunResult, StepRecord, run_metrics
@@ -34,8 +35,9 @@ from specexp.specs import ModelSpec, RunSpec
 WARMUP_NEW_TOKENS = 4
 
 
-def run(spec: RunSpec) -> RunResult:
-    """Generate every prompt of ``spec`` one at a time and return outputs, step rows and §4 metrics."""
+def run(spec: RunSpec, progress: ProgressCallback | None = None) -> RunResult:
+    """Generate every prompt of ``spec`` one at a time and return outputs, step rows and §4 metrics.
+    ``progress`` receives a RUN event before the first request and after each."""
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     device = torch.device(spec.engine.device)
@@ -55,7 +57,10 @@ def run(spec: RunSpec) -> RunResult:
 
     torch.manual_seed(spec.engine.seed)
     requests = []
+    num_prompts, output_tokens = len(spec.prompts), 0
     run_start = time.perf_counter()
+    if progress is not None:
+        progress(ProgressEvent(RUN, 0, num_prompts, 0.0))
     for prompt in spec.prompts:
         probe.begin_request(prompt.id)
         start = time.perf_counter()
@@ -73,6 +78,9 @@ def run(spec: RunSpec) -> RunResult:
                 **request_latency(start, probe.first_token_s or end, end, len(output_ids)),
             )
         )
+        output_tokens += len(output_ids)
+        if progress is not None:
+            progress(ProgressEvent(RUN, len(requests), num_prompts, time.perf_counter() - run_start, output_tokens))
     duration_s = time.perf_counter() - run_start
     probe.remove()
     env = {"device": str(device)}

@@ -10,6 +10,7 @@ import torch
 from tokenizers import Tokenizer
 
 from specexp.engine.config import EngineConfig, SamplingConfig, SpeculatorConfig
+from specexp.engine.progress import ProgressCallback
 from specexp.engine.runner import EngineOutput, NativeEngine
 from specexp.engine.stats import AcceptanceStats, request_latency
 from specexp.errors import ConfigError
@@ -53,8 +54,9 @@ def engine_configs(spec: RunSpec) -> tuple[EngineConfig, SpeculatorConfig, Sampl
     return engine, speculator, sampling
 
 
-def run(spec: RunSpec) -> RunResult:
-    """Serve spec.prompts with the native engine; outputs, per-step rows and §4 metrics."""
+def run(spec: RunSpec, progress: ProgressCallback | None = None) -> RunResult:
+    """Serve spec.prompts with the native engine; outputs, per-step rows and §4 metrics. progress receives the
+    CUDA-graph capture's events and the run's (not the warm-up's)."""
     engine_cfg, spec_cfg, sampling_cfg = engine_configs(spec)
     # Bad settings fail here, before any model is loaded.
     engine_cfg.validate()
@@ -64,12 +66,13 @@ def run(spec: RunSpec) -> RunResult:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError("engine.device=cuda but no CUDA GPU is visible: use engine.device=cpu")
     k = spec_cfg.num_speculative_tokens
-    load = dict(dtype=spec.pair.dtype, device=device, weights=spec.pair.weights, seed=spec.pair.init_seed)
+    load = {"dtype": spec.pair.dtype, "device": device, "weights": spec.pair.weights, "seed": spec.pair.init_seed}
     target = load_model(spec.pair.target.path, **load)
     draft = load_model(spec.pair.draft.path, **load) if k > 0 else None
-    engine = NativeEngine(target, draft, engine_cfg, spec_cfg, sampling_cfg, target.config.eos_token_ids)
+    engine = NativeEngine(target, draft, engine_cfg, spec_cfg, sampling_cfg, target.config.eos_token_ids,
+                          progress=progress)
     engine.generate([spec.prompts[0].token_ids], max_new_tokens=min(WARMUP_NEW_TOKENS, sampling_cfg.max_new_tokens))
-    out = engine.generate([p.token_ids for p in spec.prompts])
+    out = engine.generate([p.token_ids for p in spec.prompts], progress=progress)
     tokenizer_path = spec.pair.target.tokenizer_path
     tokenizer = Tokenizer.from_file(tokenizer_path) if tokenizer_path else None
     return to_run_result(spec, out, k, tokenizer, device)

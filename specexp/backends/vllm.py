@@ -51,6 +51,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from specexp.engine.progress import RUN, ProgressCallback, ProgressEvent
 from specexp.engine.stats import AcceptanceCounts, AcceptanceStats, request_latency
 from specexp.errors import ConfigError
 from specexp.result import RequestOutput, RunResult, run_metrics
@@ -346,8 +347,10 @@ def check_available(spec: RunSpec):
     return vllm
 
 
-def run(spec: RunSpec) -> RunResult:
-    """Serve ``spec.prompts`` with ``vllm.LLM`` (all arriving together); outputs and §4 metrics."""
+def run(spec: RunSpec, progress: ProgressCallback | None = None) -> RunResult:
+    """Serve ``spec.prompts`` with ``vllm.LLM`` (all arriving together); outputs and §4 metrics.
+    ``progress`` receives a RUN event as the requests are submitted and one when they are all done (one
+    ``generate`` call: nothing in between)."""
     if not spec.backend_options.get("multiprocessing", False):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     vllm = check_available(spec)
@@ -377,9 +380,12 @@ def run(spec: RunSpec) -> RunResult:
             params = [vllm.SamplingParams(**sampling_params_kwargs(spec, i, target_config.eos_token_ids))
                       for i in range(len(prompts))]
             start = time.perf_counter()
+            _report(progress, 0, len(prompts), 0.0, 0)
             outputs = llm.generate(prompts, params, use_tqdm=False)
             duration_s = time.perf_counter() - start
             after = llm.get_metrics()
+            _report(progress, len(prompts), len(prompts), duration_s,
+                    sum(len(out.outputs[0].token_ids) for out in outputs))
     finally:
         _write_log(spec, log)
         if scratch is not None:
@@ -406,6 +412,12 @@ def run(spec: RunSpec) -> RunResult:
 
     env = {"device": "cuda:0", "gpu": torch.cuda.get_device_name(0), "vllm": getattr(vllm, "__version__", None)}
     return RunResult(requests, [], metrics, env)
+
+
+def _report(progress: ProgressCallback | None, done: int, total: int, elapsed_s: float, output_tokens: int) -> None:
+    """A RUN progress event to ``progress`` (None: nothing)."""
+    if progress is not None:
+        progress(ProgressEvent(RUN, done, total, elapsed_s, output_tokens))
 
 
 def _write_log(spec: RunSpec, log: LogCapture) -> None:
