@@ -44,12 +44,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from leviathan import add_theory  # noqa: E402
+from leviathan import add_theory
 
-from specexp.engine.config import EngineConfig, SamplingConfig, SpeculatorConfig  # noqa: E402
-from specexp.engine.cudagraph import FULL, BatchExecutionDescriptor  # noqa: E402
-from specexp.engine.runner import NativeEngine  # noqa: E402
-from specexp.models import load_model  # noqa: E402
+from specexp.engine.config import EngineConfig, SamplingConfig, SpeculatorConfig
+from specexp.engine.cudagraph import FULL, BatchExecutionDescriptor
+from specexp.engine.runner import NativeEngine
+from specexp.models import load_model
 
 ZOO = Path(__file__).resolve().parents[1] / "specexp" / "zoo"
 RANDOM_PAIRS = {
@@ -57,7 +57,7 @@ RANDOM_PAIRS = {
     "llama-3.2-1b+llama-100m": ("configs/llama-3.2-1b", "configs/llama-100m-draft"),
 }
 # What `engine=cuda` runs (conf/engine/cuda.yaml): the configuration the diagnostics
-# (host_time.py, step_trace.py, verify_cost.py) look at, and the defaults of this script's kernel switches.
+# (diagnostics/host_time.py, step_trace.py, verify_cost.py) look at, and the defaults of this script's kernel switches.
 CUDA_KERNELS = {"compile_pointwise": True, "linear_kernel": "triton_skinny", "fold_norm_weights": True,
                 "attention_kernel": "triton", "conv_kernel": "triton", "cudagraph_prefill_tokens": (16, 32, 64, 128)}
 DEMO_PAIRS = {
@@ -103,7 +103,7 @@ def copy_bandwidth_bytes_per_s(num_bytes: int = 2 << 30) -> float:
     """Device-to-device copy bandwidth counting bytes read + written."""
     src = torch.empty(num_bytes, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
-    ms = cuda_ms(lambda: dst.copy_(src), iters=10)
+    ms = cuda_ms(functools.partial(dst.copy_, src), iters=10)
     del src, dst
     torch.cuda.empty_cache()
     return 2 * num_bytes / (ms / 1e3)
@@ -138,8 +138,8 @@ def capture_costs(target, draft, k, max_num_seqs, kernels=None) -> dict:
     for size in engine.capture_sizes:
         desc = BatchExecutionDescriptor(size, size, FULL, keys)
         spec._prepare_decode_capture(desc)
-        eager_ms = cuda_ms(lambda: spec._fused_multi_step_decode(desc), iters=10)
-        graph_ms = cuda_ms(lambda: spec.decode_graphs.replay(desc), iters=10)
+        eager_ms = cuda_ms(functools.partial(spec._fused_multi_step_decode, desc), iters=10)
+        graph_ms = cuda_ms(functools.partial(spec.decode_graphs.replay, desc), iters=10)
         decode[size] = {"eager_step_ms": eager_ms / (k - 1), "graph_step_ms": graph_ms / (k - 1),
                         "graph_speedup": eager_ms / graph_ms}
         print(f"    draft decode batch {size:3d}: eager {eager_ms / (k - 1):.3f} ms/step, "
@@ -318,7 +318,7 @@ def bench_pair(name, target_path, draft_path, weights, dtype, quick, copy_bw, se
     out["target_decode_step"] = target_decode_step(target_step, copy_bw)
     out["draft_decode_step_batch1"] = target_decode_step(draft_step, copy_bw)
     # c for the formula: the two steps timed alternately over rounds; the ratio of the two separate measurements
-    # above (what sessions before 11 used) is kept beside it
+    # above (c in results written before the interleaved rounds) is kept beside it
     out["cost_ratio_c_separate"] = out["draft_decode_step_batch1"]["graph_ms"] / out["target_decode_step"]["graph_ms"]
     out.update(interleaved_cost_ratio(target_step, draft_step))
     del target_step, draft_step

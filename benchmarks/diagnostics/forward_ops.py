@@ -1,14 +1,14 @@
 """Kernel-launching ops per model forward, counted on the CPU: a GPU-free proxy for a decode step's kernel count.
 
-At batch 1 a captured decode step of a 1B model is bound by how many kernels it runs, not by weight bytes
-(`experiments/2026-11-29-cudagraphs-h200/`: ~550 small kernels at ~1.9 us each next to 1 ms of GEMMs). This
+At batch 1 a captured decode step of a 1B model can be bound by how many kernels it runs, not by weight bytes
+(on an H200, 2026-11-29, before the kernel cuts: ~550 small kernels at ~1.9 µs each next to 1 ms of GEMMs). This
 script runs one forward of each model (random weights, bf16, one request with `--context` cached tokens) under
 a dispatch mode that counts every aten op except those that only make views, and prints ops per forward and
 per layer with the most frequent ops. Ops that return their input unchanged (a `.to()` to the same dtype) are
 not counted, nor a reshape that could return a view. Composite ops count as the aten ops they reach on the CPU; on a GPU a few fuse further (e.g.
 `rms_norm` is one kernel there too), so this tracks the GPU launch count closely but not exactly.
 
-    python benchmarks/forward_ops.py [--models llama-3.2-1b,lfm2-1.2b,...] [--tokens 1,5] [--fused-pointwise]
+    python benchmarks/diagnostics/forward_ops.py [--models llama-3.2-1b,lfm2-1.2b,...] [--tokens 1,5] [--fused-pointwise]
                                      [--out ops.json]
 """
 
@@ -23,17 +23,17 @@ from pathlib import Path
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root (specexp)
 
-from specexp.engine.short_conv import ShortConvMetadataBuilder  # noqa: E402
-from specexp.models import (  # noqa: E402
+from specexp.engine.short_conv import ShortConvMetadataBuilder
+from specexp.models import (
     AttentionMetadata,
     ForwardContext,
     allocate_conv_states,
     allocate_kv_caches,
     load_model,
 )
-from specexp.models.pointwise import EAGER, PointwiseOps, use_pointwise_ops  # noqa: E402
+from specexp.models.pointwise import EAGER, PointwiseOps, use_pointwise_ops
 
 # aten ops that only create views or read metadata: no kernel on any device.
 VIEW_OPS = frozenset({

@@ -9,7 +9,7 @@ while the device waits. Per k this script:
   2. times one more generate with the engine's host-side pieces wrapped (wall clock, median µs per call):
      target step inputs, conv metadata builds, rejection sampler, draft prefill / decode inputs, commit.
 
-    python benchmarks/host_time.py --pair lfm2-1.2b+lfm2-350m [--ks 0,3] [--rounds 4] [--out host.json]
+    python benchmarks/diagnostics/host_time.py --pair lfm2-1.2b+lfm2-350m [--ks 0,3] [--rounds 4] [--out host.json]
 
 Needs only torch, safetensors and tokenizers (and a CUDA GPU). Kernels as `engine=cuda` with compile_pointwise.
 """
@@ -25,12 +25,12 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root (specexp)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ (gpu_cudagraphs)
 
-from gpu_cudagraphs import CUDA_KERNELS, RANDOM_PAIRS, ZOO, make_engine, timed_generate  # noqa: E402
+from gpu_cudagraphs import CUDA_KERNELS, RANDOM_PAIRS, ZOO, make_engine, timed_generate
 
-from specexp.models import load_model  # noqa: E402
+from specexp.models import load_model
 
 
 def run_summary(out) -> dict:

@@ -1,4 +1,4 @@
-"""benchmarks/step_trace.py summarize: step period, device busy time and copy waits from a chrome trace."""
+"""benchmarks/diagnostics/step_trace.py summarize: step period, device busy time and copy waits from a chrome trace."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "diagnostics"))
 
 from step_trace import STEP_LABEL, load_trace, summarize_first_step, summarize_trace
 

@@ -12,8 +12,8 @@ Two commands:
              graphs, else eager): its host time, the device's busy time while it runs, the host time in each
              CUDA runtime call, and the aten ops with the most host self time. Writes JSON.
 
-    python benchmarks/step_trace.py record --pair lfm2-1.2b+lfm2-350m --ks 0,1,4 --out traces/
-    python benchmarks/step_trace.py summarize traces/trace_k*.json.gz --out trace_summary.json
+    python benchmarks/diagnostics/step_trace.py record --pair lfm2-1.2b+lfm2-350m --ks 0,1,4 --out traces/
+    python benchmarks/diagnostics/step_trace.py summarize traces/trace_k*.json.gz --out trace_summary.json
 
 The profiler slows the host, so host-bound gaps come out longer than in an unprofiled run; what the trace shows
 is where the device waits, and on what.
@@ -70,7 +70,7 @@ def _self_us(ops: list[dict]) -> dict[str, float]:
         stack: list[list] = []  # [end, name, children's µs]
         for e in sorted(events, key=lambda e: (e["ts"], -e["dur"])):
             while stack and stack[-1][0] <= e["ts"]:
-                end, name, inner = stack.pop()
+                _, name, inner = stack.pop()
                 totals[name] -= inner
             if stack:
                 stack[-1][2] += e["dur"]
@@ -123,7 +123,7 @@ def record(pair: str, ks: list[int], out_dir: Path, rate: float, new_tokens: int
     import torch
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ (gpu_cudagraphs)
     from gpu_cudagraphs import CUDA_KERNELS, RANDOM_PAIRS, ZOO, make_engine
 
     from specexp.models import load_model

@@ -1,9 +1,9 @@
 """What a verify of k + 1 tokens costs against a plain decode step, kernel by kernel, on a GPU.
 
-Leviathan's formula prices the target's verify of k + 1 tokens at one plain decode step. On the H200 the
-engine's verify costs 1.18-1.25 plain steps at every k (`experiments/2026-11-29-cudagraphs-h200/`, session 8),
-while the projections alone stream 2-4 rows as fast as one (`gemv_bandwidth.py --skinny-tokens`). This script
-says where the rest goes. Per pair (real-size random weights, bf16, batch 1, the kernels of `engine=cuda`) and
+Leviathan's formula prices the target's verify of k + 1 tokens at one plain decode step. On an H200
+(2026-11-30) the engine's verify cost 1.18-1.25 plain steps at every k with cuBLAS for 2+ rows, while the
+projections alone stream 2-4 rows as fast as one (`gemv_bandwidth.py --skinny-tokens`). This script says where
+the rest goes (`experiments/2026-11-29-cudagraphs-h200/`). Per pair (real-size random weights, bf16, batch 1, the kernels of `engine=cuda`) and
 per k it replays the captured graphs alone, back to back, and reports device milliseconds per replay:
 
   - `target_verify` (k + 1 tokens, logits and rejection sampler included): k = 0 is the plain decode step;
@@ -13,7 +13,7 @@ per k it replays the captured graphs alone, back to back, and reports device mil
 and, from a profile of the replays, every kernel's device µs per replay. The summary lists the kernels whose
 time grows most from the k = 0 verify to each k's verify.
 
-    python benchmarks/verify_cost.py --pairs lfm2-1.2b+lfm2-350m --ks 0,1,2,4 --out verify_cost.json
+    python benchmarks/diagnostics/verify_cost.py --pairs lfm2-1.2b+lfm2-350m --ks 0,1,2,4 --out verify_cost.json
                                      [--linear-kernel triton_gemv|triton_skinny|cublas]
 
 Needs only torch, safetensors and tokenizers (and a CUDA GPU). Rewrites its JSON after every k.
@@ -29,10 +29,18 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root (specexp)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ (gpu_cudagraphs)
 
-from gpu_cudagraphs import CUDA_KERNELS, RANDOM_PAIRS, ZOO, back_to_back_ms, cuda_ms, make_engine, profile_kernels
+from gpu_cudagraphs import (
+    CUDA_KERNELS,
+    RANDOM_PAIRS,
+    ZOO,
+    back_to_back_ms,
+    cuda_ms,
+    make_engine,
+    profile_kernels,
+)
 
 from specexp.engine.cudagraph import FULL, BatchExecutionDescriptor
 from specexp.models import load_model

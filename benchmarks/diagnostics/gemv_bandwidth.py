@@ -14,7 +14,7 @@ device's copy bandwidth:
     shape here (the engine uses the one that won every shape on the H200).
 
 The weights are distinct tensors (no L2 reuse between layers), as in the model. What this bounds: the
-engine's batch-1 target step cannot beat the GEMV chain's time; the issue's 60%-of-copy-bandwidth target
+engine's batch-1 target step cannot beat the GEMV chain's time; a step at 60% of the copy bandwidth
 needs the chain itself well above 60%.
 
 With `--skinny-tokens M,...` it also times the same chain for M rows of x (a batch-1 verify of k + 1 = M tokens):
@@ -24,7 +24,7 @@ shapes and at the best SKINNY_CONFIGS entry per weight shape, and with the RMSNo
 decode step costs what Leviathan's formula assumes: one target step. --models also takes the two drafts'
 shapes (lfm2-350m, llama-100m), whose draft prefill regions are such products too.
 
-    python benchmarks/gemv_bandwidth.py --out gemv_bandwidth.json [--models llama-3.2-1b,lfm2-1.2b]
+    python benchmarks/diagnostics/gemv_bandwidth.py --out gemv_bandwidth.json [--models llama-3.2-1b,lfm2-1.2b]
                                         [--skinny-tokens 2,4,9]
 
 Prints figures as measured and writes the JSON after each model.
@@ -43,12 +43,13 @@ from pathlib import Path
 import torch
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root (specexp)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ (gpu_cudagraphs)
 
-from gpu_cudagraphs import copy_bandwidth_bytes_per_s, cuda_ms  # noqa: E402  (this folder)
+from gpu_cudagraphs import copy_bandwidth_bytes_per_s, cuda_ms
 
-from specexp.models import load_model, triton_gemv  # noqa: E402
-from specexp.models.stacked import StackedLinear  # noqa: E402
+from specexp.models import load_model, triton_gemv
+from specexp.models.stacked import StackedLinear
 
 ZOO = Path(__file__).resolve().parents[1] / "specexp" / "zoo"
 MODELS = {"llama-3.2-1b": "configs/llama-3.2-1b", "lfm2-1.2b": "configs/lfm2-1.2b",

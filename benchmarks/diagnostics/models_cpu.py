@@ -7,7 +7,7 @@ loaded both ways, and timed on one request:
                (native: paged KV / conv-state caches; transformers: its DynamicCache).
 Both paths use the same threads and fp32. Prints a table and writes JSON (`--out`).
 
-    python benchmarks/models_cpu.py [--prompt-len 256] [--decode-steps 32] [--out experiments/runs/models_cpu.json]
+    python benchmarks/diagnostics/models_cpu.py [--prompt-len 256] [--decode-steps 32] [--out experiments/runs/models_cpu.json]
 """
 
 from __future__ import annotations
@@ -16,16 +16,16 @@ import argparse
 import json
 import platform
 import statistics
-import tempfile
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a checkout without installing
 
-from specexp.models import (  # noqa: E402
+from specexp.models import (
     AttentionMetadata,
     ForwardContext,
     ShortConvMetadata,
@@ -34,8 +34,9 @@ from specexp.models import (  # noqa: E402
     load_model,
 )
 
-COMMON = dict(vocab_size=8192, hidden_size=512, intermediate_size=1536, num_hidden_layers=8, num_attention_heads=8,
-              num_key_value_heads=4, max_position_embeddings=4096, tie_word_embeddings=True)
+COMMON = {"vocab_size": 8192, "hidden_size": 512, "intermediate_size": 1536, "num_hidden_layers": 8,
+          "num_attention_heads": 8, "num_key_value_heads": 4, "max_position_embeddings": 4096,
+          "tie_word_embeddings": True}
 LFM2_LAYERS = ["conv", "conv", "full_attention", "conv", "conv", "full_attention", "conv", "full_attention"]
 BLOCK_SIZE = 16
 
