@@ -1,30 +1,97 @@
-"""Render benchmarks/gpu_cudagraphs.py's JSON as the markdown tables of an experiments/ report (speedups are
-re-derived from the raw runs with `leviathan.add_theory`, so older results get today's baseline rule).
+"""Markdown tables of `gpu_cudagraphs.py` and `diagnostics/verify_cost.py` results, as the CUDA-graph report
+(`experiments/2026-11-29-cudagraphs-h200/`) prints them. Speedups are re-derived from each result's raw runs by
+`leviathan.add_theory` (one k = 0 baseline per pair: the median of all its k = 0 runs), so an older result gets
+today's baseline rule. Needs only the standard library and PyYAML (for `conf/engine/cuda.yaml`).
 
-    python benchmarks/cudagraphs_report.py RESULT.json > tables.md
+    python benchmarks/cudagraphs_report.py full RESULT.json            # every table of one result
+    python benchmarks/cudagraphs_report.py summary RESULT.json ...     # one row per (result, pair): step, c, end to end
+    python benchmarks/cudagraphs_report.py memory RESULT.json ...      # graph memory per manager (--sections capture)
+    python benchmarks/cudagraphs_report.py speedups RESULT.json ...    # end-to-end speedup per k: measured / formula
+    python benchmarks/cudagraphs_report.py verify VERIFY_COST.json ... # verify and draft graphs in plain decode steps
+
+`cudagraphs_report.py RESULT.json` alone means `full`. Tables name each result by its file name.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
 
+import yaml
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from leviathan import add_theory, count_within  # noqa: E402
+from leviathan import add_theory, count_within
+
+ENGINE_DEFAULTS_YAML = Path(__file__).resolve().parents[1] / "conf" / "engine" / "cuda.yaml"
+# The engine switches gpu_cudagraphs.py records in its result, compared with conf/engine/cuda.yaml's values
+SWITCHES = ("compile_pointwise", "linear_kernel", "fold_norm_weights", "attention_kernel", "conv_kernel",
+            "plain_decode_lookahead", "cudagraph_prefill_tokens", "cudagraph_shared_pool")
+SHORT_PAIR = {"lfm2-1.2b+lfm2-350m": "LFM2-1.2B + 350M", "llama-3.2-1b+llama-100m": "Llama-3.2-1B + 100M"}
+# graph managers grouped as the memory table shows them (prompt-graph managers carry their token count)
+MANAGER_GROUPS = (("target verify", "target_verify"), ("target prompt graphs", "target_prefill_"),
+                  ("draft prefill", "draft_prefill"), ("draft prompt graphs", "draft_prompt_prefill_"),
+                  ("draft decode", "draft_decode"))
 
 
 def _mb(num_bytes: float | None) -> str:
     return "-" if num_bytes is None else f"{num_bytes / 2**20:.1f}"
 
 
+def _fmt(value, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _span(values: list[float], digits: int = 2) -> str:
+    """'a' or 'lo-hi' of the values ('-' for none)."""
+    if not values:
+        return "-"
+    lo, hi = f"{min(values):.{digits}f}", f"{max(values):.{digits}f}"
+    return lo if lo == hi else f"{lo}-{hi}"
+
+
+def _yes_no(flag) -> str:
+    return "-" if flag is None else ("yes" if flag else "no")
+
+
+def _pair_name(name: str) -> str:
+    return SHORT_PAIR.get(name, name)
+
+
+def load(path: str) -> dict:
+    """A result, with `file` (its base name) added."""
+    return {**json.loads(Path(path).read_text()), "file": Path(path).name}
+
+
+def engine_defaults() -> dict:
+    """conf/engine/cuda.yaml's values of the switches gpu_cudagraphs.py records (today's `engine=cuda`)."""
+    conf = yaml.safe_load(ENGINE_DEFAULTS_YAML.read_text())
+    return {key: conf[key] for key in SWITCHES}
+
+
+def switches_off_default(result: dict, defaults: dict) -> list[str]:
+    """The recorded engine switches that differ from `defaults`, as `key=value`; a switch the result does not
+    record (it predates the switch) as `no key`."""
+    out = []
+    for key in SWITCHES:
+        if key not in result or result[key] is None:
+            out.append(f"no `{key}`")
+        elif (list(result[key]) if isinstance(result[key], (list, tuple)) else result[key]) != defaults[key]:
+            out.append(f"`{key}={result[key]}`")
+    return out
+
+
+# ------------------------------------------------------------------------------------------------------- full
+
+
 def _kernel_lines(kernels: dict | None, top: int = 8) -> list[str]:
     """The target decode step's kernel breakdown (gpu_cudagraphs.kernel_breakdown), when measured."""
     if not kernels or "top" not in kernels:
         return []
-    lines = [f"Its kernels (one eager step, profiled): {kernels['launches_per_step']:.0f} launches, "
-             f"{kernels['kernel_ms_per_step']:.3f} ms of kernel time; the top {top}:", "",
+    lines = [(f"Its kernels (one eager step, profiled): {kernels['launches_per_step']:.0f} launches, "
+             f"{kernels['kernel_ms_per_step']:.3f} ms of kernel time; the top {top}:"), "",
              "| kernel | launches/step | ms/step |", "|---|---|---|"]
     for r in kernels["top"][:top]:
         name = r["name"].replace("|", "\\|")
@@ -32,21 +99,13 @@ def _kernel_lines(kernels: dict | None, top: int = 8) -> list[str]:
     return [*lines, ""]
 
 
-def _yes_no(flag) -> str:
-    return "-" if flag is None else ("yes" if flag else "no")
-
-
-def _fmt(value, digits: int = 2) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"
-
-
 def _capture_lines(pair: dict) -> list[str]:
     """Graph memory / capture time per (manager, size) and the draft decode eager-vs-graph table, when measured."""
     if "capture" not in pair:
         return []
     capture = pair["capture"]
-    lines = [f"Whole capture (k = 4): {_mb(capture['graph_capture_bytes'])} MiB (free-memory delta), "
-             f"{capture['graph_capture_s']:.2f} s; persistent buffers {_mb(capture['persistent_buffer_bytes'])} MiB.",
+    lines = [(f"Whole capture (k = 4): {_mb(capture['graph_capture_bytes'])} MiB (free-memory delta), "
+             f"{capture['graph_capture_s']:.2f} s; persistent buffers {_mb(capture['persistent_buffer_bytes'])} MiB."),
              "", "| manager | batch | keys | capture MiB (free delta) | reserved MiB | capture ms |",
              "|---|---|---|---|---|---|"]
     for manager, summary in capture["managers"].items():
@@ -59,8 +118,7 @@ def _capture_lines(pair: dict) -> list[str]:
     return lines
 
 
-def _pair(measured, predicted) -> str:
-    """'measured / predicted' (either may be missing)."""
+def _measured_predicted(measured, predicted) -> str:
     return f"{_fmt(measured)} / {_fmt(predicted)}"
 
 
@@ -73,20 +131,18 @@ def _c_rounds(pair: dict) -> str:
             f"the two steps' separate measurements above give {pair['cost_ratio_c_separate']:.3f})")
 
 
-def render(result: dict) -> str:
-    lines = [f"Machine: {result['machine']['gpu']}, torch {result['machine']['torch']}, "
+def render_full(result: dict) -> str:
+    """Every table of one gpu_cudagraphs.py result: capture per (manager, size), the batch-1 steps, end to end."""
+    lines = [(f"Machine: {result['machine']['gpu']}, torch {result['machine']['torch']}, "
              f"Python {result['machine']['python']}. Measured copy bandwidth (read + write): "
-             f"{result['copy_bandwidth_bytes_per_s'] / 1e12:.2f} TB/s.", ""]
-    switches = [f"{key}={result[key]}" for key in ("compile_pointwise", "linear_kernel", "fold_norm_weights",
-                                                    "attention_kernel", "conv_kernel", "plain_decode_lookahead",
-                                                    "cudagraph_prefill_tokens", "cudagraph_shared_pool")
-                if key in result]
+             f"{result['copy_bandwidth_bytes_per_s'] / 1e12:.2f} TB/s."), ""]
+    switches = [f"{key}={result[key]}" for key in SWITCHES if key in result]
     if switches:  # results written before a switch existed leave it out
         lines += [f"Engine: {', '.join(switches)}.", ""]
     for name, pair in result["pairs"].items():
         lines += [f"## {name}", "",
-                  f"Target `{pair['target']}` ({pair['target_params'] / 1e6:.0f}M params), draft `{pair['draft']}` "
-                  f"({pair['draft_params'] / 1e6:.0f}M), {pair['weights']} weights, {pair['dtype']}.", ""]
+                  (f"Target `{pair['target']}` ({pair['target_params'] / 1e6:.0f}M params), draft `{pair['draft']}` "
+                  f"({pair['draft_params'] / 1e6:.0f}M), {pair['weights']} weights, {pair['dtype']}."), ""]
         lines += _capture_lines(pair)  # each section only when the run measured it (--sections)
         if "target_decode_step" not in pair:
             continue
@@ -94,11 +150,11 @@ def render(result: dict) -> str:
         back_to_back = t.get("graph_back_to_back_ms")
         stream = ("" if back_to_back is None else f" Replays queued back to back: {back_to_back:.3f} ms, "
                   f"{100 * t['fraction_of_copy_bandwidth_back_to_back']:.0f}%.")
-        lines += ["", f"Target decode step, batch 1: graph {t['graph_ms']:.3f} ms, eager {t['eager_ms']:.2f} ms; "
+        lines += ["", (f"Target decode step, batch 1: graph {t['graph_ms']:.3f} ms, eager {t['eager_ms']:.2f} ms; "
                   f"weights {t['weight_bytes'] / 1e9:.2f} GB -> {t['achieved_bytes_per_s'] / 1e12:.2f} TB/s = "
                   f"{100 * t['fraction_of_copy_bandwidth']:.0f}% of the measured copy bandwidth. "
                   f"Cost ratio c (draft step / target step, graphs) = {pair['cost_ratio_c']:.3f}{_c_rounds(pair)}."
-                  f"{stream}", ""]
+                  f"{stream}"), ""]
         lines += _kernel_lines(t.get("kernels"))
         if "end_to_end" not in pair:
             continue
@@ -106,26 +162,26 @@ def render(result: dict) -> str:
         rows = pair["end_to_end"]
         checked = [r["within_15pct_of_theory"] for r in rows if r.get("within_15pct_of_theory") is not None]
         if checked:
-            lines += [f"Within 15% of the formula: {sum(checked)} of {len(checked)} points (k >= 1). Its two "
+            lines += [(f"Within 15% of the formula: {sum(checked)} of {len(checked)} points (k >= 1). Its two "
                       "factors, measured / predicted: tokens per step (acceptance length) and a step's cost in "
                       "plain decode steps (median step / median k = 0 step vs k c + 1). The cost's two parts, in "
                       "plain steps: the verify of k + 1 tokens (the formula's 1) and the draft phase per drafted "
-                      "token (the formula's c).", ""]
+                      "token (the formula's c)."), ""]
             draft = pair.get("draft_decode_step_batch1", {})
             if t.get("graph_back_to_back_ms") and draft.get("graph_back_to_back_ms"):
                 c_stream = draft["graph_back_to_back_ms"] / t["graph_back_to_back_ms"]
                 within, total = count_within(rows, c_stream)
-                lines += [f"With c from replays queued back to back instead (the device's time alone, c = "
-                          f"{c_stream:.3f}): {within} of {total} points within 15%.", ""]
+                lines += [(f"With c from replays queued back to back instead (the device's time alone, c = "
+                          f"{c_stream:.3f}): {within} of {total} points within 15%."), ""]
         decode = [r["decode_within_15pct_of_theory"] for r in rows
                   if r.get("decode_within_15pct_of_theory") is not None]
         if decode:
-            lines += [f"The decode phase alone (a request's wall time less its prefill steps, which a draft makes "
-                      f"longer): {sum(decode)} of {len(decode)} points within 15% of the formula.", ""]
-        lines += ["| k | acceptance rate | tokens/s (median of runs) | speedup | theory speedup | within 15% "
+            lines += [(f"The decode phase alone (a request's wall time less its prefill steps, which a draft makes "
+                      f"longer): {sum(decode)} of {len(decode)} points within 15% of the formula."), ""]
+        lines += [("| k | acceptance rate | tokens/s (median of runs) | speedup | theory speedup | within 15% "
                   "| decode-phase speedup (within 15%) | prefill step ms "
                   "| acceptance length / theory | step cost / theory | verify / 1 | draft per token / c "
-                  "| step ms p50 | draft ms p50 | verify ms p50 | host ms p50 |",
+                  "| step ms p50 | draft ms p50 | verify ms p50 | host ms p50 |"),
                   "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in rows:
             lines.append(
@@ -134,10 +190,10 @@ def render(result: dict) -> str:
                 f"| {_yes_no(r.get('within_15pct_of_theory'))} "
                 f"| {_fmt(r.get('decode_speedup'))} ({_yes_no(r.get('decode_within_15pct_of_theory'))}) "
                 f"| {_fmt(r.get('prefill_step_ms_mean'), 1)} "
-                f"| {_pair(r['acceptance_length'], r.get('theory_acceptance_length'))} "
-                f"| {_pair(r.get('step_cost_in_plain_steps'), r.get('theory_step_cost_in_plain_steps'))} "
-                f"| {_pair(r.get('verify_cost_in_plain_steps'), 1.0 if 'verify_cost_in_plain_steps' in r else None)} "
-                f"| {_pair(r.get('draft_cost_per_token_in_plain_steps'), pair['cost_ratio_c'] if r['k'] else None)} "
+                f"| {_measured_predicted(r['acceptance_length'], r.get('theory_acceptance_length'))} "
+                f"| {_measured_predicted(r.get('step_cost_in_plain_steps'), r.get('theory_step_cost_in_plain_steps'))} "
+                f"| {_measured_predicted(r.get('verify_cost_in_plain_steps'), 1.0 if 'verify_cost_in_plain_steps' in r else None)} "
+                f"| {_measured_predicted(r.get('draft_cost_per_token_in_plain_steps'), pair['cost_ratio_c'] if r['k'] else None)} "
                 f"| {r['step_ms_p50']:.2f} | {r['draft_ms_p50']:.2f} | {r['verify_ms_p50']:.2f} "
                 f"| {_fmt(r.get('schedule_ms_p50'))} |")
         lines.append("")
@@ -146,5 +202,179 @@ def render(result: dict) -> str:
     return "\n".join(lines)
 
 
+# ---------------------------------------------------------------------------------------------------- summary
+
+
+def _rows_at(rows: list[dict], k: int) -> list[dict]:
+    return [r for r in rows if r["k"] == k]
+
+
+def summary_row(file: str, name: str, pair: dict) -> str:
+    """One result's figures for one pair: the batch-1 steps, c, and the end-to-end headline (when measured)."""
+    cells = [f"`{file}`", _pair_name(name)]
+    t, d = pair.get("target_decode_step"), pair.get("draft_decode_step_batch1")
+    if t:
+        cells.append(f"{t['graph_ms']:.3f} ({100 * t['fraction_of_copy_bandwidth']:.0f}%)")
+        b2b = t.get("graph_back_to_back_ms")
+        cells.append("-" if b2b is None else f"{b2b:.3f} ({100 * t['fraction_of_copy_bandwidth_back_to_back']:.0f}%)")
+        cells.append("-" if not d else f"{d['graph_ms']:.3f}")
+        cells.append(_fmt(pair.get("cost_ratio_c"), 3))
+    else:
+        cells += ["-"] * 4
+    rows = pair.get("end_to_end")
+    if rows:
+        add_theory(rows, pair["cost_ratio_c"])
+        plain, first = _rows_at(rows, 0), _rows_at(rows, 1)
+        checked = [r["within_15pct_of_theory"] for r in rows if r.get("within_15pct_of_theory") is not None]
+        best = max((r for r in rows if r["k"] > 0), key=lambda r: r["speedup"], default=None)
+        cells += [f"{plain[0]['baseline_tokens_per_s']:.0f}" if plain else "-",
+                  _span([r["step_ms_p50"] for r in plain]), _span([r["step_ms_p50"] for r in first]),
+                  (f"{_span([r['prefill_step_ms_mean'] for r in plain if 'prefill_step_ms_mean' in r], 1)} / "
+                  f"{_span([r['prefill_step_ms_mean'] for r in first if 'prefill_step_ms_mean' in r], 1)}"),
+                  "-" if best is None else f"{best['speedup']:.2f} (k = {best['k']}, a = {best['acceptance_rate']})",
+                  f"{sum(checked)} of {len(checked)}" if checked else "-"]
+    else:
+        cells += ["-"] * 6
+    capture = pair.get("capture")
+    cells.append("-" if not capture else f"{_mb(capture['graph_capture_bytes'])} ({capture['graph_capture_s']:.1f} s)")
+    return "| " + " | ".join(cells) + " |"
+
+
+def render_summary(results: list[dict]) -> str:
+    """One row per (result, pair), and each result's engine switches that differ from conf/engine/cuda.yaml."""
+    lines = [("| file | pair | target step ms, synchronised (% of copy bw) | back to back (%) | draft step ms | c "
+             "| k = 0 tokens/s | k = 0 step ms | k = 1 step ms | prompt prefill step ms, k = 0 / 1 "
+             "| best speedup | within 15% of the formula | graph MiB (capture s) |"),
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for result in results:
+        lines += [summary_row(result["file"], name, pair) for name, pair in result["pairs"].items()]
+    defaults = engine_defaults()
+    lines += ["", "Engine switches other than `conf/engine/cuda.yaml`'s:"]
+    for result in results:
+        off = switches_off_default(result, defaults)
+        lines.append(f"- `{result['file']}`: {', '.join(off) if off else 'none'}")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------------------- memory
+
+
+def manager_groups(capture: dict) -> dict[str, float]:
+    """MiB per manager group (MANAGER_GROUPS), `outside the managers` (the whole capture's free-memory delta less
+    the managers' sum: allocations of warm-ups and of the pool outside any one graph) and `total`."""
+    groups = {label: 0.0 for label, _ in MANAGER_GROUPS}
+    for manager, summary in capture["managers"].items():
+        label = next(label for label, prefix in MANAGER_GROUPS
+                     if manager == prefix or (prefix.endswith("_") and manager.startswith(prefix)))
+        groups[label] += summary["capture_bytes"] / 2**20
+    total = capture["graph_capture_bytes"] / 2**20
+    return {**groups, "outside the managers": total - sum(groups.values()), "total": total}
+
+
+def render_memory(results: list[dict]) -> str:
+    """Graph memory per manager group and capture time, one row per (result, pair) that measured the capture, with
+    the batch-1 draft decode step replayed as a graph against run eagerly (the same section measures both)."""
+    labels = [label for label, _ in MANAGER_GROUPS] + ["outside the managers", "total"]
+    lines = ["| file | pair | " + " | ".join(f"{label} MiB" for label in labels)
+             + " | capture s | draft decode step, batch 1: graph / eager ms |",
+             "|---|---|" + "---|" * (len(labels) + 2)]
+    for result in results:
+        for name, pair in result["pairs"].items():
+            if "capture" not in pair:
+                continue
+            groups = manager_groups(pair["capture"])
+            decode = pair.get("draft_decode_step", {}).get("1")
+            lines.append(f"| `{result['file']}` | {_pair_name(name)} | "
+                         + " | ".join(f"{groups[label]:.0f}" for label in labels)
+                         + f" | {pair['capture']['graph_capture_s']:.1f} | "
+                         + ("-" if decode is None else f"{decode['graph_step_ms']:.3f} / {decode['eager_step_ms']:.2f} "
+                            f"({decode['graph_speedup']:.1f}x)") + " |")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------------- speedups
+
+
+def speedup_columns(results: list[dict]) -> list[tuple[str, float, float, dict[int, dict]]]:
+    """(pair name, synthetic acceptance rate a, c, rows by k) per (pair, rate) of every result's end-to-end runs,
+    each row's speedup and formula set by add_theory."""
+    columns = []
+    for result in results:
+        for name, pair in result["pairs"].items():
+            rows = pair.get("end_to_end")
+            if not rows:
+                continue
+            add_theory(rows, pair["cost_ratio_c"])
+            for rate in sorted({r["acceptance_rate"] for r in rows if r["acceptance_rate"] is not None}):
+                columns.append((name, rate, pair["cost_ratio_c"], {r["k"]: r for r in rows if r["acceptance_rate"] == rate}))
+    return columns
+
+
+def render_speedups(results: list[dict]) -> str:
+    """Speedup over k = 0, measured / Leviathan's formula (`*`: outside 15% of it), one column per (pair, rate)."""
+    columns = speedup_columns(results)
+    ks = sorted({k for *_, rows in columns for k in rows if k > 0})
+    labels = [f"{_pair_name(name)}, a = {rate} (c = {c:.3f})" for name, rate, c, _ in columns]
+    lines = ["| k | " + " | ".join(labels) + " |", "|---|" + "---|" * len(columns)]
+    for k in ks:
+        cells = []
+        for *_, rows in columns:
+            r = rows.get(k)
+            cells.append("-" if r is None else
+                         f"{r['speedup']:.2f} / {r['theory_speedup']:.2f}{'' if r['within_15pct_of_theory'] else ' *'}")
+        lines.append(f"| {k} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------------------- verify
+
+
+def render_verify(results: list[dict]) -> str:
+    """verify_cost.py results: per (file, k), each pair's verify of k + 1 tokens and draft prefill, ms and in
+    plain decode steps (the k = 0 verify)."""
+    names = list(dict.fromkeys(name for result in results for name in result["pairs"]))
+    header = [f"{_pair_name(n)}: {part}" for n in names for part in ("verify ms (plain steps)", "draft prefill ms (plain steps)")]
+    lines = ["| file | k | " + " | ".join(header) + " |", "|---|---|" + "---|" * len(header)]
+    for result in results:
+        ks = sorted({int(k) for pair in result["pairs"].values() for k in pair})
+        for k in ks:
+            cells = []
+            for name in names:
+                rows = result["pairs"].get(name, {})
+                row, plain = rows.get(str(k)), rows.get("0")
+                if row is None or plain is None:
+                    cells += ["-", "-"]
+                    continue
+                base = plain["target_verify"]["ms"]
+                for part in ("target_verify", "draft_prefill"):
+                    ms = row.get(part, {}).get("ms")
+                    cells.append("-" if ms is None else f"{ms:.3f} ({ms / base:.2f})")
+            lines.append(f"| `{result['file']}` | {k} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+RENDERERS = {"summary": render_summary, "memory": render_memory, "speedups": render_speedups,
+             "verify": render_verify}
+
+
+def main(argv: list[str] | None = None) -> str:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0].endswith(".json"):
+        argv.insert(0, "full")
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("table", choices=["full", *RENDERERS])
+    parser.add_argument("results", nargs="+", help="result JSON files")
+    args = parser.parse_args(argv)
+    missing = [p for p in args.results if not Path(p).is_file()]
+    if missing:
+        parser.error(f"no such result file: {', '.join(missing)}")
+    results = [load(p) for p in args.results]
+    if args.table == "full":
+        if len(results) != 1:
+            parser.error(f"full renders one result, got {len(results)}")
+        return render_full(results[0])
+    return RENDERERS[args.table](results)
+
+
 if __name__ == "__main__":
-    print(render(json.load(open(sys.argv[1]))))
+    print(main())

@@ -1,0 +1,97 @@
+"""benchmarks/cudagraphs_report.py and cudagraphs_figures.py on small synthetic gpu_cudagraphs.py results."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+import cudagraphs_figures
+import cudagraphs_report
+from leviathan import leviathan_speedup
+
+MiB = 2**20
+
+
+def _capture(managers: dict[str, int], total_mib: int) -> dict:
+    return {"graph_capture_bytes": total_mib * MiB, "graph_capture_s": 1.5, "persistent_buffer_bytes": 0,
+            "managers": {name: {"capture_bytes": mib * MiB, "capture_s": 0.1, "per_size": []}
+                         for name, mib in managers.items()}}
+
+
+def _e2e_rows(c: float, measured_over_theory: dict[int, float], rate: float = 0.8) -> list[dict]:
+    """End-to-end rows whose speedups are the formula's times the given factor (k = 0: 100 tokens/s)."""
+    rows = []
+    for k in range(4):
+        tps = 100.0 * (1.0 if k == 0 else leviathan_speedup(rate, k, c) * measured_over_theory[k])
+        rows.append({"k": k, "acceptance_rate": rate, "acceptance_length": 1.0, "output_tokens_per_s": tps,
+                     "output_tokens_per_s_runs": [tps * 0.98, tps, tps * 1.01], "step_ms_p50": 1.0 + k,
+                     "draft_ms_p50": 0.3 * k, "verify_ms_p50": 1.0, "schedule_ms_p50": 0.02})
+    return rows
+
+
+def _result(**switches) -> dict:
+    pair = {"capture": _capture({"target_verify": 200, "target_prefill_16": 10, "target_prefill_32": 6,
+                                 "draft_prefill": 8, "draft_prompt_prefill_17": 4, "draft_decode": 12}, 250),
+            "draft_decode_step": {"1": {"eager_step_ms": 3.0, "graph_step_ms": 0.3, "graph_speedup": 10.0}},
+            "cost_ratio_c": 0.4, "end_to_end": _e2e_rows(0.4, {1: 0.8, 2: 0.9, 3: 1.0})}
+    return {"file": "r.json", "machine": {"gpu": "NVIDIA H200", "torch": "x", "python": "y"},
+            "pairs": {"llama-3.2-1b+llama-100m": pair}, **switches}
+
+
+def test_memory_groups_prompt_graph_managers_and_keeps_what_no_manager_holds():
+    groups = cudagraphs_report.manager_groups(_result()["pairs"]["llama-3.2-1b+llama-100m"]["capture"])
+    assert groups == pytest.approx({"target verify": 200, "target prompt graphs": 16, "draft prefill": 8,
+                                    "draft prompt graphs": 4, "draft decode": 12, "outside the managers": 10,
+                                    "total": 250})
+
+
+def test_switches_off_default_names_differing_and_unrecorded_switches():
+    defaults = cudagraphs_report.engine_defaults()
+    today = {key: defaults[key] for key in cudagraphs_report.SWITCHES}
+    assert cudagraphs_report.switches_off_default(today, defaults) == []
+    older = {**today, "compile_pointwise": not defaults["compile_pointwise"]}
+    del older["cudagraph_shared_pool"]
+    assert cudagraphs_report.switches_off_default(older, defaults) == [
+        f"`compile_pointwise={not defaults['compile_pointwise']}`", "no `cudagraph_shared_pool`"]
+
+
+def test_speedups_mark_the_points_outside_15_percent_of_the_formula():
+    table = cudagraphs_report.render_speedups([_result()]).splitlines()
+    k1, k2, k3 = table[2:5]
+    assert ["*" in row for row in (k1, k2, k3)] == [True, False, False]  # 0.80, 0.90 and 1.00 of the formula
+
+
+def test_summary_counts_points_within_15_percent_and_reports_missing_sections_as_dashes():
+    result = _result()
+    result["pairs"]["lfm2-1.2b+lfm2-350m"] = {"capture": _capture({"target_verify": 100}, 100)}
+    row_full, row_capture_only = cudagraphs_report.render_summary([result]).splitlines()[2:4]
+    assert "| 2 of 3 |" in row_full
+    assert row_capture_only.count("| - ") >= 10 and row_capture_only.endswith("| 100.0 (1.5 s) |")
+
+
+def test_figures_have_a_panel_per_pair_and_short_legends():
+    result = _result()
+    speed = cudagraphs_figures.speedup_figure([result])
+    assert len(speed.axes) == 1 and len(speed.axes[0].get_legend_handles_labels()[1]) == 2  # formula + measured
+    memory = cudagraphs_figures.memory_figure([("one pool", result)])
+    assert len(memory.legends[0].get_texts()) == len(cudagraphs_figures.GROUP_COLORS)
+    assert all(bar.get_width() >= 0 for bar in memory.axes[0].patches)
+
+
+def test_figures_refuse_results_without_the_section_they_draw():
+    bare = {**_result(), "pairs": {"p": {"cost_ratio_c": 0.4}}}
+    with pytest.raises(ValueError, match="--sections step,e2e"):
+        cudagraphs_figures.speedup_figure([bare])
+    with pytest.raises(ValueError, match="--sections capture"):
+        cudagraphs_figures.memory_figure([("x", bare)])
+
+
+def test_report_cli_says_which_file_is_missing(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cudagraphs_report.main(["summary", str(tmp_path / "absent.json")])
+    assert exit_info.value.code == 2
+    assert "no such result file" in capsys.readouterr().err
