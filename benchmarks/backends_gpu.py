@@ -15,7 +15,7 @@ token ids (to compare backends token by token).
     python benchmarks/backends_gpu.py --out backends.json [--resume backends.json] [--backends native,hf,vllm]
                                       [--pairs tiny_llama,...] [--ks 0,1,2,3,4,5,6] [--dtype float32]
 
-`--resume FILE` skips points already in FILE (a run split over several calls), except those that timed out.
+`--resume FILE` skips points already in FILE (a run split over several invocations), except those that timed out.
 Renders with `benchmarks/backends_report.py`.
 """
 
@@ -83,8 +83,9 @@ def point_overrides(point: dict, args) -> list[str]:
 def launch(overrides: list[str], runs_dir: Path, timeout_s: float) -> tuple[int | None, str]:
     """Run `python -m specexp run OVERRIDES` in its own process: (return code or None on timeout, log)."""
     try:
-        proc = subprocess.run([sys.executable, "-m", "specexp", "run", *overrides], capture_output=True, text=True,
-                              cwd=ROOT, env={**os.environ, "SPECEXP_RUNS_DIR": str(runs_dir)}, timeout=timeout_s)
+        proc = subprocess.run([sys.executable, "-m", "specexp", "run", *overrides], check=False, capture_output=True,
+                              text=True, cwd=ROOT, env={**os.environ, "SPECEXP_RUNS_DIR": str(runs_dir)},
+                              timeout=timeout_s)
         return proc.returncode, (proc.stderr or "") + (proc.stdout or "")
     except subprocess.TimeoutExpired as e:
         return None, _text(e.stderr) + _text(e.stdout) + f"\nkilled after {timeout_s} s"

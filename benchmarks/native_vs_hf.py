@@ -9,6 +9,8 @@ finished).
                                       [--max-new-tokens 64] [--engine cpu|cuda] [--out native_vs_hf.json]
 
 `--engine cuda` runs both backends on the GPU (native with its CUDA graphs, hf eager as transformers runs).
+
+    python benchmarks/native_vs_hf.py --table FILE.json ...   # the markdown table of earlier runs, one column each
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ def run_point(backend: str, k: int, batch: int, args, runs_dir: Path) -> dict:
         f"backend={backend}", f"speculator.num_speculative_tokens={k}", f"engine.max_num_seqs={batch}",
         "tracking.wandb.mode=disabled", f"name={name}", f"hydra.run.dir={runs_dir / name}",
     ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "SPECEXP_RUNS_DIR": str(runs_dir)})
+    proc = subprocess.run(cmd, check=False, capture_output=True, text=True, env={**os.environ, "SPECEXP_RUNS_DIR": str(runs_dir)})
     result_path = runs_dir / name / "result.json"
     if not result_path.exists():
         return {"backend": backend, "k": k, "batch": batch, "num_prompts": num_prompts,
@@ -58,6 +60,30 @@ def native_over_hf(rows: list[dict]) -> float | None:
     return None
 
 
+def render(results: list[tuple[str, dict]]) -> str:
+    """One row per point (backend, k, batch), one column per result (file name, its JSON): output tokens/s and
+    TPOT p50 ms; the acceptance length (one value when every result agrees); last, native / hf at k = 4, batch 1."""
+    keys = list(dict.fromkeys((r["backend"], r["k"], r["batch"]) for _, data in results for r in data["points"]))
+    lines = ["| backend | k | batch (max_num_seqs) | prompts | acceptance length | "
+             + " | ".join(f"`{name}`: tokens/s (TPOT p50 ms)" for name, _ in results) + " |",
+             "|---|---|---|---|---|" + "---|" * len(results)]
+    for key in keys:
+        rows = [next((r for r in data["points"] if (r["backend"], r["k"], r["batch"]) == key), None)
+                for _, data in results]
+        # results written before points recorded their prompt count ran every point with the settings' count
+        prompts = list(dict.fromkeys(r.get("num_prompts", data["settings"]["num_prompts"])
+                                     for r, (_, data) in zip(rows, results, strict=True) if r))
+        lengths = list(dict.fromkeys(f"{r['acceptance_length']:.2f}" for r in rows if r and r.get("acceptance_length")))
+        cells = ["-" if not r or r.get("output_tokens_per_s") is None
+                 else f"{r['output_tokens_per_s']:.1f} ({r['tpot_ms_p50']:.2f})" for r in rows]
+        lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {' / '.join(map(str, prompts)) or '-'} | "
+                     f"{' / '.join(lengths) or '-'} | " + " | ".join(cells) + " |")
+    ratios = [native_over_hf(data["points"]) for _, data in results]
+    lines.append("| **native / hf** | 4 | 1 | | | " + " | ".join("-" if r is None else f"**{r:.2f}x**" for r in ratios)
+                 + " |")
+    return "\n".join(lines)
+
+
 def machine(engine: str) -> dict:
     """Where the figures come from: host, Python, torch and (engine=cuda) the GPU."""
     import torch
@@ -77,7 +103,14 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--engine", default="cpu", choices=["cpu", "cuda"], help="engine config group")
     parser.add_argument("--out", default="native_vs_hf.json")
+    parser.add_argument("--table", nargs="+", metavar="FILE", help="print the table of earlier results; run nothing")
     args = parser.parse_args()
+    if args.table:
+        missing = [f for f in args.table if not Path(f).is_file()]
+        if missing:
+            parser.error(f"--table: no such file: {', '.join(missing)}")
+        print(render([(Path(f).name, json.loads(Path(f).read_text())) for f in args.table]))
+        return
     rows: list[dict] = []
     ratio = None
     with tempfile.TemporaryDirectory() as tmp:
@@ -89,6 +122,7 @@ def main() -> None:
             Path(args.out).write_text(json.dumps(
                 {"machine": machine(args.engine), "settings": vars(args), "points": rows,
                  "native_over_hf_k4_batch1": ratio}, indent=1))
+    print(render([(Path(args.out).name, json.loads(Path(args.out).read_text()))]))
     print(f"native / hf tokens/s at k=4, batch 1: {ratio}")
     print(f"wrote {args.out}")
 
