@@ -3,7 +3,7 @@
 Every checkpoint is a real HF directory (config.json, model.safetensors, tokenizer.json) built in a
 temporary directory, small enough (hidden 32-64, 2 layers) that CPU tests stay fast.
 
-Fixtures (session scoped, so each checkpoint is built once per test session):
+Fixtures (scoped to the whole test run, so each checkpoint is built once per run):
 - ``tiny_tokenizer_path``: a byte-level BPE ``tokenizer.json`` (vocab ``TINY_VOCAB_SIZE``) with ``<bos>``
   prepended by its post-processor; ``<pad>``=0, ``<bos>``=1, ``<eos>``=2.
 - ``tiny_llama_dir`` / ``tiny_llama_draft_dir``: LlamaForCausalLM target (hidden 64) and draft (hidden 32).

@@ -10,7 +10,7 @@ to rms_norm(x) * g). Biases are unchanged: b does not see the norm.
 Why: a kernel that fuses the norm into the projection (`triton_gemv.gemv`) then only scales each row's dot
 products by 1/rms(x) at the end. The skinny kernel (2..16 rows of x on the tensor cores) otherwise multiplies
 each x tile by g in registers, which takes x off its shared-memory pipeline: on the H200 that scaling alone cost
-15-25% of a GEMM chain at 2 rows (session 9, experiments/2026-11-29-cudagraphs-h200).
+15-25% of a GEMM chain at 2 rows (2026-11-30; experiments/2026-11-29-cudagraphs-h200/).
 
 Folding is idempotent (a folded norm's weight is ones) and changes the model in place; the final norm before
 the LM head is never folded (the head may be tied to the embeddings). Each decoder layer lists its pairs in

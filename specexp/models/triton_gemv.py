@@ -4,9 +4,10 @@ with the RMSNorm before it (a pre-norm projection) fused in; and a skinny-GEMM s
 for all M rows.
 
 At batch 1 every projection of a decode step streams its whole weight once for one row of activations, so the
-step is bound by how close each GEMV gets to HBM bandwidth. On an H200 (benchmarks/gemv_bandwidth.py, bf16,
-the GEMVs of a Llama-3.2-1B-shaped target in one CUDA graph) cuBLAS reaches 64-70% of the copy bandwidth,
-this kernel 84%: each program streams BLOCK_N whole weight rows in BLOCK_K chunks and reduces once at the end.
+step is bound by how close each GEMV gets to HBM bandwidth. On an H200 (2026-11-29,
+benchmarks/diagnostics/gemv_bandwidth.py, bf16, the GEMVs of a Llama-3.2-1B-shaped target in one CUDA graph)
+cuBLAS reaches 64-70% of the copy bandwidth, this kernel 84%: each program streams BLOCK_N whole weight rows in
+BLOCK_K chunks and reduces once at the end.
 
 Each output element is one dot product over K in a fixed order (per-lane partial sums over the chunks, then a
 tree over the lanes), whatever N is: the result does not depend on which other rows are computed.
@@ -23,23 +24,24 @@ compute is free at these shapes, so its time is flat in M. Each output is one te
 order whatever M is. With a fused norm, x * g is rounded to x's dtype before the product (eager rounds
 rms_norm(x) * g).
 
-Measured on the H200 (bf16, session 7; experiments/2026-11-29-cudagraphs-h200): in a chain of the projections
-alone (gemv_skinny_dot_s7.json, no norm fused) the kernel is flat in M and beat the `F.linear` + copy chain of
-that benchmark (Llama-3.2-1B shape at M = 2 / 4 / 10: 0.849 / 0.856 / 0.863 ms against 0.926 / 0.931 / 0.941).
-Inside the engine it lost to cuBLAS: a LFM2-1.2B-shaped verify of 2 tokens spent 1.18 ms in 65 skinny kernels
-against 0.76 ms in cuBLAS's GEMMs (plus 0.06 ms of separate RMSNorms; diag_verify_s7.log).
+Measured on an H200 (bf16, 2026-11-30; `benchmarks/diagnostics/gemv_bandwidth.py --skinny-tokens 2,4,10`): in
+a chain of the projections alone (no norm fused) the kernel is flat in M and beat an `F.linear` + copy chain
+(Llama-3.2-1B shape at M = 2 / 4 / 10: 0.849 / 0.856 / 0.863 ms against 0.926 / 0.931 / 0.941). Inside the
+engine it first lost to cuBLAS: a LFM2-1.2B-shaped verify of 2 tokens spent 1.18 ms in 65 skinny kernels against
+0.76 ms in cuBLAS's GEMMs (plus 0.06 ms of separate RMSNorms).
 
 The fused norm was why. The kernel now sums each token's squares on the tensor cores too, as the diagonal of
 x x^T accumulated over the chunks: summing them in registers needs x in a second layout every chunk, which cost
 2.7x the unfused kernel's time (2.17 ms against 0.80 for the GEMMs of a LFM2-1.2B-shaped step at M = 2; 1.22 ms
-now; session 9, verify_cost_skinny_gram_s9.json). Scaling x by the norm weight cost another 15-25%, as x then
-leaves its shared-memory pipeline for registers; with the weight folded into W (`rms_only`,
-:mod:`specexp.models.norm_folding`) the kernel skips it. Session 10 (verify_cost_skinny_fold_s10.json): a verify
-of 2-5 tokens takes 1.19-1.21 decode steps on the LFM2-1.2B shape and 1.13-1.15 on the Llama-3.2-1B shape,
-against 1.27 and 1.21 on cuBLAS plus separate norms, so `engine=cuda` runs `triton_skinny` with folded norms.
+on the tensor cores; H200, 2026-11-30). Scaling x by the norm weight cost another 15-25%, as x then leaves its
+shared-memory pipeline for registers; with the weight folded into W (`rms_only`,
+:mod:`specexp.models.norm_folding`) the kernel skips it. With both, a verify of 2-5 tokens takes 1.19-1.21
+decode steps on the LFM2-1.2B shape and 1.13-1.15 on the Llama-3.2-1B shape, against 1.27 (LFM2-1.2B) on cuBLAS
+plus separate norms (`experiments/2026-11-29-cudagraphs-h200/`), so `engine=cuda` runs `triton_skinny` with
+folded norms.
 
-A multi-row GEMV (one fp32 accumulator per row of x, each weight chunk loaded once; sessions 8-9) lost to cuBLAS at
-2-4 rows on every 1B-class shape even tuned (LFM2-1.2B shape at M = 2: 0.87 ms against 0.80) and was removed.
+A multi-row GEMV (one fp32 accumulator per row of x, each weight chunk loaded once) lost to cuBLAS at 2-4 rows on
+every 1B-class shape even tuned (LFM2-1.2B shape at M = 2: 0.87 ms against 0.80) and was removed.
 
 Importable without Triton (`AVAILABLE` is then False); the kernel itself needs a CUDA device, or Triton's
 interpreter (`TRITON_INTERPRET=1`) for CPU tensors.
@@ -64,7 +66,7 @@ NORM_BLOCK_N = 8
 MAX_TOKENS = 16
 TOKEN_TILE = 16  # rows of x per skinny tile (padded): tensor-core products take at least 16
 # The skinny kernel's (BLOCK_N, BLOCK_K, num_warps, num_stages) by output width N, up to each bound. Tuned on the
-# H200 (benchmarks/gemv_bandwidth.py --skinny-tokens 2,4,10; gemv_skinny_dot_s7.json) per weight shape of the four
+# H200 (benchmarks/diagnostics/gemv_bandwidth.py --skinny-tokens 2,4,10; 2026-11-30) per weight shape of the four
 # real-size targets and drafts over BLOCK_N 16/32/64 x BLOCK_K 128..1024 x 4/8 warps x 2..4 stages; the same
 # shape won at 2, 4 and 10 rows. Wide outputs take wide, short tiles; narrow ones long chunks so that enough
 # bytes are in flight per program.

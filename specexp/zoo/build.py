@@ -1,4 +1,4 @@
-"""Build the whole zoo in one go (no Hydra; made for one GPU session):
+"""Build the whole zoo in one go (no Hydra; one process on one GPU machine):
 train both targets, distill both drafts, measure acceptance, render the cards.
 
 ``python -m specexp.zoo.build [--time-budget-s 70] [--out DIR] [--mix-variant]``

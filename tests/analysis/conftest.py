@@ -2,7 +2,7 @@
 
 - ``write_run``: writes a run record (result.json, and optionally steps.parquet) into a temporary runs
   directory; records come from :mod:`analysis_records`.
-- ``sweep_dir`` (session): a real depth sweep made by the CLI — ``python -m specexp run -m +exp=depth_sweep``
+- ``sweep_dir`` (built once per test run): a real depth sweep made by the CLI — ``python -m specexp run -m +exp=depth_sweep``
   with the tiny random pair, k in {0, 1, 2}, 2 prompts of 8 tokens, 6 new tokens, native backend, W&B
   disabled — in a temporary ``SPECEXP_RUNS_DIR``. Takes a few seconds on CPU.
 """

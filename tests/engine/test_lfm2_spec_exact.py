@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "models"))  # the models engineer's tiny checkpoints
+sys.path.insert(0, str(Path(__file__).parents[1] / "models"))  # the model tests' tiny checkpoints
 from checkpoints import CASES, build_checkpoint
 from harness import paged_step
 

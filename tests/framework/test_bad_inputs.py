@@ -1,4 +1,4 @@
-"""Every bad input of issue 2 gives a one-line error naming the value and what is valid, before any model
+"""Every bad input of a run gives a one-line error naming the value and what is valid, before any model
 is loaded (build_run_spec loads none); a few go through the CLI in a subprocess to check the exit status."""
 
 import json

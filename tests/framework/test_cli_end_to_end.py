@@ -86,7 +86,7 @@ def test_ctrl_c_records_an_interrupted_run(tmp_path, tiny_llama_dir, tiny_llama_
 
 def test_an_experiment_that_declares_a_sweep_runs_as_one_without_m(cli, tmp_path, tiny_llama_dir,
                                                                    tiny_llama_draft_dir):
-    """`run +exp=backend_compare` (as the issue writes it) sweeps its backends; a swept key set on the
+    """`run +exp=backend_compare` (no `-m`, no backend list) sweeps its backends; a swept key set on the
     command line still wins."""
     sweep_dir = tmp_path / "compare"
     proc = cli("run", "+exp=backend_compare", "engine=cpu", "backend=native,hf", "tracking=disabled",

@@ -1,4 +1,4 @@
-"""Fixtures of the model tests: one tiny HF checkpoint per case (built once per session) + its tokenizer."""
+"""Fixtures of the model tests: one tiny HF checkpoint per case (built once per test run) + its tokenizer."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))  # harness.py, checkpoints.py
 
-from checkpoints import CASES, build_checkpoint, train_tokenizer  # noqa: E402
+from checkpoints import CASES, build_checkpoint, train_tokenizer
 
 
 @dataclass

@@ -94,7 +94,7 @@ POINTERS = ("x_ptr", "norm_w_ptr", "w_ptr", "bias_ptr", "res_ptr", "y_ptr")
 def test_every_launch_fits_a_hopper_block(dtype, norm):
     """Compiled for sm_90 without a GPU, every kernel configuration `gemv` launches (GEMV, skinny at each
     output-width bound of SKINNY_CONFIGS_BY_N) compiles and asks for no more shared memory than a Hopper block has.
-    The fp32 skinny tiles of session 7 asked for 235520 bytes and failed only on the H200."""
+    The fp32 skinny tiles first tuned on an H200 asked for 235520 bytes and failed only there."""
     if not triton_gemv.AVAILABLE:
         pytest.skip("triton is not installed")
     element_bytes = {"bf16": 2, "fp32": 4}[dtype]

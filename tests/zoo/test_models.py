@@ -49,7 +49,7 @@ def test_weights_are_bf16_safetensors_with_tied_embeddings(name):
     assert not any(key.startswith("lm_head") for key in weights), "the LM head is tied to the embedding"
 
 
-def test_sizes_match_the_issue():
+def test_targets_hold_6_to_10m_and_drafts_1_to_2m_parameters_in_40_mb():
     params = {n: json.loads((ZOO_DIR / n / "training.json").read_text())["parameters"] for n in ZOO_MODELS}
     assert all(6e6 <= params[n] <= 10e6 for n in TARGETS), params
     assert all(1e6 <= params[n] <= 2e6 for n in DRAFTS), params
