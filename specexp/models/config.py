@@ -4,8 +4,8 @@ One flat dataclass for every supported family, so the engine reads the same fiel
 model: `layer_types` says per layer whether it is an `"attention"` or a `"conv"` (LFM2 short-conv) layer.
 Families differ only in a few switches (`qkv_bias`, `qk_norm`, `conv_L_cache`, ...), filled here from the
 HF field names of each `model_type`, including the legacy spellings older checkpoints still carry
-(`rope_theta` / `rope_scaling` beside transformers 5's `rope_parameters`, LFM2's `full_attn_idxs`,
-`block_ff_dim`, `tie_embedding`).
+(`rope_theta` / `rope_scaling` beside transformers 5's `rope_parameters`, read with transformers'
+precedence: see :func:`rope_settings`; LFM2's `full_attn_idxs`, `block_ff_dim`, `tie_embedding`).
 """
 
 from __future__ import annotations
@@ -134,20 +134,35 @@ def _model_type(hf: dict[str, Any], where: str) -> str:
     return model_type
 
 
+def rope_settings(hf: dict[str, Any]) -> dict[str, Any]:
+    """The rope dict a config.json means, with transformers 5's precedence: a non-empty legacy `rope_scaling`
+    wins over `rope_parameters` as a whole (`RotaryEmbeddingConfigMixin.convert_rope_params_to_dict`), so a
+    checkpoint carrying both is the model transformers (and the hf backend) builds."""
+    return dict(hf.get("rope_scaling") or hf.get("rope_parameters") or {})
+
+
 def _rope(hf: dict[str, Any], model_type: str, max_pos: int, where: str) -> RopeConfig:
-    """transformers 5 keeps rope settings in `rope_parameters`; older configs in `rope_theta`/`rope_scaling`."""
-    params = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
+    """RopeConfig of a config.json: the dict :func:`rope_settings` picks; its `rope_theta`, else the top-level
+    `rope_theta`, else the model type's default (as transformers fills it); `rope_type` from `rope_type` or
+    the legacy `type`. A rope type the native engine does not implement is refused with the supported list."""
+    params = rope_settings(hf)
     if any(isinstance(v, dict) for v in params.values()):
         raise UnsupportedModelError(f"{where}: per-layer-type rope_parameters are not supported")
     theta = params.get("rope_theta", hf.get("rope_theta", _DEFAULT_ROPE_THETA[model_type]))
     rope_type = params.get("rope_type", params.get("type", "default"))
     if rope_type not in SUPPORTED_ROPE_TYPES:
-        raise UnsupportedModelError(f"{where}: rope_type {rope_type!r} not supported; supported: {SUPPORTED_ROPE_TYPES}")
+        raise UnsupportedModelError(
+            f"{where}: rope_type {rope_type!r} is not implemented by the native engine"
+            f" (supported: {', '.join(SUPPORTED_ROPE_TYPES)})"
+        )
     partial = params.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
     if partial not in (None, 1, 1.0):
         raise UnsupportedModelError(f"{where}: partial_rotary_factor {partial} not supported (only 1.0)")
     rope = RopeConfig(theta=float(theta), rope_type=rope_type)
     if rope_type == "llama3":
+        missing = [k for k in ("factor", "low_freq_factor", "high_freq_factor") if k not in params]
+        if missing:
+            raise UnsupportedModelError(f"{where}: rope_type 'llama3' needs {', '.join(missing)} in its rope settings")
         rope.factor = float(params["factor"])
         rope.low_freq_factor = float(params["low_freq_factor"])
         rope.high_freq_factor = float(params["high_freq_factor"])
