@@ -20,6 +20,8 @@ usage: python -m specexp <command> [args]
 commands:
   run [+exp=NAME] [key=value ...] [-m]   run one experiment; -m runs a sweep (one process per job);
                                          an experiment that declares a sweep always runs as one
+  resume SWEEP_DIR                       run again only the jobs of a sweep without an ok record
+                                         (also: run ... +resume=SWEEP_DIR)
   list                                   list pairs, experiments, workloads and backends
   train +zoo=NAME [key=value ...]        train a demo model of the zoo (specexp.zoo.recipe)
   report SWEEP_DIR [--out DIR]           summarise a sweep (specexp.analysis.report)
@@ -31,7 +33,9 @@ examples:
   python -m specexp run --cfg job +exp=quickstart     # print the composed config, run nothing
 
 Config groups live in the config directory (SPECEXP_CONF_DIR overrides it); runs are written to
-$SPECEXP_RUNS_DIR (default experiments/runs).
+$SPECEXP_RUNS_DIR (default experiments/runs), each in a directory of its own. Free-form values go under
+extra.* (+extra.note=baseline). Exit status: 0 ok, 1 a run or sweep job failed, 2 bad input (nothing
+ran), 130 / 143 interrupted by SIGINT / SIGTERM.
 """
 
 # Config groups whose choice can be checked against the files of the config directory before Hydra runs.
@@ -88,9 +92,14 @@ def compose_config(overrides: list[str] = (), config_name: str = "config", retur
     :func:`specexp.experiment.execute` takes."""
     from hydra import compose, initialize_config_dir
 
-    check_group_choices(list(overrides))
+    overrides = list(overrides)
+    check_group_choices(overrides)
+    if config_name == "config":  # unknown keys refused, keys the option files leave out need no '+'
+        from specexp.overrides import normalize
+
+        overrides = normalize(overrides, conf_dir(), multirun=False)
     with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-        return compose(config_name=config_name, overrides=list(overrides), return_hydra_config=return_hydra_config)
+        return compose(config_name=config_name, overrides=overrides, return_hydra_config=return_hydra_config)
 
 
 def describe(path: Path) -> str:
@@ -171,20 +180,15 @@ def run_args(args: list[str]) -> list[str]:
 
 
 def _cmd_run(args: list[str]) -> int:
-    from specexp import experiment
+    from specexp import launch
 
-    check_group_choices(args)
-    args = run_args(args)
-    experiment.SWEEP_JOBS.clear()
-    _run_hydra("config", experiment.hydra_task, args)
-    jobs = experiment.SWEEP_JOBS
-    if not jobs:
-        return 0
-    failed = [(num, run_dir, status) for num, run_dir, status in jobs if status != "ok"]
-    print(f"sweep: {len(jobs)} jobs, {len(jobs) - len(failed)} ok, {len(failed)} not ok")
-    for num, run_dir, status in failed:
-        print(f"  job {num}: {status} (see {run_dir}/result.json)")
-    return 1 if failed else 0
+    return launch.run_command(["run", *args])
+
+
+def _cmd_resume(args: list[str]) -> int:
+    from specexp import launch
+
+    return launch.run_command(["resume", *args])
 
 
 def _cmd_train(args: list[str]) -> int:
@@ -213,17 +217,17 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE, end="")
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
-    commands = {"run": _cmd_run, "train": _cmd_train, "report": _cmd_report}
+    commands = {"run": _cmd_run, "resume": _cmd_resume, "train": _cmd_train, "report": _cmd_report}
     try:
         if command == "list":
             print(list_configs())
             return 0
         if command not in commands:
-            raise ConfigError(f"unknown command '{command}': choose one of list, report, run, train")
+            raise ConfigError(f"unknown command '{command}': choose one of list, report, resume, run, train")
         return commands[command](rest)
     except ConfigError as e:
         print(f"specexp: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # the run's result.json already says "interrupted"
+    except KeyboardInterrupt as e:  # a run's result.json already says "interrupted"
         print("specexp: interrupted", file=sys.stderr)
-        return 130
+        return getattr(e, "exit_status", 130)

@@ -3,16 +3,20 @@
 
 :func:`execute` is Hydra-free (a notebook can call it with a config from Hydra's compose API);
 :func:`hydra_task` is the Hydra entry point. In a sweep (``-m``) every job runs in a fresh spawned process
-(``isolate_sweep_jobs``) so GPU memory, CUDA-graph pools and peak-memory counters never leak from one job
-into the next; a failed job writes its result.json and the sweep goes on.
+(``isolate_sweep_jobs``, :mod:`specexp.job_process`) so GPU memory, CUDA-graph pools and peak-memory
+counters never leak from one job into the next; a failed job writes its result.json and the sweep goes on.
+SIGINT and SIGTERM stop a run or a sweep's job in flight within seconds, recorded ``interrupted``
+(:mod:`specexp.interrupts`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
+import functools
+import importlib.util
 import logging
-import multiprocessing
 import os
 import platform
 import subprocess
@@ -21,63 +25,41 @@ import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import specexp
+from specexp import interrupts, text_files
 from specexp.errors import ConfigError
 from specexp.tracking import records
 
-EXIT_FAILED, EXIT_CONFIG, EXIT_INTERRUPTED = 1, 2, 130
+# Exit statuses (README, Troubleshooting): 0 ok; 1 a run (or a sweep job) failed after it started; 2 bad input,
+# refused before anything ran; 128 + the signal when interrupted (130 SIGINT, 143 SIGTERM).
+EXIT_OK, EXIT_FAILED, EXIT_CONFIG, EXIT_INTERRUPTED = 0, 1, 2, 130
 log = logging.getLogger("specexp")
 
 
 @dataclass
 class RunContext:
     """Where a run lives. ``sweep_dir``/``job_num`` are set for sweep jobs (the W&B group is the sweep
-    directory's name)."""
+    directory's name); ``choices`` (group -> option, Hydra's ``hydra.runtime.choices``) makes the key check
+    exact for the options chosen (without it a key of any option of a group is accepted)."""
 
     run_dir: Path
     experiment: str
     sweep_dir: Path | None = None
     job_num: int | None = None
+    choices: dict[str, str | None] | None = None
 
     def __post_init__(self) -> None:
         self.run_dir = Path(self.run_dir)
         self.sweep_dir = Path(self.sweep_dir) if self.sweep_dir is not None else None
 
+    def to_dict(self) -> dict:
+        """JSON-ready fields (to hand the context to a job's own process)."""
+        return {"run_dir": str(self.run_dir), "experiment": self.experiment, "job_num": self.job_num,
+                "sweep_dir": str(self.sweep_dir) if self.sweep_dir is not None else None, "choices": self.choices}
+
 
 # ------------------------------------------------------------------------------------------- validation
-
-
-def _choice(name: str, value: Any, choices: tuple) -> None:
-    if value not in choices:
-        raise ConfigError(f"{name}={value!r} is not valid: choose one of {', '.join(map(str, choices))}")
-
-
-def _check_values(cfg: dict) -> None:
-    """Checks that need no file or model: names, ranges, enums."""
-    from specexp import specs
-    from specexp.backends import check_backend_name
-
-    check_backend_name(cfg["backend"]["name"])
-    k = cfg["speculator"]["num_speculative_tokens"]
-    if not isinstance(k, int) or isinstance(k, bool) or k < 0:
-        raise ConfigError(f"speculator.num_speculative_tokens={k!r} is not valid: use an integer >= 0 (0 = off)")
-    _choice("pair.weights", cfg["pair"]["weights"], specs.WEIGHTS)
-    _choice("pair.dtype", cfg["pair"]["dtype"], specs.DTYPES)
-    _choice("engine.device", cfg["engine"]["device"], specs.DEVICES)
-    _choice("engine.cudagraph_mode", cfg["engine"]["cudagraph_mode"], specs.CUDAGRAPH_MODES)
-    if cfg["speculator"].get("cudagraph_mode") is not None:  # null: follow engine.cudagraph_mode
-        _choice("speculator.cudagraph_mode", cfg["speculator"]["cudagraph_mode"], specs.CUDAGRAPH_MODES)
-    sampling = cfg["sampling"]
-    if sampling["temperature"] < 0:
-        raise ConfigError(f"sampling.temperature={sampling['temperature']} is not valid: use >= 0 (0 = greedy)")
-    if sampling["max_new_tokens"] < 1:
-        raise ConfigError(f"sampling.max_new_tokens={sampling['max_new_tokens']} is not valid: use >= 1")
-    mode = ((cfg.get("tracking") or {}).get("wandb") or {}).get("mode", "offline")
-    _choice("tracking.wandb.mode", mode, ("offline", "online", "disabled"))
-    if cfg["engine"]["max_model_len"] < 2:
-        raise ConfigError(f"engine.max_model_len={cfg['engine']['max_model_len']} is not valid: use >= 2")
 
 
 def _check_device(device: str) -> None:
@@ -88,8 +70,25 @@ def _check_device(device: str) -> None:
             raise ConfigError("engine.device=cuda but no CUDA GPU is available: use engine=cpu (engine.device=cpu)")
 
 
+def _check_backend_support(backend: str, speculator, engine) -> None:
+    """Settings only some backends implement, refused where the chosen one would ignore them."""
+    rejection = speculator.options.get("rejection", "standard")
+    if rejection != "standard" and backend != "native":
+        raise ConfigError(f"speculator.rejection={rejection!r} is implemented by backend native only"
+                          f" (backend={backend}): use backend=native, or speculator.rejection=standard")
+    if backend == "vllm":
+        if engine.device != "cuda":
+            raise ConfigError(f"backend vllm runs on CUDA only, engine.device={engine.device}: use engine=cuda")
+        if importlib.util.find_spec("vllm") is None:
+            raise ConfigError("backend vllm needs the 'vllm' package, which is not installed: pip install -e"
+                              " '.[vllm]' on a GPU machine with torch 2.11")
+
+
 def _check_prompt_lengths(prompts: list, max_new_tokens: int, max_model_len: int) -> None:
     for p in prompts:
+        if not p.token_ids:
+            raise ConfigError(f"prompt '{p.id}' has no tokens (empty text, and the tokenizer adds no BOS):"
+                              " drop it or give it text")
         if len(p.token_ids) + max_new_tokens > max_model_len:
             raise ConfigError(
                 f"prompt '{p.id}' has {len(p.token_ids)} tokens + {max_new_tokens} new tokens >"
@@ -97,45 +96,134 @@ def _check_prompt_lengths(prompts: list, max_new_tokens: int, max_model_len: int
             )
 
 
-def build_run_spec(cfg: dict, ctx: RunContext):
-    """Validate the resolved config ``cfg`` and build the :class:`specexp.specs.RunSpec` (models resolved,
-    prompts tokenized). Raises :class:`ConfigError` before any model is loaded."""
-    from specexp import pairs, specs
-    from specexp.workloads import load_prompts
+def _check_positions(pair, k: int, prompts: list, max_new_tokens: int, engine) -> list[str]:
+    """Requests must stay within the positions each model was trained for (config.json's
+    max_position_embeddings) unless ``engine.allow_long_max_model_len=true``; returns the warning line for an
+    ``engine.max_model_len`` above them (none if it is within them)."""
+    allow = bool(engine.options.get("allow_long_max_model_len", False))
+    longest = max(len(p.token_ids) for p in prompts) + max_new_tokens
+    models = [("target", pair.target)] + ([("draft", pair.draft)] if k > 0 else [])
+    limits = [(role, m.max_position_embeddings, Path(m.path) / "config.json") for role, m in models
+              if m.max_position_embeddings is not None]
+    for role, limit, config in limits:
+        if longest > limit and not allow:
+            raise ConfigError(
+                f"prompt + sampling.max_new_tokens reach {longest} positions, past the {role}'s"
+                f" max_position_embeddings={limit} ({config}): positions beyond {limit} were never trained;"
+                " shorten the prompts or max_new_tokens, or set engine.allow_long_max_model_len=true"
+            )
+    above = [(role, limit) for role, limit, _ in limits if engine.max_model_len > limit]
+    if not above:
+        return []
+    named = " and ".join(f"the {role}'s max_position_embeddings={limit}" for role, limit in above)
+    reach = (f"this run's requests reach {longest} positions" if longest <= min(lim for _, lim in above)
+             else f"requests reach {longest} positions (engine.allow_long_max_model_len=true)")
+    return [f"engine.max_model_len={engine.max_model_len} > {named}; {reach}"]
 
-    _check_values(cfg)
+
+def _check_kv_blocks(prompts: list, max_new_tokens: int, engine, k: int) -> None:
+    """With an explicit ``engine.num_kv_blocks``, every request must fit the cache (the native scheduler's
+    rule: its final length plus 2k+1 draft slots, in blocks of ``block_size``)."""
+    num_blocks = engine.options.get("num_kv_blocks")
+    if num_blocks is None:
+        return
+    lookahead = 2 * k + 1 if k > 0 else 0
+    for p in prompts:
+        final = min(len(p.token_ids) + max_new_tokens, engine.max_model_len) + lookahead
+        need = -(-final // engine.block_size)
+        if need > num_blocks:
+            raise ConfigError(f"prompt '{p.id}' needs {need} KV blocks of {engine.block_size} tokens, more than"
+                              f" engine.num_kv_blocks={num_blocks}: raise it, or lower max_new_tokens")
+
+
+@functools.lru_cache(maxsize=16)
+def _check_tokenizer(path: str, mtime: float, role: str) -> None:
+    from tokenizers import Tokenizer
+
+    try:
+        Tokenizer.from_file(path)
+    except Exception as e:  # noqa: BLE001 - tokenizers raises a bare Exception for any unreadable file
+        reason = (str(e).splitlines() or [type(e).__name__])[0]
+        raise ConfigError(f"{role} tokenizer {path} cannot be read ({reason}): is it a tokenizer.json?") from None
+
+
+def _load_prompts(workload, target, cache: dict | None) -> list:
+    """The workload's prompts, tokenized with the target's tokenizer (memoised in ``cache``)."""
+    from specexp.workloads import load_prompts, resolve_workload_path
+
+    if workload.path:
+        text_files.check_utf8(resolve_workload_path(str(workload.path)), "workload.path")
+    key = (repr(sorted(dataclasses.asdict(workload).items())), target.tokenizer_path, target.vocab_size)
+    if cache is not None and key in cache:
+        return cache[key]
+    try:
+        prompts = load_prompts(workload, target.tokenizer_path, target.vocab_size)
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"workload file {workload.path} is not UTF-8 ({e.reason} at byte {e.start}):"
+                          " save it as UTF-8") from None
+    if cache is not None:
+        cache[key] = prompts
+    return prompts
+
+
+def build_run_spec(cfg: dict, ctx: RunContext, choices: dict | None = None, prompt_cache: dict | None = None):
+    """Validate the resolved config ``cfg`` and build the :class:`specexp.specs.RunSpec` (models resolved and
+    checked, prompts tokenized). Every check is made here, for every backend alike, and raises
+    :class:`ConfigError` before any backend module or model is loaded; nothing is written.
+    ``choices``: the options chosen per group (default ``ctx.choices``); ``prompt_cache``: a dict to reuse
+    tokenized prompts across calls (the CLI checks every job of a sweep before the first starts)."""
+    from specexp import config_schema, pairs, specs
+    from specexp.backends import check_backend_name
+    from specexp.cli import conf_dir
+    from specexp.engine_settings import check_engine_settings
+
+    config_schema.check_config(cfg, conf_dir(), choices if choices is not None else ctx.choices)
+    check_backend_name(cfg["backend"]["name"])
     _check_device(cfg["engine"]["device"])
     pair_cfg = cfg["pair"]
-    target = pairs.describe_model(str(pair_cfg["target"]["path"]), pair_cfg["weights"])
-    draft = pairs.describe_model(str(pair_cfg["draft"]["path"]), pair_cfg["weights"])
+    target = pairs.describe_model(str(pair_cfg["target"]["path"]), pair_cfg["weights"], "target")
+    draft = pairs.describe_model(str(pair_cfg["draft"]["path"]), pair_cfg["weights"], "draft")
     pairs.check_same_tokenizer(target, draft)
     pair = specs.PairSpec(
         name=pair_cfg.get("name", "pair"), target=target, draft=draft, weights=pair_cfg["weights"],
         dtype=pair_cfg["dtype"], init_seed=pair_cfg.get("init_seed", cfg["engine"]["seed"]),
     )
-    workload = specs.group_spec(specs.WorkloadSpec, cfg["workload"])
+    workload_cfg = dict(cfg["workload"])
+    if workload_cfg.get("num_prompts") == "all":
+        workload_cfg["num_prompts"] = None
+    workload = specs.group_spec(specs.WorkloadSpec, workload_cfg)
     sampling = specs.group_spec(specs.SamplingSpec, cfg["sampling"])
     if workload.name == "random":  # the latency workload: exactly output_len tokens per request
         sampling = dataclasses.replace(sampling, max_new_tokens=workload.output_len or sampling.max_new_tokens,
                                        ignore_eos=True)
     engine = specs.group_spec(specs.EngineSpec, cfg["engine"])
-    prompts = load_prompts(workload, target.tokenizer_path, target.vocab_size)
-    _check_prompt_lengths(prompts, sampling.max_new_tokens, engine.max_model_len)
+    speculator = specs.group_spec(specs.SpeculatorSpec, cfg["speculator"])
     backend_cfg = dict(cfg["backend"])
-    return specs.RunSpec(
+    spec = specs.RunSpec(
         experiment=ctx.experiment,
         backend=backend_cfg.pop("name"),
         pair=pair,
-        speculator=specs.group_spec(specs.SpeculatorSpec, cfg["speculator"]),
+        speculator=speculator,
         short_conv=specs.group_spec(specs.ShortConvSpec, cfg.get("short_conv")),
         engine=engine,
         sampling=sampling,
         workload=workload,
-        prompts=prompts,
+        prompts=[],
         output_dir=str(ctx.run_dir),
         config=cfg,
         backend_options=backend_cfg,
     )
+    check_engine_settings(spec)
+    _check_backend_support(spec.backend, speculator, engine)
+    for role, model in (("target", target), ("draft", draft)):
+        if model.tokenizer_path:
+            _check_tokenizer(model.tokenizer_path, Path(model.tokenizer_path).stat().st_mtime, role)
+    spec.prompts = _load_prompts(workload, target, prompt_cache)
+    k = speculator.num_speculative_tokens
+    _check_prompt_lengths(spec.prompts, sampling.max_new_tokens, engine.max_model_len)
+    spec.warnings = _check_positions(pair, k, spec.prompts, sampling.max_new_tokens, engine)
+    _check_kv_blocks(spec.prompts, sampling.max_new_tokens, engine, k)
+    return spec
 
 
 # ---------------------------------------------------------------------------------------------- record
@@ -212,7 +300,9 @@ def wandb_options(cfg: dict, ctx: RunContext) -> dict:
 
 
 def _track(record: dict) -> None:
-    """Log the run to W&B; rewrites result.json only if the mode actually used differs (online fell back)."""
+    """Log the run to W&B. W&B is never required for a run to finish: when the record is complete a W&B
+    failure (disk full, no service) is one warning line and the run still succeeds. result.json is rewritten
+    only when the mode actually used differs (online fell back), and a failed rewrite is a warning too."""
     from specexp.tracking.wandb_run import log_run
 
     options = dict(record["wandb"])
@@ -221,32 +311,23 @@ def _track(record: dict) -> None:
         used = log_run(record, Path(record["run_dir"]), mode, options)
     except Exception as e:  # noqa: BLE001 - W&B is never required for a run to finish
         print(f"specexp: warning: W&B logging failed ({_error_line(e)}); the run record is complete",
-              file=sys.stderr)
+              file=sys.stderr, flush=True)
         used = "failed"
     if used != mode:
         record["wandb"]["mode"] = used
-        records.write_result(Path(record["run_dir"]), record)
+        try:
+            records.write_result(Path(record["run_dir"]), record)
+        except OSError as e:
+            print(f"specexp: warning: could not note the W&B mode in result.json ({_error_line(e)});"
+                  " the record written before is complete", file=sys.stderr, flush=True)
 
 
-def execute(cfg: dict, ctx: RunContext) -> dict:
-    """Run one experiment from the resolved config ``cfg`` (a plain dict) into ``ctx.run_dir``.
-
-    Always writes result.json (status ``ok``/``failed``/``interrupted``); outputs.jsonl, steps.parquet and
-    answers.jsonl only when the backend finished. Returns the result record. A KeyboardInterrupt is
-    recorded and then re-raised; every other error is recorded and printed as one line on stderr.
-    """
-    from specexp.backends import get_backend, run_backend
-    from specexp.progress import console_progress
-    from specexp.tracking.summary import format_summary
-
-    run_dir = ctx.run_dir
-    run_dir.mkdir(parents=True, exist_ok=True)
-    started = time.time()
-    record = {
+def _new_record(cfg: dict, ctx: RunContext, started: float) -> dict:
+    return {
         "status": "failed",
         "error": None,
         "experiment": ctx.experiment,
-        "run_dir": str(run_dir),
+        "run_dir": str(ctx.run_dir),
         "started_at": dt.datetime.fromtimestamp(started).isoformat(timespec="seconds"),
         "duration_s": None,
         "config": cfg,
@@ -254,28 +335,128 @@ def execute(cfg: dict, ctx: RunContext) -> dict:
         "metrics": {},
         "wandb": wandb_options(cfg, ctx),
     }
+
+
+def _interrupt_text(e: BaseException) -> str:
+    if isinstance(e, interrupts.RunInterrupted):
+        return f"interrupted by {signal_name(e.signum)}"
+    return "interrupted (KeyboardInterrupt)"
+
+
+def signal_name(signum: int) -> str:
+    """``SIGINT``, ``SIGTERM``, ... for a signal number."""
+    import signal
+
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def fallback_record(cfg: dict, ctx: RunContext, status: str, error: str) -> dict:
+    """Write and return a complete result.json for a run that could not write its own (its process died
+    or was stopped before it could); ``status`` is ``failed`` or ``interrupted``."""
+    record = _new_record(cfg, ctx, time.time())
+    record.update(status=status, error=error, duration_s=0.0)
+    if status == "interrupted":
+        record["interrupted_by"] = error.removeprefix("interrupted by ")
+    record["env"] = environment(str((cfg.get("engine") or {}).get("device")))
+    records.write_result(ctx.run_dir, record)
+    return record
+
+
+def _prepare_run_dir(run_dir: Path) -> None:
+    """Create ``run_dir`` if needed and prove it writable, before anything is loaded (one-line ConfigError)."""
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        records.check_writable(run_dir)
+    except OSError as e:
+        raise ConfigError(f"cannot write the run directory {run_dir} ({e.strerror or type(e).__name__}):"
+                          " set SPECEXP_RUNS_DIR (or hydra.run.dir) to a directory you can write") from None
+
+
+def _announce(spec) -> None:
+    """The run's first lines: which weights each model got, then any warning."""
+    for role, model in (("target", spec.pair.target), ("draft", spec.pair.draft)):
+        unused = " (unused at k = 0)" if role == "draft" and spec.speculator.num_speculative_tokens == 0 else ""
+        log.info("%s %s: %s weights (%s)%s", role, model.source, model.weights, model.weights_note, unused)
+    for line in spec.warnings:
+        print(f"specexp: warning: {line}", file=sys.stderr, flush=True)
+
+
+def _finish_ok(record: dict, run_dir: Path, result, spec, started: float) -> None:
+    """Write outputs and the ok record (a write that fails makes the run ``failed``)."""
+    try:
+        _write_outputs(run_dir, result, spec)
+    except OSError as e:
+        record["error"] = f"writing the run's outputs failed ({_error_line(e)})"
+        record["error_type"] = "OSError"
+    else:
+        record["metrics"] = result.metrics
+        record["status"] = "ok"
+    record["env"] = {**environment(spec.engine.device), **result.env}
+    record["duration_s"] = time.time() - started
+    records.write_result(run_dir, record)
+
+
+def _write_record(record: dict, run_dir: Path, cfg: dict, started: float) -> None:
+    """The record of a run that did not finish; a record that cannot be written is one error line."""
+    with interrupts.deferred():
+        record["env"] = record["env"] or environment(str(cfg.get("engine", {}).get("device")))
+        record["duration_s"] = time.time() - started
+        try:
+            records.write_result(run_dir, record)
+        except OSError as e:
+            print(f"specexp: error: cannot write {run_dir / records.RESULT_FILE} ({_error_line(e)})",
+                  file=sys.stderr, flush=True)
+
+
+def execute(cfg: dict, ctx: RunContext) -> dict:
+    """Run one experiment from the resolved config ``cfg`` (a plain dict) into ``ctx.run_dir``.
+
+    Always writes result.json (status ``ok``/``failed``/``interrupted``); outputs.jsonl, steps.parquet and
+    answers.jsonl only when the backend finished. Returns the result record. An interruption (Ctrl-C,
+    SIGTERM: :class:`specexp.interrupts.RunInterrupted`) is recorded and then re-raised; one that arrives
+    while a finished run's record is written waits until it is complete (the run stays ``ok``). Every other
+    error is recorded and printed as one line on stderr. A directory that cannot be written is a ConfigError
+    raised before anything else (there is nowhere to record it).
+    """
+    from specexp.backends import get_backend, run_backend
+    from specexp.progress import console_progress
+    from specexp.tracking.summary import format_summary
+
+    run_dir = ctx.run_dir
+    _prepare_run_dir(run_dir)
+    started = time.time()
+    record = _new_record(cfg, ctx, started)
     interrupted = None
+    written = False
     try:
         spec = build_run_spec(cfg, ctx)
+        record["weights"] = {"target": spec.pair.target.weights, "draft": spec.pair.draft.weights}
+        _announce(spec)
         backend = get_backend(spec.backend)
         log.info("starting backend %s: %s, k=%d, %d prompts", spec.backend, spec.pair.name,
                  spec.speculator.num_speculative_tokens, len(spec.prompts))
         with console_progress() as progress:
             result = run_backend(backend, spec, progress)
-        _write_outputs(run_dir, result, spec)
-        record["metrics"] = result.metrics
-        record["env"] = {**environment(spec.engine.device), **result.env}
-        record["status"] = "ok"
+        with interrupts.deferred():
+            _finish_ok(record, run_dir, result, spec, started)
+            written = True
     except KeyboardInterrupt as e:
-        record["status"], record["error"], interrupted = "interrupted", "interrupted (KeyboardInterrupt)", e
+        interrupted = e
+        if not written:
+            record["status"], record["error"] = "interrupted", _interrupt_text(e)
+            record["interrupted_by"] = signal_name(e.signum) if isinstance(e, interrupts.RunInterrupted) else "SIGINT"
     except Exception as e:  # noqa: BLE001 - every failure is recorded in result.json
+        record["status"] = "failed"
         record["error"] = _error_line(e)
         record["error_type"] = "config" if isinstance(e, ConfigError) else type(e).__name__
         if not isinstance(e, ConfigError):
-            (run_dir / "error.log").write_text(traceback.format_exc())
-    record["env"] = record["env"] or environment(str(cfg.get("engine", {}).get("device")))
-    record["duration_s"] = time.time() - started
-    records.write_result(run_dir, record)
+            with contextlib.suppress(OSError):
+                (run_dir / "error.log").write_text(traceback.format_exc())
+    if not written:
+        _write_record(record, run_dir, cfg, started)
     if interrupted is not None:
         raise interrupted
     if record["status"] != "ok":
@@ -287,49 +468,76 @@ def execute(cfg: dict, ctx: RunContext) -> dict:
 
 
 def exit_code(record: dict) -> int:
-    """Process exit status for a run record: 0 ok, 2 bad config, 130 interrupted, 1 other failures."""
+    """Process exit status for a run record: 0 ok, 2 bad config, 128 + signal interrupted (130 SIGINT,
+    143 SIGTERM), 1 other failures."""
     if record["status"] == "ok":
-        return 0
+        return EXIT_OK
     if record["status"] == "interrupted":
-        return EXIT_INTERRUPTED
+        import signal
+
+        by = record.get("interrupted_by") or "SIGINT"
+        return interrupts.exit_status(getattr(signal, by, signal.SIGINT))
     return EXIT_CONFIG if record.get("error_type") == "config" else EXIT_FAILED
 
 
 # ----------------------------------------------------------------------------------------------- hydra
 
-# (job_num, run_dir, status) of the sweep jobs this process launched (BasicLauncher runs them here).
-SWEEP_JOBS: list[tuple[int, str, str]] = []
+
+@dataclass
+class SweepState:
+    """What the sweep this process drives has done. ``jobs``: ``(job_num, run_dir, status)`` of each job
+    launched so far; ``keep``: job numbers a resume leaves as they are (their record is ``ok``);
+    ``resuming``: a resume (a job that runs again first moves its old record aside)."""
+
+    jobs: list = dataclasses.field(default_factory=list)
+    keep: set = dataclasses.field(default_factory=set)
+    resuming: bool = False
+
+    def reset(self, keep=(), resuming: bool = False) -> None:
+        self.jobs.clear()
+        self.keep, self.resuming = set(keep), resuming
 
 
-def _child(cfg: dict, ctx: RunContext) -> None:
+SWEEP = SweepState()
+SWEEP_JOBS = SWEEP.jobs  # (job_num, run_dir, status) of the sweep jobs this process launched
+
+
+def _job_status(run_dir: Path) -> str:
     try:
-        record = execute(cfg, ctx)
+        return records.read_result(run_dir)["status"]
+    except (OSError, ValueError, KeyError):
+        return "interrupted"
+
+
+def run_sweep_job(plain: dict, ctx: RunContext) -> str:
+    """One job of a sweep, in a fresh process unless ``isolate_sweep_jobs`` is false; returns its status.
+    A job a resume keeps is not run. An interruption is recorded in :data:`SWEEP` and re-raised."""
+    from specexp.job_process import run_in_fresh_process
+
+    if ctx.job_num in SWEEP.keep:
+        log.info("job %d: kept, its record is ok (%s)", ctx.job_num, ctx.run_dir)
+        SWEEP.jobs.append((ctx.job_num, str(ctx.run_dir), "ok"))
+        return "ok"
+    if SWEEP.resuming:
+        records.archive_previous(ctx.run_dir)
+    try:
+        if plain.get("isolate_sweep_jobs", True):
+            status = run_in_fresh_process(plain, ctx)
+        else:
+            status = execute(plain, ctx)["status"]
     except KeyboardInterrupt:
-        sys.exit(EXIT_INTERRUPTED)
-    sys.exit(exit_code(record))
-
-
-def execute_in_fresh_process(cfg: dict, ctx: RunContext) -> str:
-    """:func:`execute` in a newly spawned interpreter (nothing inherited but the arguments); returns the
-    job's status as its result.json records it."""
-    process = multiprocessing.get_context("spawn").Process(target=_child, args=(cfg, ctx), name=f"job-{ctx.job_num}")
-    process.start()
-    try:
-        process.join()
-    except KeyboardInterrupt:  # Ctrl-C reached the child too: let it write its record, then stop the sweep
-        process.join(timeout=30)
+        SWEEP.jobs.append((ctx.job_num, str(ctx.run_dir), _job_status(ctx.run_dir)))
         raise
-    try:
-        return records.read_result(ctx.run_dir)["status"]
-    except (OSError, ValueError):
-        return "failed"  # the child died before writing anything (e.g. killed for memory)
+    SWEEP.jobs.append((ctx.job_num, str(ctx.run_dir), status))
+    return status
 
 
 def hydra_task(cfg) -> str:
     """Hydra task function: one run, or one job of a sweep. Returns the run's status.
 
-    A single run that fails exits the process with :func:`exit_code`; a sweep job never raises (the sweep
-    goes on), its status is collected in :data:`SWEEP_JOBS`.
+    A single run that fails exits the process with :func:`exit_code`; a sweep job never raises but for an
+    interruption (the sweep goes on), its status is collected in :data:`SWEEP`. The CLI has checked every
+    job's config before Hydra started (:mod:`specexp.launch`).
     """
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
@@ -353,15 +561,11 @@ def hydra_task(cfg) -> str:
         experiment=str(plain.get("name", "run")),
         sweep_dir=Path(hydra_cfg.sweep.dir).resolve() if multirun else None,
         job_num=hydra_cfg.job.num if multirun else None,
+        choices={k: v for k, v in dict(hydra_cfg.runtime.choices).items() if not k.startswith("hydra")},
     )
     if not multirun:
         record = execute(plain, ctx)
         if record["status"] != "ok":
             sys.exit(exit_code(record))
         return "ok"
-    if plain.get("isolate_sweep_jobs", True):
-        status = execute_in_fresh_process(plain, ctx)
-    else:
-        status = execute(plain, ctx)["status"]
-    SWEEP_JOBS.append((ctx.job_num, str(ctx.run_dir), status))
-    return status
+    return run_sweep_job(plain, ctx)

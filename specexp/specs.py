@@ -2,8 +2,9 @@
 
 The app layer (:mod:`specexp.experiment`) builds a :class:`RunSpec` from the composed Hydra config, after
 resolving model directories, validating every value and tokenizing the workload; backends never see Hydra
-or OmegaConf. Each group spec keeps keys it does not know in ``options`` so a backend can read a new
-config key before this module grows a field for it.
+or OmegaConf. Which keys a group may hold and what their values may be is :mod:`specexp.config_schema`'s
+job (checked before a spec is built); a valid key that is not a field here lands in the group's
+``options``, so a backend can read a new config key before this module grows a field for it.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 
 from specexp.workloads.prompt import Prompt
 
-WEIGHTS = ("trained", "random")
+WEIGHTS = ("auto", "trained", "random")
 DTYPES = ("float32", "bfloat16", "float16")
 DEVICES = ("cpu", "cuda")
 CUDAGRAPH_MODES = ("none", "full")
@@ -22,26 +23,32 @@ CUDAGRAPH_MODES = ("none", "full")
 
 @dataclass
 class ModelSpec:
-    """One checkpoint. ``path``: the resolved local directory holding config.json (and weights unless
-    ``PairSpec.weights == "random"``); ``source``: what the config named (a directory, a zoo name or a hub
-    id); ``tokenizer_path``: its tokenizer.json, ``None`` if it ships none."""
+    """One checkpoint. ``path``: the resolved local directory holding config.json; ``source``: what the config
+    named (a directory, a zoo name or a hub id); ``tokenizer_path``: its tokenizer.json, ``None`` if it ships
+    none. ``weights``: what this model gets, ``"trained"`` (its safetensors) or ``"random"`` (seeded init),
+    as ``PairSpec.weights`` resolved for this directory; ``weights_note`` says why.
+    ``max_position_embeddings``: positions the model was trained for (config.json)."""
 
     path: str
     source: str
     architecture: str
     vocab_size: int
     tokenizer_path: str | None = None
+    weights: str = "trained"
+    weights_note: str = ""
+    max_position_embeddings: int | None = None
 
 
 @dataclass
 class PairSpec:
-    """A draft/target pair. ``weights="random"`` builds both models from config.json with seeded random
-    weights (``init_seed``); ``dtype`` is a torch dtype name."""
+    """A draft/target pair. ``weights``: what the config asked for (``auto`` | ``trained`` | ``random``); each
+    model's ``ModelSpec.weights`` is what it gets (random weights are seeded with ``init_seed``); ``dtype``
+    is a torch dtype name."""
 
     name: str
     target: ModelSpec
     draft: ModelSpec
-    weights: str = "trained"
+    weights: str = "auto"
     dtype: str = "float32"
     init_seed: int = 0
 
@@ -129,6 +136,7 @@ class RunSpec:
     output_dir: str
     config: dict[str, Any] = field(default_factory=dict)
     backend_options: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)  # one line each, printed when the run starts
 
 
 def group_spec(cls: type, values: dict[str, Any] | None, **overrides: Any):

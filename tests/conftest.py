@@ -101,7 +101,7 @@ def tiny_config(arch: str, hidden_size: int, num_layers: int, vocab_size: int):
         "num_hidden_layers": num_layers,
         "num_attention_heads": 4,
         "num_key_value_heads": 2,
-        "max_position_embeddings": 512,
+        "max_position_embeddings": 2048,  # = engine=cpu's max_model_len: runs need no long-context override
         "pad_token_id": 0,
         "bos_token_id": 1,
         "eos_token_id": 2,

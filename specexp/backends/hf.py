@@ -90,10 +90,10 @@ def run(spec: RunSpec, progress: ProgressCallback | None = None) -> RunResult:
 
 
 def load_model(model: ModelSpec, spec: RunSpec, device: torch.device):
-    """The model at ``model.path`` in ``spec.pair.dtype`` on ``device``, in eval mode; with
-    ``pair.weights=random`` a seeded (``pair.init_seed``) random init of its config.json."""
+    """The model at ``model.path`` in ``spec.pair.dtype`` on ``device``, in eval mode; where it gets random
+    weights (``model.weights``) a seeded (``pair.init_seed``) random init of its config.json."""
     dtype = getattr(torch, spec.pair.dtype)
-    if spec.pair.weights == "random":
+    if model.weights == "random":
         # The very weights the native backend draws for this pair (same seed, dtype and device), so that
         # backends compared on a random pair run the same models.
         native = load_native_model(model.path, dtype=dtype, device=device, weights="random",

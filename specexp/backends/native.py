@@ -9,10 +9,10 @@ from __future__ import annotations
 import torch
 from tokenizers import Tokenizer
 
-from specexp.engine.config import EngineConfig, SamplingConfig, SpeculatorConfig
 from specexp.engine.progress import ProgressCallback
 from specexp.engine.runner import EngineOutput, NativeEngine
 from specexp.engine.stats import AcceptanceStats, request_latency
+from specexp.engine_settings import engine_configs
 from specexp.errors import ConfigError
 from specexp.models import load_model
 from specexp.result import RequestOutput, RunResult, StepRecord, run_metrics
@@ -21,44 +21,11 @@ from specexp.specs import RunSpec
 WARMUP_NEW_TOKENS = 4
 
 
-def _int_tuple(values) -> tuple | None:
-    """A config list as a tuple (None stays None; the engine's validation names bad entries)."""
-    if values is None:
-        return None
-    return tuple(values) if isinstance(values, (list, tuple)) else (values,)
-
-
-def engine_configs(spec: RunSpec) -> tuple[EngineConfig, SpeculatorConfig, SamplingConfig]:
-    """The engine's plain configs from a RunSpec (unknown group keys come through `options`)."""
-    e, s, sp = spec.engine, spec.speculator, spec.sampling
-    engine = EngineConfig(
-        device=e.device, dtype=spec.pair.dtype, max_num_seqs=e.max_num_seqs, max_model_len=e.max_model_len,
-        max_num_batched_tokens=e.options.get("max_num_batched_tokens"), block_size=e.block_size,
-        num_kv_blocks=e.options.get("num_kv_blocks"), cudagraph_mode=e.cudagraph_mode, seed=e.seed,
-        cudagraph_capture_sizes=_int_tuple(e.options.get("cudagraph_capture_sizes")),
-        cudagraph_seq_len_buckets=_int_tuple(e.options.get("cudagraph_seq_len_buckets")),
-        cudagraph_prefill_tokens=_int_tuple(e.options.get("cudagraph_prefill_tokens")) or (),
-        **{name: e.options.get(name, getattr(EngineConfig, name))  # absent: EngineConfig's own defaults
-           for name in ("compile_pointwise", "linear_kernel", "fold_norm_weights", "attention_kernel", "conv_kernel",
-                        "plain_decode_lookahead", "cudagraph_shared_pool")},
-    )
-    speculator = SpeculatorConfig(
-        num_speculative_tokens=s.num_speculative_tokens, rejection=s.options.get("rejection", "standard"),
-        synthetic_acceptance_rate=float(s.options.get("synthetic_acceptance_rate", 0.7)),
-        cudagraph_mode=s.draft_graph_mode(e.cudagraph_mode),
-    )
-    sampling = SamplingConfig(
-        temperature=sp.temperature, top_k=sp.top_k, top_p=sp.top_p, max_new_tokens=sp.max_new_tokens,
-        ignore_eos=sp.ignore_eos,
-    )
-    return engine, speculator, sampling
-
-
 def run(spec: RunSpec, progress: ProgressCallback | None = None) -> RunResult:
     """Serve spec.prompts with the native engine; outputs, per-step rows and §4 metrics. progress receives the
     CUDA-graph capture's events and the run's (not the warm-up's)."""
     engine_cfg, spec_cfg, sampling_cfg = engine_configs(spec)
-    # Bad settings fail here, before any model is loaded.
+    # Checked already for every backend (specexp.engine_settings); kept for callers that skip the app layer.
     engine_cfg.validate()
     spec_cfg.validate(engine_cfg.max_model_len)
     sampling_cfg.validate()
@@ -66,9 +33,9 @@ def run(spec: RunSpec, progress: ProgressCallback | None = None) -> RunResult:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError("engine.device=cuda but no CUDA GPU is visible: use engine.device=cpu")
     k = spec_cfg.num_speculative_tokens
-    load = {"dtype": spec.pair.dtype, "device": device, "weights": spec.pair.weights, "seed": spec.pair.init_seed}
-    target = load_model(spec.pair.target.path, **load)
-    draft = load_model(spec.pair.draft.path, **load) if k > 0 else None
+    load = {"dtype": spec.pair.dtype, "device": device, "seed": spec.pair.init_seed}
+    target = load_model(spec.pair.target.path, weights=spec.pair.target.weights, **load)
+    draft = load_model(spec.pair.draft.path, weights=spec.pair.draft.weights, **load) if k > 0 else None
     engine = NativeEngine(target, draft, engine_cfg, spec_cfg, sampling_cfg, target.config.eos_token_ids,
                           progress=progress)
     engine.generate([spec.prompts[0].token_ids], max_new_tokens=min(WARMUP_NEW_TOKENS, sampling_cfg.max_new_tokens))

@@ -24,7 +24,8 @@ What maps where:
   figures are ``None``: vLLM logs only the total. The engine core runs in this process
   (``VLLM_ENABLE_V1_MULTIPROCESSING=0`` unless set; backend option ``multiprocessing``) so that its log
   records reach the handler; with it in a subprocess the graph metrics are ``None``.
-- ``pair.weights=random``: the native backend's seeded weights (same seed, dtype, device) are written to a
+- A model that gets random weights (``pair.weights=random``, or ``auto`` on a config-only directory): the
+  native backend's seeded weights (same seed, dtype, device) are written to a
   temporary safetensors checkpoint that vLLM loads, so all backends run the same models; it is deleted after
   the run.
 
@@ -361,13 +362,15 @@ def run(spec: RunSpec, progress: ProgressCallback | None = None) -> RunResult:
     k = spec.speculator.num_speculative_tokens
     target_config = load_config(spec.pair.target.path)
     log = LogCapture()
-    scratch = Path(tempfile.mkdtemp(prefix="specexp-vllm-")) if spec.pair.weights == "random" else None
+    random_draft = k > 0 and spec.pair.draft.weights == "random"
+    needs_scratch = spec.pair.target.weights == "random" or random_draft
+    scratch = Path(tempfile.mkdtemp(prefix="specexp-vllm-")) if needs_scratch else None
     try:
         target_dir = draft_dir = None
-        if scratch is not None:
+        if spec.pair.target.weights == "random":
             target_dir = materialize_random_weights(spec.pair.target, spec, scratch / "target", spec.engine.device)
-            if k > 0:
-                draft_dir = materialize_random_weights(spec.pair.draft, spec, scratch / "draft", spec.engine.device)
+        if random_draft:
+            draft_dir = materialize_random_weights(spec.pair.draft, spec, scratch / "draft", spec.engine.device)
         with log.attached():
             llm = vllm.LLM(**llm_kwargs(spec, target_dir, draft_dir, target_config.max_position_embeddings))
             first = spec.prompts[0]

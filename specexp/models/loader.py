@@ -10,7 +10,8 @@ A miss raises FileNotFoundError naming every place it looked.
 
 The module is built on the meta device and materialised once on the target device in the target dtype
 (no throw-away default init), then filled from `*.safetensors` (single file or sharded index) or,
-with `weights="random"`, from a seeded normal init (std = initializer_range; norms 1; biases 0).
+with `weights="random"`, from a seeded normal init (std = initializer_range; norms 1; biases 0);
+`weights="auto"` is "trained" where the directory holds safetensors and "random" where it holds only a config.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from safetensors import safe_open
 from torch import nn
 
 from specexp.models.causal_lm import CausalLM
+from specexp.models.checkpoint_files import check_safetensors, find_weight_files
 from specexp.models.config import ModelConfig
 from specexp.models.layers import RMSNorm, RotaryEmbedding
 from specexp.models.lfm2 import DepthwiseConvWeights, Lfm2ForCausalLM
@@ -32,7 +34,7 @@ from specexp.models.stacked import restack_all
 
 MODEL_CLASSES: dict[str, type[CausalLM]] = {"llama": LlamaForCausalLM, "lfm2": Lfm2ForCausalLM}
 ZOO_DIR = Path(__file__).resolve().parents[1] / "zoo"
-WEIGHT_MODES = ("trained", "random")
+WEIGHT_MODES = ("auto", "trained", "random")
 _DTYPES = {
     "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
     "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -104,19 +106,27 @@ def load_config(path_or_name: str | Path) -> ModelConfig:
 
 
 def weight_files(model_dir: Path) -> list[Path]:
-    """The safetensors files of a checkpoint: the sharded index's files, model.safetensors, or *.safetensors."""
-    index = model_dir / "model.safetensors.index.json"
-    if index.is_file():
-        return [model_dir / f for f in sorted(set(_read_json(index)["weight_map"].values()))]
-    if (model_dir / "model.safetensors").is_file():
-        return [model_dir / "model.safetensors"]
-    files = sorted(model_dir.glob("*.safetensors"))
+    """The safetensors files of a checkpoint (the sharded index's files, model.safetensors, or *.safetensors),
+    each checked whole (:func:`specexp.models.checkpoint_files.check_safetensors`) before any is read."""
+    files = find_weight_files(model_dir)
     if not files:
         raise FileNotFoundError(
             f"{model_dir} has no *.safetensors weights (pytorch_model.bin is not read); "
             "load it with weights='random' for a randomly initialised model of the same shape"
         )
+    for path in files:
+        check_safetensors(path)
     return files
+
+
+def resolve_weights(model_dir: Path, weights: str) -> str:
+    """The weights a model gets, "trained" or "random", for `weights` ("auto": "trained" when `model_dir`
+    holds safetensors, else "random")."""
+    if weights not in WEIGHT_MODES:
+        raise ValueError(f"weights={weights!r}; use one of {WEIGHT_MODES}")
+    if weights == "auto":
+        return "trained" if find_weight_files(model_dir) else "random"
+    return weights
 
 
 def as_dtype(dtype: torch.dtype | str) -> torch.dtype:
@@ -204,12 +214,12 @@ def load_model(
     """The native model of a checkpoint, in eval mode with no parameter requiring grad (an inference model:
     no op of its forward records autograd history).
 
-    weights: "trained" (read *.safetensors) or "random" (seeded init, no weight files needed).
+    weights: "trained" (read *.safetensors), "random" (seeded init, no weight files needed) or "auto"
+    (trained when the directory holds safetensors, else random).
     device "meta" builds the module without any storage (for parameter counts).
     """
-    if weights not in WEIGHT_MODES:
-        raise ValueError(f"weights={weights!r}; use one of {WEIGHT_MODES}")
     model_dir = resolve_model_dir(path_or_name)
+    weights = resolve_weights(model_dir, weights)
     config = load_config(model_dir)
     config.name_or_path = str(path_or_name)
     files = weight_files(model_dir) if weights == "trained" else []

@@ -55,3 +55,23 @@ def write_result(run_dir: Path, record: dict) -> Path:
 def read_result(run_dir: Path) -> dict:
     """The result.json of ``run_dir``."""
     return json.loads((Path(run_dir) / RESULT_FILE).read_text())
+
+
+def check_writable(run_dir: Path) -> None:
+    """Raise OSError unless a file can be created in ``run_dir`` (a probe, removed at once)."""
+    probe = Path(run_dir) / f".write-probe.{os.getpid()}"
+    try:
+        probe.write_text("")
+    finally:
+        probe.unlink(missing_ok=True)
+
+
+def archive_previous(run_dir: Path) -> Path | None:
+    """Move an earlier attempt's result.json aside (``result.previous.json``) before a run starts again in
+    ``run_dir``, so the record there is always this attempt's; returns the new path, None if there was none."""
+    path = Path(run_dir) / RESULT_FILE
+    if not path.is_file():
+        return None
+    previous = path.with_name("result.previous.json")
+    os.replace(path, previous)
+    return previous

@@ -42,7 +42,8 @@ def make_spec(k: int = 0, temperature: float = 0.0, engine_graphs: str = "full",
               top_k: int = 0, ignore_eos: bool = False, weights: str = "trained", target: str = "/m/target",
               draft: str = "/m/draft", backend_options: dict | None = None, output_dir: str = "") -> RunSpec:
     def model(path: str) -> ModelSpec:
-        return ModelSpec(path=path, source=path, architecture="LlamaForCausalLM", vocab_size=512)
+        return ModelSpec(path=path, source=path, architecture="LlamaForCausalLM", vocab_size=512,
+                         weights="random" if weights == "random" else "trained")
 
     return RunSpec(
         experiment="test", backend="vllm",

@@ -67,7 +67,8 @@ def test_missing_weight_files(pair_overrides, tiny_llama_draft_dir, tmp_path):
     config_only = tmp_path / "config-only"
     config_only.mkdir()
     shutil.copy(tiny_llama_draft_dir / "config.json", config_only)
-    expect_error(pair_overrides + [f"pair.draft.path={config_only}"], tmp_path, "no weight files", "pair.weights=random")
+    expect_error(pair_overrides + [f"pair.draft.path={config_only}", "pair.weights=trained"], tmp_path,
+                 "draft checkpoint", "no weight files", "pair.weights=random")
 
 
 def test_missing_config_json(pair_overrides, tmp_path):
@@ -82,7 +83,8 @@ def test_unsupported_architecture(pair_overrides, tiny_llama_draft_dir, tmp_path
     config = json.loads((other / "config.json").read_text())
     (other / "config.json").write_text(json.dumps({**config, "architectures": ["GPT2LMHeadModel"]}))
     expect_error(pair_overrides + [f"pair.draft.path={other}"], tmp_path,
-                 "unsupported architecture 'GPT2LMHeadModel'", "LlamaForCausalLM", "Lfm2ForCausalLM")
+                 "draft checkpoint", "architectures ['GPT2LMHeadModel'] not supported", "LlamaForCausalLM",
+                 "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Lfm2ForCausalLM")
 
 
 def test_draft_vocab_differs(pair_overrides, make_tiny_checkpoint, tmp_path):
@@ -147,10 +149,10 @@ def test_cli_rejects_unknown_names_with_one_line_and_status_2(args, fragment, tm
     assert len(lines) == 1 and lines[0].startswith("specexp: error: ") and fragment in lines[0], proc.stderr
 
 
-def test_cli_run_with_a_bad_value_records_the_failure(pair_overrides, tmp_path):
+def test_cli_run_with_a_bad_value_is_refused_before_a_directory_exists(pair_overrides, tmp_path):
     proc = run_cli(["run", *pair_overrides, "speculator.num_speculative_tokens=-2", "tracking=disabled",
                     f"hydra.run.dir={tmp_path}/run"], tmp_path)
     assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines()[-1].startswith("specexp: error: speculator.num_speculative_tokens=-2")
-    record = json.loads((tmp_path / "run" / "result.json").read_text())
-    assert record["status"] == "failed" and "num_speculative_tokens=-2" in record["error"]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("specexp: error: speculator.num_speculative_tokens=-2"), proc.stderr
+    assert not (tmp_path / "run").exists(), "a config error found before the run starts creates no directory"

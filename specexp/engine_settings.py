@@ -1,0 +1,60 @@
+"""A RunSpec's engine, speculator and sampling values as the native engine's plain configs, and their check.
+
+:func:`engine_configs` is how the native backend builds its engine. :func:`check_engine_settings` runs the
+engine's own validation on the same configs for every backend, before any backend module or model loads,
+so a value the engine refuses (k beyond what ``engine.max_model_len`` allows, a Triton kernel without CUDA,
+prefill graph sizes beyond a step's budget) gives one line, the same whichever backend was chosen.
+"""
+
+from __future__ import annotations
+
+from specexp.errors import ConfigError
+
+
+def _int_tuple(values) -> tuple | None:
+    """A config list as a tuple (None stays None; the engine's validation names bad entries)."""
+    if values is None:
+        return None
+    return tuple(values) if isinstance(values, (list, tuple)) else (values,)
+
+
+def engine_configs(spec):
+    """``(EngineConfig, SpeculatorConfig, SamplingConfig)`` of a :class:`specexp.specs.RunSpec` (keys that are
+    not spec fields come through each group's ``options``)."""
+    from specexp.engine.config import EngineConfig, SamplingConfig, SpeculatorConfig
+
+    e, s, sp = spec.engine, spec.speculator, spec.sampling
+    engine = EngineConfig(
+        device=e.device, dtype=spec.pair.dtype, max_num_seqs=e.max_num_seqs, max_model_len=e.max_model_len,
+        max_num_batched_tokens=e.options.get("max_num_batched_tokens"), block_size=e.block_size,
+        num_kv_blocks=e.options.get("num_kv_blocks"), cudagraph_mode=e.cudagraph_mode, seed=e.seed,
+        cudagraph_capture_sizes=_int_tuple(e.options.get("cudagraph_capture_sizes")),
+        cudagraph_seq_len_buckets=_int_tuple(e.options.get("cudagraph_seq_len_buckets")),
+        cudagraph_prefill_tokens=_int_tuple(e.options.get("cudagraph_prefill_tokens")) or (),
+        **{name: e.options.get(name, getattr(EngineConfig, name))  # absent: EngineConfig's own defaults
+           for name in ("compile_pointwise", "linear_kernel", "fold_norm_weights", "attention_kernel", "conv_kernel",
+                        "plain_decode_lookahead", "cudagraph_shared_pool")},
+    )
+    speculator = SpeculatorConfig(
+        num_speculative_tokens=s.num_speculative_tokens, rejection=s.options.get("rejection", "standard"),
+        synthetic_acceptance_rate=float(s.options.get("synthetic_acceptance_rate", 0.7)),
+        cudagraph_mode=s.draft_graph_mode(e.cudagraph_mode),
+    )
+    sampling = SamplingConfig(
+        temperature=sp.temperature, top_k=sp.top_k, top_p=sp.top_p, max_new_tokens=sp.max_new_tokens,
+        ignore_eos=sp.ignore_eos,
+    )
+    return engine, speculator, sampling
+
+
+def check_engine_settings(spec) -> None:
+    """The engine's own validation of ``spec``'s values, as one-line :class:`ConfigError`s (loads nothing)."""
+    from specexp.engine.config import EngineConfigError
+
+    engine, speculator, sampling = engine_configs(spec)
+    try:
+        engine.validate()
+        speculator.validate(engine.max_model_len)
+        sampling.validate()
+    except EngineConfigError as e:
+        raise ConfigError(str(e)) from None

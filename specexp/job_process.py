@@ -1,0 +1,161 @@
+"""One sweep job in a fresh interpreter: nothing is inherited but its config, its context and ``sys.path``.
+
+The parent (the sweep's main process) starts the job's interpreter in a process group of its own with
+SIGINT and SIGTERM blocked (:func:`specexp.interrupts.signals_blocked`); the job installs its handlers, then
+unblocks them, so a signal sent while it starts waits instead of killing it or printing a traceback. When the
+parent is interrupted it forwards the signal to the job's group, waits up to :data:`STOP_GRACE_S` for the job
+to record itself ``interrupted``, then kills whatever of the group is left. If the job left no record (it died,
+or was killed), the parent writes one (:func:`specexp.experiment.fallback_record`), so every job that got a
+directory has a result.json. On Linux the job also asks to be sent SIGTERM if the parent dies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from specexp import interrupts
+
+STOP_GRACE_S = 5.0
+_CHILD_CODE = ("import json, sys; sys.path[:] = json.loads(sys.argv[1]); "
+               "from specexp.job_process import child_main; child_main()")
+_PR_SET_PDEATHSIG = 1
+
+
+def _signal_group(pid: int, signum: int) -> bool:
+    """Send ``signum`` to the job's process group; False if none of it is left."""
+    try:
+        os.killpg(pid, signum)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def stop_job(proc: subprocess.Popen, signum: int, grace_s: float = STOP_GRACE_S) -> None:
+    """Stop a job's process: forward ``signum`` to its group (again every half second, in case it had not
+    installed its handlers), wait up to ``grace_s`` for it to record itself and exit, then SIGKILL the group."""
+    deadline = time.monotonic() + grace_s
+    while proc.poll() is None and time.monotonic() < deadline:
+        if not _signal_group(proc.pid, signum):
+            break
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=min(0.5, max(deadline - time.monotonic(), 0.01)))
+    _signal_group(proc.pid, signal.SIGKILL)  # the job, if it is still there, and anything it started
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=5)
+
+
+def run_in_fresh_process(cfg: dict, ctx) -> str:
+    """:func:`specexp.experiment.execute` of ``cfg`` in a new interpreter; returns the job's status as its
+    result.json records it (written by the parent when the job could not). An interruption of the parent
+    (:class:`specexp.interrupts.RunInterrupted`) stops the job (:func:`stop_job`), makes sure it is recorded,
+    and is re-raised."""
+    payload = json.dumps({"config": cfg, "context": ctx.to_dict()}, default=str)
+    proc = None
+    try:
+        with interrupts.signals_blocked():  # a signal arriving now is raised just after, with proc set
+            proc = subprocess.Popen([sys.executable, "-c", _CHILD_CODE, json.dumps(sys.path)],
+                                    stdin=subprocess.PIPE, text=True, process_group=0)
+        with contextlib.suppress(BrokenPipeError):
+            proc.stdin.write(payload)
+            proc.stdin.close()
+        returncode = proc.wait()
+    except interrupts.RunInterrupted as e:
+        if proc is not None:
+            stop_job(proc, e.signum)
+        ensure_record(cfg, ctx, proc.returncode if proc is not None else None, interrupted_by=e.signum)
+        raise
+    return ensure_record(cfg, ctx, returncode)
+
+
+def _reason(returncode: int | None) -> str:
+    from specexp.experiment import signal_name
+
+    if returncode is None:
+        return "the job's process did not exit"
+    if returncode < 0:
+        killed = signal_name(-returncode)
+        hint = " (out of memory?)" if -returncode == signal.SIGKILL else ""
+        return f"the job's process was killed by {killed}{hint} before it wrote its record"
+    return f"the job's process exited with status {returncode} before it wrote its record"
+
+
+def ensure_record(cfg: dict, ctx, returncode: int | None, interrupted_by: int | None = None) -> str:
+    """The status in the job's result.json, writing a complete ``failed``/``interrupted`` record first if the
+    job left none (its result.json of an earlier attempt was moved aside before it started)."""
+    from specexp.experiment import fallback_record, signal_name
+    from specexp.tracking import records
+
+    try:
+        status = records.read_result(ctx.run_dir)["status"]
+        if status in records.STATUSES:
+            return status
+    except (OSError, ValueError, KeyError):
+        pass
+    signum = interrupted_by
+    if signum is None and returncode is not None and returncode in (interrupts.exit_status(s) for s in interrupts.HANDLED):
+        signum = returncode - 128
+    if signum is None and returncode is not None and -returncode in interrupts.HANDLED:
+        signum = -returncode
+    with interrupts.deferred():
+        if signum is not None:
+            return fallback_record(cfg, ctx, "interrupted", f"interrupted by {signal_name(signum)}")["status"]
+        return fallback_record(cfg, ctx, "failed", _reason(returncode))["status"]
+
+
+def _die_with_parent() -> None:
+    """Linux: get SIGTERM when the parent (the sweep) dies, so no job outlives it."""
+    if not sys.platform.startswith("linux"):
+        return
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def _log_to(run_dir: Path) -> None:
+    """Log as Hydra's job logging does: INFO lines on stdout and appended to the job's specexp.log."""
+    fmt = logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
+    root = logging.getLogger()
+    root.setLevel(logging.INFO)
+    handlers = [logging.StreamHandler(sys.stdout)]
+    with contextlib.suppress(OSError):
+        handlers.append(logging.FileHandler(run_dir / "specexp.log"))
+    for handler in handlers:
+        handler.setFormatter(fmt)
+        root.addHandler(handler)
+
+
+def child_main() -> None:
+    """Entry point of a job's process: read ``{"config", "context"}`` (JSON) from stdin, run, exit with the
+    run's status (:func:`specexp.experiment.exit_code`; 128 + the signal when interrupted)."""
+    interrupts.install()
+    _die_with_parent()
+    interrupts.unblock()
+    try:
+        payload = json.loads(sys.stdin.read())
+    except ValueError:  # the parent went away before it sent the job
+        sys.exit(1)
+    try:
+        from specexp.errors import ConfigError
+        from specexp.experiment import EXIT_CONFIG, RunContext, execute, exit_code
+
+        ctx = RunContext(**payload["context"])
+        _log_to(ctx.run_dir)
+        try:
+            record = execute(payload["config"], ctx)
+        except ConfigError as e:  # the run directory cannot be written: nowhere to record it
+            print(f"specexp: error: {e}", file=sys.stderr, flush=True)
+            sys.exit(EXIT_CONFIG)
+    except interrupts.RunInterrupted as e:
+        sys.exit(e.exit_status)
+    sys.exit(exit_code(record))
