@@ -150,9 +150,12 @@ def sweep_jobs(overrides: list[str], declared: list[str]) -> list[list[str]]:
 
 
 def _present(cfg, key: str) -> bool:
-    from omegaconf import OmegaConf
+    """Whether the composed config holds ``key`` (a mandatory ``???`` value counts)."""
+    from omegaconf import DictConfig, OmegaConf
 
-    return OmegaConf.select(cfg, key, default=_MISSING, throw_on_missing=False) is not _MISSING
+    parent, _, name = key.rpartition(".")
+    node = OmegaConf.select(cfg, parent, default=_MISSING) if parent else cfg
+    return isinstance(node, DictConfig) and name in node.keys()
 
 
 def normalize(overrides: list[str], conf_dir: Path, multirun: bool) -> list[str]:

@@ -66,9 +66,12 @@ def recorded_run(run_dir: str | Path) -> RecordedRun:
 
 def check_same_overrides(given: list[str], recorded: RecordedRun) -> None:
     """``run ... +resume=DIR`` must repeat the overrides DIR was started with (or give none)."""
-    if given and sorted(given) != sorted(recorded.task_overrides):
-        missing = sorted(set(recorded.task_overrides) - set(given))
-        extra = sorted(set(given) - set(recorded.task_overrides))
+    def plain(overrides):  # '+'/'++' as typed or as specexp rewrote them mean the same here
+        return {o.lstrip("+") for o in overrides}
+
+    if given and plain(given) != plain(recorded.task_overrides):
+        missing = sorted(plain(recorded.task_overrides) - plain(given))
+        extra = sorted(plain(given) - plain(recorded.task_overrides))
         raise ConfigError(
             f"resume: the overrides differ from those {recorded.path} was started with (missing: {missing or '-'};"
             f" new: {extra or '-'}): give the same ones, or none (python -m specexp resume {recorded.path})"

@@ -189,7 +189,7 @@ def load_weights_(model: CausalLM, files: list[Path]) -> None:
                 tensor = checkpoint.get_tensor(name)
                 if tuple(tensor.shape) != tuple(params[name].shape):
                     raise ValueError(
-                        f"{path.name}: {name} has shape {tuple(tensor.shape)}, the config implies "
+                        f"{path}: {name} has shape {tuple(tensor.shape)}, its config.json implies "
                         f"{tuple(params[name].shape)}"
                     )
                 params[name].copy_(tensor)

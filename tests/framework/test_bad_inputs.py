@@ -156,3 +156,82 @@ def test_cli_run_with_a_bad_value_is_refused_before_a_directory_exists(pair_over
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("specexp: error: speculator.num_speculative_tokens=-2"), proc.stderr
     assert not (tmp_path / "run").exists(), "a config error found before the run starts creates no directory"
+
+
+# ------------------------------------------------------------------ prompt files, positions, checkpoints
+
+
+def test_a_prompt_file_that_is_not_utf8_is_named_with_its_line(pair_overrides, tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    path.write_bytes(b'{"prompt": "fine"}\n{"prompt": "caf\xe9"}\n')
+    expect_error(pair_overrides + ["workload=jsonl", f"workload.path={path}"], tmp_path,
+                 f"workload.path file {path} is not UTF-8: line 2, byte 16 is 0xe9", "save it as UTF-8")
+
+
+def test_cli_names_a_non_utf8_prompt_file_in_one_line(pair_overrides, tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    path.write_bytes(b'{"prompt": "\xff"}\n')
+    proc = run_cli(["run", *pair_overrides, "workload=jsonl", f"workload.path={path}", "tracking=disabled"], tmp_path)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"{path} is not UTF-8: line 1" in lines[0], proc.stderr
+
+
+@pytest.fixture
+def short_context_target(tiny_llama_dir, tmp_path):
+    """The tiny target, told it was trained for 16 positions only."""
+    target = tmp_path / "short-context"
+    shutil.copytree(tiny_llama_dir, target)
+    config = json.loads((target / "config.json").read_text())
+    (target / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 16}))
+    return target
+
+
+def test_requests_past_max_position_embeddings_are_refused_naming_both_numbers(pair_overrides, short_context_target,
+                                                                               tmp_path):
+    overrides = pair_overrides + [f"pair.target.path={short_context_target}", "workload.input_len=12",
+                                  "workload.output_len=8"]
+    expect_error(overrides, tmp_path, "reach 20 positions", "target's max_position_embeddings=16",
+                 "engine.allow_long_max_model_len=true")
+    spec = build(overrides + ["engine.allow_long_max_model_len=true"], tmp_path)
+    (warning,) = spec.warnings
+    assert "engine.max_model_len=2048 > the target's max_position_embeddings=16" in warning
+
+
+def test_a_max_model_len_above_max_position_embeddings_is_a_warning_naming_both(pair_overrides, short_context_target,
+                                                                               tmp_path):
+    spec = build(pair_overrides + [f"pair.target.path={short_context_target}", "workload.input_len=6",
+                                   "workload.output_len=4"], tmp_path)
+    assert spec.warnings == [("engine.max_model_len=2048 > the target's max_position_embeddings=16; this run's"
+                             " requests reach 10 positions")]
+
+
+def test_too_few_kv_blocks_are_refused_before_loading(pair_overrides, tmp_path):
+    expect_error(pair_overrides + ["engine.num_kv_blocks=1", "engine.block_size=4"], tmp_path,
+                 "needs", "KV blocks", "engine.num_kv_blocks=1")
+
+
+def test_a_missing_local_checkpoint_creates_no_directory(tmp_path):
+    runs = tmp_path / "runs"
+    proc = run_cli(["run", "pair=local", f"pair.target.path={tmp_path}/nowhere", f"pair.draft.path={tmp_path}/nowhere",
+                    "tracking=disabled"], runs)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "target checkpoint" in lines[0] and "not found" in lines[0], proc.stderr
+    assert not runs.exists() or not any(runs.iterdir())
+
+
+def test_a_failure_after_the_run_started_keeps_its_record(pair_overrides, tiny_llama_draft_dir, tmp_path):
+    broken = tmp_path / "mismatched-draft"
+    shutil.copytree(tiny_llama_draft_dir, broken)
+    config = json.loads((broken / "config.json").read_text())
+    (broken / "config.json").write_text(json.dumps({**config, "intermediate_size": config["intermediate_size"] + 8}))
+    run_dir = tmp_path / "run"
+    proc = run_cli(["run", *pair_overrides, f"pair.draft.path={broken}", "speculator.num_speculative_tokens=2",
+                    "tracking=disabled", f"hydra.run.dir={run_dir}"], tmp_path)
+    assert proc.returncode == 1
+    line = proc.stderr.strip().splitlines()[-1]
+    assert line.startswith(f"specexp: error: ValueError: {broken / 'model.safetensors'}: ") and "shape" in line, line
+    record = json.loads((run_dir / "result.json").read_text())
+    assert record["status"] == "failed" and "its config.json implies" in record["error"]
+    assert "Traceback" in (run_dir / "error.log").read_text()

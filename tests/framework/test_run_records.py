@@ -118,3 +118,49 @@ def test_missing_backend_module_is_a_one_line_error(config, monkeypatch, tmp_pat
     record = execute(config, RunContext(run_dir=tmp_path, experiment="quickstart"))
     assert record["status"] == "failed"
     assert record["error"].startswith("backend 'fake' is not available: importing specexp.backends.does_not_exist")
+
+
+def test_wandb_failing_after_the_record_is_complete_is_a_warning(config, fake_backend, tmp_path, monkeypatch,
+                                                                 capsys):
+    """A full disk under W&B: the run's record is complete, so the run succeeds (exit 0) with one warning."""
+    import errno
+
+    from specexp.experiment import exit_code
+    from specexp.tracking import records, wandb_run
+
+    def disk_full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    real_write, writes = records.write_result, []
+
+    def write_then_fill_the_disk(run_dir, record):
+        writes.append(record["status"])
+        if len(writes) > 1:
+            disk_full()
+        return real_write(run_dir, record)
+
+    config["tracking"]["wandb"]["mode"] = "offline"
+    monkeypatch.setattr(wandb_run, "log_run", disk_full)
+    monkeypatch.setattr(records, "write_result", write_then_fill_the_disk)
+    record = execute(config, RunContext(run_dir=tmp_path, experiment="quickstart"))
+    assert record["status"] == "ok" and exit_code(record) == 0
+    assert json.loads((tmp_path / "result.json").read_text())["status"] == "ok"
+    err = capsys.readouterr().err
+    assert "W&B logging failed" in err and "the record written before is complete" in err
+    assert "Traceback" not in err
+
+
+def test_an_unwritable_run_directory_is_refused_before_anything_runs(config, fake_backend, tmp_path, monkeypatch):
+    import errno
+
+    from specexp.errors import ConfigError
+    from specexp.tracking import records
+
+    def read_only(run_dir):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(records, "check_writable", read_only)
+    fake_backend.behaviour = "fail"  # never reached
+    with pytest.raises(ConfigError, match=f"cannot write the run directory {tmp_path} \\(Read-only file system\\)"):
+        execute(config, RunContext(run_dir=tmp_path, experiment="quickstart"))
+    assert not (tmp_path / "result.json").exists()
