@@ -110,7 +110,14 @@ def _is_number(value) -> bool:
 
 
 class FreeForm:
-    """Marks a subtree whose keys are never checked (``extra``, ``backend.llm_kwargs``)."""
+    """Marks a subtree whose keys are never checked (``extra``, ``backend.llm_kwargs``); one instance,
+    :data:`FREE`, which copies keep."""
+
+    def __copy__(self):
+        return self
+
+    def __deepcopy__(self, memo):
+        return self
 
 
 FREE = FreeForm()

@@ -14,8 +14,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as dt
-import functools
-import importlib.util
 import logging
 import os
 import platform
@@ -27,8 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import specexp
-from specexp import interrupts, text_files
+from specexp import interrupts
 from specexp.errors import ConfigError
+from specexp.run_spec import build_run_spec
 from specexp.tracking import records
 
 # Exit statuses (README, Troubleshooting): 0 ok; 1 a run (or a sweep job) failed after it started; 2 bad input,
@@ -57,173 +56,6 @@ class RunContext:
         """JSON-ready fields (to hand the context to a job's own process)."""
         return {"run_dir": str(self.run_dir), "experiment": self.experiment, "job_num": self.job_num,
                 "sweep_dir": str(self.sweep_dir) if self.sweep_dir is not None else None, "choices": self.choices}
-
-
-# ------------------------------------------------------------------------------------------- validation
-
-
-def _check_device(device: str) -> None:
-    if device == "cuda":
-        import torch
-
-        if not torch.cuda.is_available():
-            raise ConfigError("engine.device=cuda but no CUDA GPU is available: use engine=cpu (engine.device=cpu)")
-
-
-def _check_backend_support(backend: str, speculator, engine) -> None:
-    """Settings only some backends implement, refused where the chosen one would ignore them."""
-    rejection = speculator.options.get("rejection", "standard")
-    if rejection != "standard" and backend != "native":
-        raise ConfigError(f"speculator.rejection={rejection!r} is implemented by backend native only"
-                          f" (backend={backend}): use backend=native, or speculator.rejection=standard")
-    if backend == "vllm":
-        if engine.device != "cuda":
-            raise ConfigError(f"backend vllm runs on CUDA only, engine.device={engine.device}: use engine=cuda")
-        if importlib.util.find_spec("vllm") is None:
-            raise ConfigError("backend vllm needs the 'vllm' package, which is not installed: pip install -e"
-                              " '.[vllm]' on a GPU machine with torch 2.11")
-
-
-def _check_prompt_lengths(prompts: list, max_new_tokens: int, max_model_len: int) -> None:
-    for p in prompts:
-        if not p.token_ids:
-            raise ConfigError(f"prompt '{p.id}' has no tokens (empty text, and the tokenizer adds no BOS):"
-                              " drop it or give it text")
-        if len(p.token_ids) + max_new_tokens > max_model_len:
-            raise ConfigError(
-                f"prompt '{p.id}' has {len(p.token_ids)} tokens + {max_new_tokens} new tokens >"
-                f" engine.max_model_len={max_model_len}: raise engine.max_model_len or shorten the prompt"
-            )
-
-
-def _check_positions(pair, k: int, prompts: list, max_new_tokens: int, engine) -> list[str]:
-    """Requests must stay within the positions each model was trained for (config.json's
-    max_position_embeddings) unless ``engine.allow_long_max_model_len=true``; returns the warning line for an
-    ``engine.max_model_len`` above them (none if it is within them)."""
-    allow = bool(engine.options.get("allow_long_max_model_len", False))
-    longest = max(len(p.token_ids) for p in prompts) + max_new_tokens
-    models = [("target", pair.target)] + ([("draft", pair.draft)] if k > 0 else [])
-    limits = [(role, m.max_position_embeddings, Path(m.path) / "config.json") for role, m in models
-              if m.max_position_embeddings is not None]
-    for role, limit, config in limits:
-        if longest > limit and not allow:
-            raise ConfigError(
-                f"prompt + sampling.max_new_tokens reach {longest} positions, past the {role}'s"
-                f" max_position_embeddings={limit} ({config}): positions beyond {limit} were never trained;"
-                " shorten the prompts or max_new_tokens, or set engine.allow_long_max_model_len=true"
-            )
-    above = [(role, limit) for role, limit, _ in limits if engine.max_model_len > limit]
-    if not above:
-        return []
-    named = " and ".join(f"the {role}'s max_position_embeddings={limit}" for role, limit in above)
-    reach = (f"this run's requests reach {longest} positions" if longest <= min(lim for _, lim in above)
-             else f"requests reach {longest} positions (engine.allow_long_max_model_len=true)")
-    return [f"engine.max_model_len={engine.max_model_len} > {named}; {reach}"]
-
-
-def _check_kv_blocks(prompts: list, max_new_tokens: int, engine, k: int) -> None:
-    """With an explicit ``engine.num_kv_blocks``, every request must fit the cache (the native scheduler's
-    rule: its final length plus 2k+1 draft slots, in blocks of ``block_size``)."""
-    num_blocks = engine.options.get("num_kv_blocks")
-    if num_blocks is None:
-        return
-    lookahead = 2 * k + 1 if k > 0 else 0
-    for p in prompts:
-        final = min(len(p.token_ids) + max_new_tokens, engine.max_model_len) + lookahead
-        need = -(-final // engine.block_size)
-        if need > num_blocks:
-            raise ConfigError(f"prompt '{p.id}' needs {need} KV blocks of {engine.block_size} tokens, more than"
-                              f" engine.num_kv_blocks={num_blocks}: raise it, or lower max_new_tokens")
-
-
-@functools.lru_cache(maxsize=16)
-def _check_tokenizer(path: str, mtime: float, role: str) -> None:
-    from tokenizers import Tokenizer
-
-    try:
-        Tokenizer.from_file(path)
-    except Exception as e:  # noqa: BLE001 - tokenizers raises a bare Exception for any unreadable file
-        reason = (str(e).splitlines() or [type(e).__name__])[0]
-        raise ConfigError(f"{role} tokenizer {path} cannot be read ({reason}): is it a tokenizer.json?") from None
-
-
-def _load_prompts(workload, target, cache: dict | None) -> list:
-    """The workload's prompts, tokenized with the target's tokenizer (memoised in ``cache``)."""
-    from specexp.workloads import load_prompts, resolve_workload_path
-
-    if workload.path:
-        text_files.check_utf8(resolve_workload_path(str(workload.path)), "workload.path")
-    key = (repr(sorted(dataclasses.asdict(workload).items())), target.tokenizer_path, target.vocab_size)
-    if cache is not None and key in cache:
-        return cache[key]
-    try:
-        prompts = load_prompts(workload, target.tokenizer_path, target.vocab_size)
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"workload file {workload.path} is not UTF-8 ({e.reason} at byte {e.start}):"
-                          " save it as UTF-8") from None
-    if cache is not None:
-        cache[key] = prompts
-    return prompts
-
-
-def build_run_spec(cfg: dict, ctx: RunContext, choices: dict | None = None, prompt_cache: dict | None = None):
-    """Validate the resolved config ``cfg`` and build the :class:`specexp.specs.RunSpec` (models resolved and
-    checked, prompts tokenized). Every check is made here, for every backend alike, and raises
-    :class:`ConfigError` before any backend module or model is loaded; nothing is written.
-    ``choices``: the options chosen per group (default ``ctx.choices``); ``prompt_cache``: a dict to reuse
-    tokenized prompts across calls (the CLI checks every job of a sweep before the first starts)."""
-    from specexp import config_schema, pairs, specs
-    from specexp.backends import check_backend_name
-    from specexp.cli import conf_dir
-    from specexp.engine_settings import check_engine_settings
-
-    config_schema.check_config(cfg, conf_dir(), choices if choices is not None else ctx.choices)
-    check_backend_name(cfg["backend"]["name"])
-    _check_device(cfg["engine"]["device"])
-    pair_cfg = cfg["pair"]
-    target = pairs.describe_model(str(pair_cfg["target"]["path"]), pair_cfg["weights"], "target")
-    draft = pairs.describe_model(str(pair_cfg["draft"]["path"]), pair_cfg["weights"], "draft")
-    pairs.check_same_tokenizer(target, draft)
-    pair = specs.PairSpec(
-        name=pair_cfg.get("name", "pair"), target=target, draft=draft, weights=pair_cfg["weights"],
-        dtype=pair_cfg["dtype"], init_seed=pair_cfg.get("init_seed", cfg["engine"]["seed"]),
-    )
-    workload_cfg = dict(cfg["workload"])
-    if workload_cfg.get("num_prompts") == "all":
-        workload_cfg["num_prompts"] = None
-    workload = specs.group_spec(specs.WorkloadSpec, workload_cfg)
-    sampling = specs.group_spec(specs.SamplingSpec, cfg["sampling"])
-    if workload.name == "random":  # the latency workload: exactly output_len tokens per request
-        sampling = dataclasses.replace(sampling, max_new_tokens=workload.output_len or sampling.max_new_tokens,
-                                       ignore_eos=True)
-    engine = specs.group_spec(specs.EngineSpec, cfg["engine"])
-    speculator = specs.group_spec(specs.SpeculatorSpec, cfg["speculator"])
-    backend_cfg = dict(cfg["backend"])
-    spec = specs.RunSpec(
-        experiment=ctx.experiment,
-        backend=backend_cfg.pop("name"),
-        pair=pair,
-        speculator=speculator,
-        short_conv=specs.group_spec(specs.ShortConvSpec, cfg.get("short_conv")),
-        engine=engine,
-        sampling=sampling,
-        workload=workload,
-        prompts=[],
-        output_dir=str(ctx.run_dir),
-        config=cfg,
-        backend_options=backend_cfg,
-    )
-    check_engine_settings(spec)
-    _check_backend_support(spec.backend, speculator, engine)
-    for role, model in (("target", target), ("draft", draft)):
-        if model.tokenizer_path:
-            _check_tokenizer(model.tokenizer_path, Path(model.tokenizer_path).stat().st_mtime, role)
-    spec.prompts = _load_prompts(workload, target, prompt_cache)
-    k = speculator.num_speculative_tokens
-    _check_prompt_lengths(spec.prompts, sampling.max_new_tokens, engine.max_model_len)
-    spec.warnings = _check_positions(pair, k, spec.prompts, sampling.max_new_tokens, engine)
-    _check_kv_blocks(spec.prompts, sampling.max_new_tokens, engine, k)
-    return spec
 
 
 # ---------------------------------------------------------------------------------------------- record

@@ -129,7 +129,7 @@ def plan_run(argv: list[str]) -> RunPlan:
     jobs, prompt_cache = [], {}
     for i, job_overrides in enumerate(job_lists):
         try:
-            cfg = overrides.compose(conf, job_overrides)
+            cfg = overrides.compose_job(conf, job_overrides)
             plain = _plain(cfg)
             choices = overrides.choices_of(cfg)
             ctx = experiment.RunContext(run_dir=Path(str(cfg.hydra.run.dir)), experiment=str(plain.get("name")),
@@ -141,7 +141,7 @@ def plan_run(argv: list[str]) -> RunPlan:
             raise
         recorded_overrides = [o for o in job_overrides if not o.lstrip("+~").startswith("hydra")]
         jobs.append(PlannedJob(i, recorded_overrides, plain, choices, spec))
-    first = overrides.compose(conf, job_lists[0])
+    first = overrides.compose_job(conf, job_lists[0])
     base_dir = Path(str(first.hydra.sweep.dir if multirun else first.hydra.run.dir))
     plan = RunPlan(hydra_args=[*(["-m"] if multirun else []), *normalized], multirun=multirun, jobs=jobs,
                    base_dir=base_dir, resume_dir=resume_dir)
@@ -185,9 +185,9 @@ def _ensure_records(plan: RunPlan, run_dir: Path, interrupted: interrupts.RunInt
 
 def _sweep_summary(plan: RunPlan, run_dir: Path, interrupted) -> int:
     """Print what each job ended as; returns the sweep's exit status."""
-    statuses = {}
-    for job in plan.jobs:
-        statuses[job.num] = resume.job_status(run_dir / str(job.num))
+    launched = {num: Path(job_dir) for num, job_dir, _ in experiment.SWEEP.jobs}
+    job_dirs = {job.num: launched.get(job.num, run_dir / str(job.num)) for job in plan.jobs}
+    statuses = {num: resume.job_status(job_dir) for num, job_dir in job_dirs.items()}
     ok = sum(s == "ok" for s in statuses.values())
     not_run = sum(s is None for s in statuses.values())
     not_ok = len(statuses) - ok - not_run
@@ -200,7 +200,7 @@ def _sweep_summary(plan: RunPlan, run_dir: Path, interrupted) -> int:
     print(line, flush=True)
     for num, status in statuses.items():
         if status not in ("ok", None):
-            print(f"  job {num}: {status} (see {run_dir / str(num)}/result.json)", flush=True)
+            print(f"  job {num}: {status} (see {job_dirs[num] / 'result.json'})", flush=True)
     if not_ok or not_run:
         print(f"  resume (runs only the jobs without an ok record): python -m specexp resume {run_dir}", flush=True)
     if interrupted:

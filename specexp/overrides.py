@@ -126,6 +126,25 @@ def compose(conf_dir: Path, overrides: list[str]):
     return _compose(str(conf_dir), tuple(overrides))
 
 
+def compose_job(conf_dir: Path, overrides: list[str]):
+    """The composed config of one job, as Hydra composes it, but fast for the many jobs of a sweep: the
+    options its group overrides choose are composed once (cached), then its value overrides are applied to a
+    copy with Hydra's own function."""
+    import copy
+
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra.errors import HydraException
+
+    parsed = parse(overrides, conf_dir)
+    chooses = [o for o in parsed if o.kind == "group" or "/" in o.key]
+    cfg = copy.deepcopy(compose(conf_dir, [o.text for o in chooses]))
+    try:
+        ConfigLoaderImpl._apply_overrides_to_config([o.hydra for o in parsed if o not in chooses], cfg)
+    except HydraException as e:
+        raise ConfigError(_hydra_error_line(e)) from None
+    return cfg
+
+
 def choices_of(cfg) -> dict[str, str | None]:
     """group -> chosen option of a composed config (Hydra's ``hydra.runtime.choices``, groups only)."""
     return {k: v for k, v in dict(cfg.hydra.runtime.choices).items() if not k.startswith("hydra")}
@@ -155,7 +174,7 @@ def _present(cfg, key: str) -> bool:
 
     parent, _, name = key.rpartition(".")
     node = OmegaConf.select(cfg, parent, default=_MISSING) if parent else cfg
-    return isinstance(node, DictConfig) and name in node.keys()
+    return isinstance(node, DictConfig) and name in node.keys()  # noqa: SIM118 - `in node` is False for ???
 
 
 def normalize(overrides: list[str], conf_dir: Path, multirun: bool) -> list[str]:
