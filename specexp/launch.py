@@ -95,6 +95,14 @@ def _distinct(jobs: list[list[str]], i: int) -> str:
     return " ".join(o for o in jobs[i] if o not in common) or "no overrides of its own"
 
 
+def _check_environment() -> None:
+    """Settings read from the environment, checked with the rest before anything starts."""
+    from specexp.progress import progress_interval_s, progress_mode
+
+    progress_mode()
+    progress_interval_s()
+
+
 def plan_run(argv: list[str]) -> RunPlan:
     """Check ``argv`` (``["run", OVERRIDES...]`` or ``["resume", DIR]``) completely and return the plan;
     :class:`ConfigError` (one line) for the first problem. Creates nothing and loads no model."""
@@ -110,6 +118,7 @@ def plan_run(argv: list[str]) -> RunPlan:
         multirun, given = _split(args)
         given, resume_dir = _pop_resume(given)
     conf = conf_dir()
+    _check_environment()
     if resume_dir is not None:
         recorded = resume.recorded_run(resume_dir)
         resume.check_same_overrides([g for g in given if not g.startswith(_DIR_KEYS)], recorded)

@@ -188,3 +188,9 @@ def test_a_sweep_with_one_bad_job_is_refused_before_any_job_runs(tmp_path):
     line = error_line(proc)
     assert "job 1" in line and "speculator.num_speculative_tokens=-1" in line
     assert run_dirs(runs) == []
+
+
+def test_a_bad_progress_setting_is_refused_before_the_run_starts(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECEXP_PROGRESS", "loud")
+    with pytest.raises(ConfigError, match="SPECEXP_PROGRESS='loud' is not valid"):
+        launch.plan_run(["run", *TINY_RUN])

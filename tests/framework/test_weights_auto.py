@@ -6,9 +6,9 @@ A checkpoint path on the default random-weight pair used to be silently initiali
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 
-import pytest
 import torch
 from cli_runs import TINY_RUN, run_cli
 
@@ -47,21 +47,38 @@ def test_a_checkpoint_path_on_the_default_pair_loads_its_weights(tmp_path, tiny_
     assert output["output_token_ids"] == greedy_tokens(tiny_llama_dir, output["prompt_token_ids"], 4)
 
 
-def test_a_config_only_directory_gets_random_weights_and_says_so(tmp_path, tiny_llama_dir, tiny_llama_draft_dir):
+def run_in_process(tmp_path, caplog, *args):
+    """The same run through :func:`specexp.experiment.execute` (no subprocess); returns (log text, record,
+    outputs)."""
+    from omegaconf import OmegaConf
+
+    from specexp.cli import compose_config
+    from specexp.experiment import RunContext, execute
+
+    cfg = OmegaConf.to_container(compose_config([*TINY_RUN, *args]), resolve=True)
+    with caplog.at_level(logging.INFO, logger="specexp"):
+        record = execute(cfg, RunContext(run_dir=tmp_path / "run", experiment="run"))
+    assert record["status"] == "ok", record["error"]
+    outputs = [json.loads(line) for line in (tmp_path / "run" / "outputs.jsonl").read_text().splitlines()]
+    return caplog.text, record, outputs
+
+
+def test_a_config_only_directory_gets_random_weights_and_says_so(tmp_path, caplog, tiny_llama_dir,
+                                                                tiny_llama_draft_dir):
     config_only = tmp_path / "config-only"
     config_only.mkdir()
     for name in ("config.json", "tokenizer.json"):
         shutil.copy(tiny_llama_draft_dir / name, config_only)
-    proc, record, _ = run(tmp_path, f"pair.target.path={tiny_llama_dir}", f"pair.draft.path={config_only}")
+    text, record, _ = run_in_process(tmp_path, caplog, f"pair.target.path={tiny_llama_dir}",
+                                     f"pair.draft.path={config_only}")
     assert record["weights"] == {"target": "trained", "draft": "random"}
-    assert f"draft {config_only}: random weights (no *.safetensors" in proc.stdout + proc.stderr
+    assert f"draft {config_only}: random weights (no *.safetensors" in text
 
 
-@pytest.mark.parametrize("weights", ["random"])
-def test_random_forces_random_weights_over_safetensors(tmp_path, tiny_llama_dir, tiny_llama_draft_dir, weights):
-    proc, record, outputs = run(tmp_path, f"pair.target.path={tiny_llama_dir}",
-                                f"pair.draft.path={tiny_llama_draft_dir}", f"pair.weights={weights}")
+def test_random_forces_random_weights_over_safetensors(tmp_path, caplog, tiny_llama_dir, tiny_llama_draft_dir):
+    text, record, outputs = run_in_process(tmp_path, caplog, f"pair.target.path={tiny_llama_dir}",
+                                           f"pair.draft.path={tiny_llama_draft_dir}", "pair.weights=random")
     assert record["weights"] == {"target": "random", "draft": "random"}
-    assert "random weights (pair.weights=random)" in proc.stdout + proc.stderr
+    assert "random weights (pair.weights=random)" in text
     (output,) = outputs
     assert output["output_token_ids"] != greedy_tokens(tiny_llama_dir, output["prompt_token_ids"], 4)
