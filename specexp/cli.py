@@ -132,7 +132,11 @@ def train_task(cfg) -> None:
     except ImportError as e:
         print(f"specexp: error: the training recipe specexp.zoo.recipe cannot be imported ({e})", file=sys.stderr)
         sys.exit(2)
-    return recipe.main(cfg)
+    try:
+        return recipe.main(cfg)
+    except ConfigError as e:  # inside Hydra's task: Hydra would print a traceback
+        print(f"specexp: error: {e}", file=sys.stderr)
+        sys.exit(2)
 
 
 _MULTIRUN_FLAGS = ("-m", "--multirun")
@@ -191,6 +195,9 @@ def _cmd_train(args: list[str]) -> int:
     if not (conf_dir() / "train.yaml").is_file():
         raise ConfigError(f"{conf_dir() / 'train.yaml'} not found: the training recipe is not installed")
     check_group_choices(args)
+    if not any(re.fullmatch(r"\+{1,2}zoo=\S+", a) for a in args) and not any(a.split("=")[0] in _NO_RUN_FLAGS
+                                                                         for a in args):
+        raise ConfigError(f"no zoo model chosen: add +zoo=NAME, one of {', '.join(choices('zoo'))}")
     _run_hydra("train", train_task, args)
     return 0
 
