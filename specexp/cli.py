@@ -22,9 +22,10 @@ commands:
                                          an experiment that declares a sweep always runs as one
   resume SWEEP_DIR                       run again only the jobs of a sweep without an ok record
                                          (also: run ... +resume=SWEEP_DIR)
-  list                                   list pairs, experiments, workloads and backends
+  list                                   every config group: pairs, experiments, workloads, ...
   train +zoo=NAME [key=value ...]        train a demo model of the zoo (specexp.zoo.recipe)
   report SWEEP_DIR [--out DIR]           summarise a sweep (specexp.analysis.report)
+  completion bash|zsh                    tab completion: eval "$(python -m specexp completion bash)"
 
 examples:
   python -m specexp run +exp=quickstart
@@ -44,7 +45,6 @@ GROUP_LABELS = {
     "sampling": "sampling", "speculator": "speculator", "short_conv": "short_conv", "tracking": "tracking",
     "zoo": "zoo model",
 }
-LISTED_GROUPS = (("pair", "pairs"), ("exp", "experiments"), ("workload", "workloads"), ("backend", "backends"))
 _GROUP_OVERRIDE = re.compile(r"^(?:\+{1,2}|~)?(?P<group>[A-Za-z_]+)=(?P<value>[^=]*)$")
 _SWEEP_SYNTAX = re.compile(r"[()\[\]*{}$]")
 
@@ -102,25 +102,11 @@ def compose_config(overrides: list[str] = (), config_name: str = "config", retur
         return compose(config_name=config_name, overrides=overrides, return_hydra_config=return_hydra_config)
 
 
-def describe(path: Path) -> str:
-    """The first comment line of a yaml file (``# @package`` lines skipped), or ''."""
-    for line in path.read_text().splitlines():
-        if line.startswith("#") and not line.startswith("# @package"):
-            return line.lstrip("# ").strip()
-        if line.strip() and not line.startswith("#"):
-            break
-    return ""
-
-
 def list_configs() -> str:
-    """One line per pair, experiment, workload and backend."""
-    lines = []
-    for group, title in LISTED_GROUPS:
-        lines.append(f"{title}:")
-        for name in choices(group):
-            text = describe(conf_dir() / group / f"{name}.yaml")
-            lines.append(f"  {name:<22} {text}".rstrip())
-    return "\n".join(lines)
+    """Every config group with its options and their descriptions (:mod:`specexp.catalog`)."""
+    from specexp.catalog import render
+
+    return render(conf_dir())
 
 
 def _run_hydra(config_name: str, task, args: list[str]) -> None:
@@ -141,7 +127,11 @@ def train_task(cfg) -> None:
     except ImportError as e:
         print(f"specexp: error: the training recipe specexp.zoo.recipe cannot be imported ({e})", file=sys.stderr)
         sys.exit(2)
-    return recipe.main(cfg)
+    try:
+        return recipe.main(cfg)
+    except ConfigError as e:  # inside Hydra's task: Hydra would print a traceback
+        print(f"specexp: error: {e}", file=sys.stderr)
+        sys.exit(2)
 
 
 _MULTIRUN_FLAGS = ("-m", "--multirun")
@@ -195,6 +185,9 @@ def _cmd_train(args: list[str]) -> int:
     if not (conf_dir() / "train.yaml").is_file():
         raise ConfigError(f"{conf_dir() / 'train.yaml'} not found: the training recipe is not installed")
     check_group_choices(args)
+    if not any(re.fullmatch(r"\+{1,2}zoo=\S+", a) for a in args) and not any(a.split("=")[0] in _NO_RUN_FLAGS
+                                                                         for a in args):
+        raise ConfigError(f"no zoo model chosen: add +zoo=NAME, one of {', '.join(choices('zoo'))}")
     _run_hydra("train", train_task, args)
     return 0
 
@@ -219,12 +212,22 @@ def main(argv: list[str] | None = None) -> int:
     command, rest = argv[0], argv[1:]
     commands = {"run": _cmd_run, "resume": _cmd_resume, "train": _cmd_train, "report": _cmd_report}
     try:
+        from specexp import completion
+
+        completed = completion.run_flag(argv)  # Hydra's -sc install=bash, as --hydra-help advises
+        if completed is not None:
+            return completed
+        if command == "completion":
+            return completion.main(rest)
         if command == "list":
             print(list_configs())
             return 0
         if command not in commands:
-            raise ConfigError(f"unknown command '{command}': choose one of list, report, resume, run, train")
+            raise ConfigError(f"unknown command '{command}': choose one of completion, list, report, resume, run, train")
         return commands[command](rest)
+    except BrokenPipeError:  # e.g. `specexp list | head`: the reader has gone, nothing to report
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - so the interpreter's own flush at exit stays quiet
+        return 0
     except ConfigError as e:
         print(f"specexp: error: {e}", file=sys.stderr)
         return 2

@@ -1,5 +1,6 @@
-"""Build the whole zoo in one go (no Hydra; one process on one GPU machine):
-train both targets, distill both drafts, measure acceptance, render the cards.
+"""Rebuild the shipped zoo in one go (no Hydra; one process on one GPU machine): train both targets into
+``specexp/zoo/``, distill both drafts from them, measure acceptance, render the cards. This replaces the
+shipped models; ``python -m specexp train +zoo=NAME`` trains one model into ``experiments/zoo/`` instead.
 
 ``python -m specexp.zoo.build [--time-budget-s 70] [--out DIR] [--mix-variant]``
 
@@ -59,7 +60,7 @@ def main(argv: list[str] | None = None) -> None:
         jobs.append(mix)
         extra_drafts[mix.name] = mix.out_dir
     for spec in jobs if not args.skip_train else []:
-        result = train(spec)
+        result = train(spec, overwrite_shipped=spec.out_dir is None)  # the four shipped models; variants elsewhere
         _export(result.out_dir, args.out)
         print(f"[build] {spec.name} finished at {time.time() - t0:.0f}s", flush=True)
 

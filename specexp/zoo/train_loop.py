@@ -3,6 +3,11 @@
 Plain PyTorch + transformers (no Hydra), so it runs on the GPU machine:
 ``python -m specexp.zoo.train_loop tiny_llama [--steps N] [--device cuda]``.
 
+Where it writes: ``spec.out_dir``, by default ``experiments/zoo/<name>`` under the working directory. The
+shipped models in ``specexp/zoo/`` (which the quickstart, the tests and the committed figures use) are
+replaced only when asked (``overwrite_shipped=True``; ``specexp.zoo.build`` does, it rebuilds the zoo).
+On a CPU, one timed step before training prints how long the run will take.
+
 Resumption: every ``checkpoint_every_steps`` (and on Ctrl-C) the model, optimizer and step are written
 atomically to ``<ckpt_dir>/last.pt``; a later run with the same spec continues from that step. Batches
 depend only on ``(seed, step)``, so an interrupted-and-resumed run sees the same data as an uninterrupted one.
@@ -25,6 +30,7 @@ from typing import Any
 
 import torch
 
+from specexp.errors import ConfigError
 from specexp.zoo import ZOO_DIR, resolve_model_dir
 from specexp.zoo.architectures import build_model, count_parameters
 from specexp.zoo.corpus import held_out_texts, interpreter_tag, train_texts
@@ -35,6 +41,8 @@ from specexp.zoo.tokenizer import SHIPPED_TOKENIZER_PATH, load_tokenizer
 
 CHECKPOINT_NAME = "last.pt"
 TRAINING_RECORD_NAME = "training.json"
+DEFAULT_OUT_ROOT = Path("experiments") / "zoo"
+"""Trained models go to ``<DEFAULT_OUT_ROOT>/<name>`` (relative to the working directory) unless told otherwise."""
 
 
 @dataclass
@@ -46,6 +54,54 @@ class TrainResult:
     finished: bool
     out_dir: Path | None
     record: dict[str, Any]
+
+
+def output_dir(spec: ZooModelSpec, overwrite_shipped: bool = False) -> Path:
+    """Where :func:`train` saves ``spec``'s HF directory: ``specexp/zoo/<name>`` when ``overwrite_shipped``,
+    else ``spec.out_dir`` or ``experiments/zoo/<name>``. :class:`ConfigError` for an ``out_dir`` inside the
+    shipped zoo without ``overwrite_shipped``."""
+    shipped = ZOO_DIR / spec.name
+    if overwrite_shipped:
+        return shipped
+    out_dir = Path(spec.out_dir) if spec.out_dir else DEFAULT_OUT_ROOT / spec.name
+    resolved, zoo = out_dir.resolve(), ZOO_DIR.resolve()
+    if resolved == zoo or zoo in resolved.parents:
+        raise ConfigError(
+            f"out_dir={out_dir} is inside the installed package's zoo ({zoo}), whose models the quickstart, the "
+            f"tests and the committed figures use: choose another out_dir, or add +overwrite_shipped=true to "
+            f"replace the shipped {spec.name}"
+        )
+    return out_dir
+
+
+def _shipped_train_time(name: str) -> str | None:
+    """'28 s on 1x NVIDIA H200 (...)' from the shipped model's training record, or None."""
+    try:
+        record = json.loads((ZOO_DIR / name / TRAINING_RECORD_NAME).read_text())
+        return f"{record['train_time_s']:.0f} s on {record['hardware']}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def print_cpu_estimate(name: str, step_s: float, steps_left: int, cfg: TrainConfig) -> None:
+    """Before training on a CPU: how long ``steps_left`` steps of ``step_s`` seconds each take (held-out
+    evaluations included: forward only, about a third of a step per batch), when that is, and the GPU."""
+    evals = steps_left // cfg.eval_every_steps + 1
+    eval_s = evals * math.ceil(cfg.eval_windows / cfg.batch_size) * step_s / 3
+    total_s = steps_left * step_s + eval_s
+    finish = time.strftime("%a %H:%M", time.localtime(time.time() + total_s))
+    hours, rest = divmod(round(total_s), 3600)
+    if hours:
+        took = f"{hours} h {rest // 60:02d} min"
+    else:
+        took = f"{round(total_s / 60)} min" if total_s >= 90 else f"{total_s:.0f} s"
+    print(f"[{name}] on CPU one training step takes {step_s:.1f} s: {steps_left} steps take about {took} "
+          f"(ETA {finish}).", flush=True)
+    shipped = _shipped_train_time(name)
+    gpu = f" (the shipped {name} took {shipped})" if shipped else ""
+    print(f"[{name}] a CUDA GPU trains it in minutes{gpu}: run the same command on a GPU machine "
+          f"(zoo.train.device=auto picks it). For a quick try here: zoo.train.steps=20. Ctrl-C stops with a "
+          f"checkpoint; the same command resumes.", flush=True)
 
 
 def pick_device(name: str) -> torch.device:
@@ -142,8 +198,16 @@ def held_out_loss(model, windows: torch.Tensor, batch_size: int, device: torch.d
     return float(total / count)
 
 
+def _quiet_transformers() -> None:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # "Loading weights" / "Writing model shards" bars between our own lines
+
+
 def _load_teachers(spec: ZooModelSpec, device: torch.device) -> list[torch.nn.Module]:
     from transformers import AutoModelForCausalLM
+
+    _quiet_transformers()
 
     teachers = []
     for name in spec.teachers:
@@ -159,13 +223,18 @@ def _hardware(device: torch.device) -> str:
     return f"CPU {platform.machine()} x{os.cpu_count()} (torch {torch.__version__})"
 
 
-def train(spec: ZooModelSpec) -> TrainResult:
-    """Train (or resume training) ``spec`` and, once all steps are done, save it as a HF directory."""
+def _teacher_dirs(spec: ZooModelSpec) -> list[Path]:
+    return [resolve_model_dir(name) for name in spec.teachers]
+
+
+def train(spec: ZooModelSpec, overwrite_shipped: bool = False) -> TrainResult:
+    """Train (or resume training) ``spec`` and, once all steps are done, save it as a HF directory in
+    :func:`output_dir` (never the shipped ``specexp/zoo/<name>`` unless ``overwrite_shipped``)."""
     cfg = spec.train
+    out_dir = output_dir(spec, overwrite_shipped)
     device = pick_device(cfg.device)
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
-    out_dir = Path(spec.out_dir) if spec.out_dir else ZOO_DIR / spec.name
     ckpt_path = Path(spec.ckpt_dir or Path("outputs") / "zoo_ckpt" / spec.name) / CHECKPOINT_NAME
 
     tokenizer = load_tokenizer(SHIPPED_TOKENIZER_PATH)
@@ -189,9 +258,25 @@ def train(spec: ZooModelSpec) -> TrainResult:
     print(
         f"[{spec.name}] {spec.arch} {count_parameters(model) / 1e6:.2f}M params on {device}; "
         f"train stream {train_stream.numel():,} tokens, held-out {eval_stream.numel():,}; "
-        f"teachers {spec.teachers or 'none'}",
+        f"teachers {', '.join(map(str, _teacher_dirs(spec))) or 'none'}; output {out_dir}",
         flush=True,
     )
+
+    def step_loss(step: int) -> torch.Tensor:
+        batch = train_batch(train_stream, cfg.batch_size, cfg.seq_len, cfg.seed, step)
+        inputs, labels = batch[:, :-1], batch[:, 1:]
+        with _autocast(device):
+            logits = next_token_logits(model, inputs)
+            if teachers:
+                return distillation_loss(logits, teacher_log_probs(teachers, inputs), labels, cfg.kl_weight)[0]
+            return cross_entropy(logits, labels)
+
+    if device.type == "cpu" and start_step < cfg.steps:
+        # One timed forward + backward (no optimizer step: the run's result is unchanged) before the long run.
+        t_probe = time.perf_counter()
+        step_loss(start_step).backward()
+        optimizer.zero_grad(set_to_none=True)
+        print_cpu_estimate(spec.name, time.perf_counter() - t_probe, cfg.steps - start_step, cfg)
 
     def checkpoint(step: int) -> None:
         _save_checkpoint(ckpt_path, model, optimizer, step, spec, history, elapsed_before_s + time.time() - t0, best)
@@ -204,16 +289,9 @@ def train(spec: ZooModelSpec) -> TrainResult:
     bar = tqdm(total=cfg.steps, initial=start_step, desc=spec.name, disable=not cfg.progress, mininterval=5.0)
     try:
         while step < cfg.steps:
-            batch = train_batch(train_stream, cfg.batch_size, cfg.seq_len, cfg.seed, step)
-            inputs, labels = batch[:, :-1], batch[:, 1:]
             for group in optimizer.param_groups:
                 group["lr"] = lr_at(step, cfg)
-            with _autocast(device):
-                logits = next_token_logits(model, inputs)
-                if teachers:
-                    loss, _, _ = distillation_loss(logits, teacher_log_probs(teachers, inputs), labels, cfg.kl_weight)
-                else:
-                    loss = cross_entropy(logits, labels)
+            loss = step_loss(step)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
@@ -286,6 +364,7 @@ def train(spec: ZooModelSpec) -> TrainResult:
 
 def save_hf_dir(model: torch.nn.Module, out_dir: Path, record: dict[str, Any]) -> None:
     """Write ``model`` in bf16 safetensors + config, the shared tokenizer, and the training record."""
+    _quiet_transformers()
     out_dir.mkdir(parents=True, exist_ok=True)
     model.to(torch.bfloat16).save_pretrained(out_dir)
     model.float()
@@ -300,12 +379,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device")
     parser.add_argument("--out-dir")
     parser.add_argument("--ckpt-dir")
+    parser.add_argument("--overwrite-shipped", action="store_true", help="replace the shipped specexp/zoo/<name>")
     args = parser.parse_args(argv)
     overrides = {k: v for k, v in {"steps": args.steps, "device": args.device}.items() if v is not None}
     spec = load_spec(args.config, **overrides)
     spec.out_dir = args.out_dir or spec.out_dir
     spec.ckpt_dir = args.ckpt_dir or spec.ckpt_dir
-    train(spec)
+    train(spec, overwrite_shipped=args.overwrite_shipped)
 
 
 if __name__ == "__main__":
