@@ -95,7 +95,7 @@ def test_report_command_writes_figures_and_summary_table(sweep_dir, tmp_path):
     text = (out / "report.md").read_text()
     assert "| group | k | acceptance length |" in text
     runs_section = text.split("## Runs")[1].split("## Theory fit")[0]
-    rows = [line for line in runs_section.splitlines() if line.startswith("| depth_sweep")]
+    rows = [line for line in runs_section.splitlines() if line.startswith("| tiny_random · random · native")]
     assert [row.split("|")[2].strip() for row in rows] == ["0", "1", "2"]
     assert list(pd.read_csv(out / "summary.csv")["k"]) == [0, 1, 2]
 
