@@ -94,6 +94,7 @@ def test_report_command_writes_figures_and_summary_table(sweep_dir, tmp_path):
     assert {p.stem for p in out.glob("*.png")} == set(FIGURES)
     text = (out / "report.md").read_text()
     assert "| group | k | acceptance length |" in text
+    assert "| tiny_random · random · native | tiny_random | random | native | cpu |" in text  # the group's header
     runs_section = text.split("## Runs")[1].split("## Theory fit")[0]
     rows = [line for line in runs_section.splitlines() if line.startswith("| tiny_random · random · native")]
     assert [row.split("|")[2].strip() for row in rows] == ["0", "1", "2"]
@@ -112,4 +113,4 @@ def test_report_of_a_directory_without_runs_fails_with_a_clear_message(tmp_path)
     done = subprocess.run([sys.executable, "-m", "specexp", "report", str(tmp_path)], capture_output=True,
                           text=True, timeout=120, check=False)
     assert done.returncode == 2
-    assert "no runs (result.json files) under" in done.stderr
+    assert done.stderr.strip().splitlines() == [f"specexp: error: no runs (result.json files) under {tmp_path}"]
