@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import glob
 import json
+import math
 import os
 import re
 import warnings
@@ -168,6 +169,15 @@ def decode_step_summary(steps: pd.DataFrame, k: int) -> dict:
     return summary
 
 
+def _depth(value) -> int | None:
+    """A record's k as an int (None when not recorded); a ValueError naming the value otherwise."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not float(value).is_integer() or value < 0:
+        raise ValueError(f"{K_COLUMN} is {value!r}, not a depth (an integer >= 0)")
+    return int(value)
+
+
 def record_row(record: dict, run_dir: Path | None = None, steps: pd.DataFrame | None = None) -> dict:
     """One tidy row from a result.json dict (and optionally its steps table)."""
     run_dir = Path(run_dir or record.get("run_dir") or ".")
@@ -184,7 +194,9 @@ def record_row(record: dict, run_dir: Path | None = None, steps: pd.DataFrame | 
         "job_num": int(run_dir.name) if run_dir.name.isdigit() else None,
     }
     row.update(flatten(config))
-    row["k"] = row.get(K_COLUMN, metrics.get("num_speculative_tokens"))
+    row["k"] = _depth(row.get(K_COLUMN, metrics.get("num_speculative_tokens")))
+    if row["k"] is None and row["status"] == "ok":
+        raise ValueError(f"it says ok but records no {K_COLUMN}")
     row.update(flatten(metrics, keep=NESTED_METRICS))
     row.update(flatten(record.get("env") or {}, "env."))
     if steps is not None:
@@ -233,7 +245,7 @@ def read_run(run_dir: str | Path, steps: bool = True) -> dict:
     try:
         return record_row(record, run_dir, table)
     except (TypeError, ValueError, AttributeError) as e:
-        raise UnreadableRun(f"{RESULT_FILE} has an unexpected shape ({type(e).__name__}: {e})") from e
+        raise UnreadableRun(f"{RESULT_FILE} has an unexpected shape: {e}") from e
 
 
 def read_runs(paths: str | Path | Iterable[str | Path], steps: bool = True) -> tuple[list[dict], list[tuple[Path, str]]]:

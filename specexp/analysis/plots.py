@@ -38,7 +38,7 @@ from specexp.analysis.plot_style import (
     title,
     title_with_legend,
 )
-from specexp.analysis.theory import fit_theory, theory_curve, with_theory
+from specexp.analysis.theory import _column, fit_theory, theory_curve, with_theory
 
 PERCENTILES = ("p50", "p90", "p99")
 PERCENTILE_STYLES = {"p50": "-", "p90": "--", "p99": ":"}
@@ -70,7 +70,7 @@ def acceptance_vs_k(df: pd.DataFrame) -> Figure:
         for color, (label, key, group) in zip(group_colors(range(len(part))).values(), part):
             alpha = alphas.get(key, math.nan)
             colors[f"{label} (α={alpha:.2f})" if pd.notna(alpha) else f"{label} (α: no drafts)"] = color
-            ax.plot(group["k"], group["acceptance_length"], "o-", color=color)
+            ax.plot(group["k"], _column(group, "acceptance_length"), "o-", color=color)
             theory = curve[curve[GROUP_KEY] == key]
             ax.plot(theory["k"], theory["theory_acceptance_length"], "--", color=color, alpha=0.7)
         ax.plot(range(k_max + 1), [k + 1 for k in range(k_max + 1)], ":", color="grey", lw=1)
@@ -195,7 +195,7 @@ def throughput_speedup(df: pd.DataFrame) -> Figure:
     for part, axes in rows:
         colors = group_colors([label for label, _, _ in part])
         for label, key, group in part:
-            axes[0].plot(group["k"], group["output_tokens_per_s"], "o-", color=colors[label])
+            axes[0].plot(group["k"], _column(group, "output_tokens_per_s"), "o-", color=colors[label])
             if group["speedup"].notna().any():  # theory only where there is a measured speedup to compare
                 axes[1].plot(group["k"], group["speedup"], "o-", color=colors[label])
                 theory = curve[curve[GROUP_KEY] == key]

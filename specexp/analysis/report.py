@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 import traceback
 import warnings
 from pathlib import Path
@@ -201,6 +202,11 @@ def main(argv: str | list[str] | None = None) -> int:
         except ReportInputError as e:
             print(f"specexp: error: {e}", file=sys.stderr)
             return 2
+        except Exception as error:  # noqa: BLE001 - a defect: one line here, the traceback in a file
+            log = Path(tempfile.gettempdir()) / f"specexp-{ERRORS_FILE}"
+            log.write_text("".join(traceback.format_exception(error)))
+            print(f"specexp: error: report failed ({_one_line(error)}); traceback in {log}", file=sys.stderr)
+            return 1
     # specexp's own warnings (an unreadable steps.parquet) as one line each; libraries' deprecation notices
     # are not the user's business here.
     ours = [str(w.message).strip().splitlines()[0] for w in caught

@@ -58,7 +58,10 @@ def test_find_run_dirs_follows_symlinks_and_globs_once_each(write_run, tmp_path)
 
 def test_unusable_records_are_skipped_with_their_reason(write_run, tmp_path):
     write_run("s/0", synthetic_record(0))
-    for name, text in (("cut", '{"status": "ok", "conf'), ("list", "[1, 2]"), ("partial", '{"status": "ok", "config": {}}')):
+    cases = (("cut", '{"status": "ok", "conf'), ("list", "[1, 2]"), ("partial", '{"status": "ok", "config": {}}'),
+             ("no_k", '{"status": "ok", "config": {}, "metrics": {}}'),
+             ("bad_k", '{"status": "ok", "config": {"speculator": {"num_speculative_tokens": "x"}}, "metrics": {}}'))
+    for name, text in cases:
         (tmp_path / "runs" / name).mkdir()
         (tmp_path / "runs" / name / "result.json").write_text(text)
     with pytest.warns(UserWarning, match="skipped"):
@@ -68,6 +71,8 @@ def test_unusable_records_are_skipped_with_their_reason(write_run, tmp_path):
     assert "not valid JSON" in reasons["cut"]
     assert "not a run record" in reasons["list"]
     assert "no 'metrics'" in reasons["partial"]
+    assert "records no speculator.num_speculative_tokens" in reasons["no_k"]
+    assert "'x', not a depth" in reasons["bad_k"]
 
 
 def test_runs_dir_follows_the_environment(monkeypatch, tmp_path):

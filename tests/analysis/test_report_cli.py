@@ -153,3 +153,18 @@ def test_a_directory_of_unreadable_records_is_refused_in_one_line(tmp_path):
     assert done.returncode == 2
     (line,) = done.stderr.strip().splitlines()
     assert "no usable runs" in line and "not valid JSON" in line
+
+
+def test_a_directory_of_failed_runs_is_reported_with_their_errors(tmp_path):
+    import json
+
+    for k in (0, 2):
+        (tmp_path / "runs" / str(k)).mkdir(parents=True)
+        record = {"status": "failed", "error": f"RuntimeError: out of memory at k={k}",
+                  "config": {"pair": {"name": "tiny_random"}, "speculator": {"num_speculative_tokens": k}},
+                  "metrics": {}}
+        (tmp_path / "runs" / str(k) / "result.json").write_text(json.dumps(record))
+    done = _ok_report(str(tmp_path / "runs"))
+    assert done.stderr == ""
+    text = (tmp_path / "runs" / "report.md").read_text()
+    assert "2 runs (0 ok)" in text and "out of memory at k=2" in text.split("## Runs that did not finish")[1]
