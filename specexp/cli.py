@@ -24,7 +24,8 @@ commands:
                                          (also: run ... +resume=SWEEP_DIR)
   list                                   every config group: pairs, experiments, workloads, ...
   train +zoo=NAME [key=value ...]        train a demo model of the zoo (specexp.zoo.recipe)
-  report SWEEP_DIR [--out DIR]           summarise a sweep (specexp.analysis.report)
+  report PATH... [--out DIR]             report on runs: run or sweep directories, globs, any mix
+                                         (specexp.analysis.report)
   completion bash|zsh                    tab completion: eval "$(python -m specexp completion bash)"
 
 examples:
@@ -194,7 +195,8 @@ def _cmd_train(args: list[str]) -> int:
 
 def _cmd_report(args: list[str]) -> int:
     if not args:
-        raise ConfigError("report needs SWEEP_DIR (a sweep's output directory) [--out DIR]")
+        raise ConfigError("report needs one or more PATHs (run directories, sweep directories or globs, e.g. "
+                          "experiments/runs) [--out DIR]")
     try:
         from specexp.analysis import report
     except ImportError as e:

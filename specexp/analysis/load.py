@@ -23,8 +23,12 @@ Columns of :func:`load_runs` (one row per run):
 
 from __future__ import annotations
 
+import glob
 import json
+import math
 import os
+import re
+import warnings
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -76,17 +80,55 @@ def runs_dir() -> Path:
     return (root / path).resolve() if root else path.resolve()
 
 
-def find_run_dirs(paths: str | Path | Iterable[str | Path]) -> list[Path]:
-    """Run directories (those holding a result.json) at or under each of ``paths``, sorted, without
-    duplicates. A path may be a runs directory, a sweep directory, a run directory or a result.json."""
+GLOB_CHARS = re.compile(r"[*?\[]")
+SKIPPED_DIRS = ("wandb", ".hydra", "__pycache__", ".git")
+
+
+def expand_paths(paths: str | Path | Iterable[str | Path]) -> tuple[list[Path], list[str]]:
+    """(paths, unmatched): each of ``paths`` as given, or the sorted matches of a glob pattern
+    (``experiments/runs/depth_sweep_*``, ``**`` allowed); ``unmatched`` lists the paths that do not exist and
+    the patterns that match nothing."""
     if isinstance(paths, (str, Path)):
         paths = [paths]
+    found, unmatched = [], []
+    for path in paths:
+        text = os.path.expanduser(str(path))
+        if Path(text).exists():
+            found.append(Path(text))
+        elif GLOB_CHARS.search(text) and (matches := sorted(glob.glob(text, recursive=True))):
+            found.extend(map(Path, matches))
+        else:
+            unmatched.append(str(path))
+    return found, unmatched
+
+
+def _walk_result_files(root: Path):
+    """Every result.json at or under ``root``, following symlinked directories (each real directory is
+    visited once, so a link cycle ends) and skipping W&B and Hydra folders."""
+    seen: set[str] = set()
+    for here, dirs, files in os.walk(root, followlinks=True):
+        real = os.path.realpath(here)
+        if real in seen:
+            dirs[:] = []
+            continue
+        seen.add(real)
+        dirs[:] = sorted(d for d in dirs if d not in SKIPPED_DIRS)
+        if RESULT_FILE in files:
+            yield Path(here) / RESULT_FILE
+
+
+def find_run_dirs(paths: str | Path | Iterable[str | Path]) -> list[Path]:
+    """Run directories (those holding a result.json) at or under each of ``paths``, sorted, without
+    duplicates. A path may be a runs directory, a sweep directory, a run directory, a result.json, a
+    symlink to any of these, or a glob pattern; symlinked directories inside them are followed. Paths that
+    do not exist are ignored (:func:`expand_paths` lists them). Returned paths are resolved (a run reached
+    through a link is its real directory)."""
     found: set[Path] = set()
-    for path in map(Path, paths):
+    for path in expand_paths(paths)[0]:
         if path.is_file() and path.name == RESULT_FILE:
             found.add(path.parent.resolve())
         elif path.is_dir():
-            found.update(p.parent.resolve() for p in path.rglob(RESULT_FILE) if "wandb" not in p.parts)
+            found.update(p.parent.resolve() for p in _walk_result_files(path))
     return sorted(found)
 
 
@@ -127,6 +169,15 @@ def decode_step_summary(steps: pd.DataFrame, k: int) -> dict:
     return summary
 
 
+def _depth(value) -> int | None:
+    """A record's k as an int (None when not recorded); a ValueError naming the value otherwise."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not float(value).is_integer() or value < 0:
+        raise ValueError(f"{K_COLUMN} is {value!r}, not a depth (an integer >= 0)")
+    return int(value)
+
+
 def record_row(record: dict, run_dir: Path | None = None, steps: pd.DataFrame | None = None) -> dict:
     """One tidy row from a result.json dict (and optionally its steps table)."""
     run_dir = Path(run_dir or record.get("run_dir") or ".")
@@ -143,7 +194,9 @@ def record_row(record: dict, run_dir: Path | None = None, steps: pd.DataFrame | 
         "job_num": int(run_dir.name) if run_dir.name.isdigit() else None,
     }
     row.update(flatten(config))
-    row["k"] = row.get(K_COLUMN, metrics.get("num_speculative_tokens"))
+    row["k"] = _depth(row.get(K_COLUMN, metrics.get("num_speculative_tokens")))
+    if row["k"] is None and row["status"] == "ok":
+        raise ValueError(f"it says ok but records no {K_COLUMN}")
     row.update(flatten(metrics, keep=NESTED_METRICS))
     row.update(flatten(record.get("env") or {}, "env."))
     if steps is not None:
@@ -151,14 +204,60 @@ def record_row(record: dict, run_dir: Path | None = None, steps: pd.DataFrame | 
     return row
 
 
+class UnreadableRun(ValueError):
+    """A run directory whose result.json cannot be used; the message is one line saying why."""
+
+
+def read_record(run_dir: str | Path) -> dict:
+    """The result.json dict of ``run_dir``, checked to be a run record (a JSON object with a ``status``
+    string, a ``config`` object and, when ``ok``, a ``metrics`` object). Raises :class:`UnreadableRun`."""
+    path = Path(run_dir) / RESULT_FILE
+    try:
+        record = json.loads(path.read_text())
+    except OSError as e:
+        raise UnreadableRun(f"cannot read {RESULT_FILE}: {e.strerror or e}") from e
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UnreadableRun(f"{RESULT_FILE} is not valid JSON (cut short or corrupt?): {e}") from e
+    if not isinstance(record, dict):
+        raise UnreadableRun(f"{RESULT_FILE} holds a {type(record).__name__}, not a run record object")
+    if not isinstance(record.get("status"), str):
+        raise UnreadableRun(f"{RESULT_FILE} has no 'status' (ok, failed or interrupted): not a specexp run record")
+    if not isinstance(record.get("config"), dict):
+        raise UnreadableRun(f"{RESULT_FILE} has no 'config' object: not a complete run record")
+    if record["status"] == "ok" and not isinstance(record.get("metrics"), dict):
+        raise UnreadableRun(f"{RESULT_FILE} says ok but has no 'metrics' object: a partial record")
+    return record
+
+
 def read_run(run_dir: str | Path, steps: bool = True) -> dict:
-    """The tidy row of one run directory (see the module docstring for the columns)."""
+    """The tidy row of one run directory (see the module docstring for the columns). Raises
+    :class:`UnreadableRun` when its result.json is not a usable run record; an unreadable steps.parquet only
+    leaves out the ``steps.*`` columns (with a warning)."""
     run_dir = Path(run_dir)
-    record = json.loads((run_dir / RESULT_FILE).read_text())
+    record = read_record(run_dir)
     table = None
     if steps and (run_dir / STEPS_FILE).is_file():
-        table = pd.read_parquet(run_dir / STEPS_FILE)
-    return record_row(record, run_dir, table)
+        try:
+            table = pd.read_parquet(run_dir / STEPS_FILE)
+        except Exception as e:  # noqa: BLE001 - pyarrow raises several types for a cut-short file
+            warnings.warn(f"{run_dir / STEPS_FILE}: unreadable ({type(e).__name__}); its step timings are left out",
+                          stacklevel=2)
+    try:
+        return record_row(record, run_dir, table)
+    except (TypeError, ValueError, AttributeError) as e:
+        raise UnreadableRun(f"{RESULT_FILE} has an unexpected shape: {e}") from e
+
+
+def read_runs(paths: str | Path | Iterable[str | Path], steps: bool = True) -> tuple[list[dict], list[tuple[Path, str]]]:
+    """(rows, skipped): the tidy row of every run found under ``paths`` (:func:`find_run_dirs`), and
+    ``(run_dir, reason)`` for each run directory whose record could not be used."""
+    rows, skipped = [], []
+    for run_dir in find_run_dirs(paths):
+        try:
+            rows.append(read_run(run_dir, steps=steps))
+        except UnreadableRun as e:
+            skipped.append((run_dir, str(e)))
+    return rows, skipped
 
 
 def runs_frame(rows: list[dict]) -> pd.DataFrame:
@@ -182,21 +281,27 @@ def load_runs(
 ) -> pd.DataFrame:
     """Load runs as one tidy row per run (columns: see the module docstring).
 
-    ``source``: a runs directory, sweep directory, run directory or result.json, or a list of them;
-    default :func:`runs_dir`. ``wandb_project`` (``"entity/project"`` or ``"project"``): read *online*
+    ``source``: a runs directory, sweep directory, run directory, result.json or glob, or a list of them
+    (symlinked directories are followed; see :func:`find_run_dirs`); default :func:`runs_dir`.
+    ``wandb_project`` (``"entity/project"`` or ``"project"``): read *online*
     W&B runs instead (needs network and an API key; see :mod:`specexp.analysis.wandb_source`).
     ``steps``: also summarise each run's steps.parquet into ``steps.*`` columns. ``status``: keep only
-    runs with this status (e.g. ``"ok"``); default keeps all, failed runs included.
+    runs with this status (e.g. ``"ok"``); default keeps all, failed runs included. A run directory whose
+    result.json is unusable (cut short, not a run record) is left out with a warning and listed in
+    ``df.attrs["skipped"]`` as ``(run_dir, reason)``.
     """
     if wandb_project is not None:
         from specexp.analysis.wandb_source import load_wandb_rows
 
-        rows = load_wandb_rows(wandb_project)
+        rows, skipped = load_wandb_rows(wandb_project), []
     else:
-        rows = [read_run(d, steps=steps) for d in find_run_dirs(source if source is not None else runs_dir())]
+        rows, skipped = read_runs(source if source is not None else runs_dir(), steps=steps)
+        for run_dir, reason in skipped:
+            warnings.warn(f"skipped {run_dir}: {reason}", stacklevel=2)
     df = runs_frame(rows)
     if status is not None and not df.empty:
         df = df[df["status"] == status].reset_index(drop=True)
+    df.attrs["skipped"] = [(str(d), reason) for d, reason in skipped]
     return df
 
 

@@ -16,11 +16,12 @@ RUN_ID_COLUMNS = ("run_dir", GROUP_KEY, GROUP_LABEL, "sweep_group", "k")
 
 
 def _ok(df: pd.DataFrame) -> pd.DataFrame:
-    """Finished runs only, with group columns."""
+    """Finished runs (status ok, k recorded) only, with group columns."""
     if df.empty:
         return with_groups(df)
     df = df if GROUP_KEY in df else with_groups(df)
-    return df[df["status"] == "ok"] if "status" in df else df
+    ok = df["status"] == "ok" if "status" in df else pd.Series(True, index=df.index)
+    return df[ok & df["k"].notna()] if "k" in df else df[ok]
 
 
 def _ids(row) -> dict:
@@ -89,7 +90,7 @@ def speedup(df: pd.DataFrame, metric: str = "output_tokens_per_s") -> pd.DataFra
         runs[f"baseline_{metric}"] = pd.Series(dtype=float)
         runs["speedup"] = pd.Series(dtype=float)
         return runs
-    values = pd.to_numeric(runs[metric], errors="coerce")
+    values = pd.to_numeric(runs[metric], errors="coerce") if metric in runs else pd.Series(math.nan, index=runs.index)
     baseline = values[runs["k"] == 0].groupby(runs[GROUP_KEY]).mean()
     runs[f"baseline_{metric}"] = runs[GROUP_KEY].map(baseline).astype(float)
     runs["speedup"] = values / runs[f"baseline_{metric}"]

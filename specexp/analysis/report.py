@@ -1,113 +1,111 @@
-"""``python -m specexp report SWEEP_DIR [--out DIR]``: the figures of :data:`specexp.analysis.plots.FIGURES`
-as PNG files plus ``report.md`` (a summary table per run, the theory fit per group) and ``summary.csv``,
-written into SWEEP_DIR (or ``--out``). SWEEP_DIR may hold one sweep or several (any directory tree of run
-directories with a result.json each).
+"""``python -m specexp report PATH... [--out DIR]``: a report over any runs — single runs, sweeps, backend
+comparisons, in any mix. Each PATH is a run directory, a sweep directory, a directory of runs, a
+result.json, a symlink to one of these, or a glob (``'experiments/runs/depth_sweep_*'``); symlinked run and
+sweep directories inside them are followed.
+
+Writes into DIR (default: the one directory given) the figures of :data:`specexp.analysis.plots.FIGURES` as
+PNG files, ``report.md`` (the sections of :data:`specexp.analysis.report_sections.SECTIONS`: the groups and
+what each label means, acceptance and speedup by k, a row per run, the theory fit, runs that did not
+finish, unusable records) and ``summary.csv``. Runs are grouped by the config keys that differ between
+them (:mod:`specexp.analysis.groups`). A result.json that is cut short or is not a run record is listed as
+skipped, never fatal; a figure that cannot be drawn is listed with its reason (details in
+``report_errors.log``).
 """
 
 from __future__ import annotations
 
 import argparse
-import math
 import sys
+import tempfile
+import traceback
+import warnings
 from pathlib import Path
 
 import pandas as pd
 
-from specexp.analysis.load import load_runs
-from specexp.analysis.theory import _column, fit_theory, with_theory
+from specexp.analysis.groups import group_table, with_groups
+from specexp.analysis.load import RESULT_FILE, expand_paths, read_runs, runs_frame
+from specexp.analysis.report_sections import (  # noqa: F401 - summary_table and the helpers are public here too
+    SECTIONS,
+    Report,
+    markdown_table,
+    pivot_markdown,
+    summary_markdown,
+    summary_table,
+    theory_markdown,
+)
+from specexp.analysis.theory import fit_theory
 
 REPORT_FILE = "report.md"
 SUMMARY_FILE = "summary.csv"
-MIB = 1024 ** 2
-SPEEDUP_NOTE = (
-    "Speedup = output tokens/s ÷ the k=0 run of the same group. Theory: Leviathan et al. with α fitted to the "
-    "per-position counts and c = draft forward ÷ target decode step (see `specexp.analysis.theory`)."
-)
-SUMMARY_COLUMNS = {
-    "group": "group",
-    "k": "k",
-    "acceptance_length": "acceptance length",
-    "theory_acceptance_length": "theory AL",
-    "per_position": "per-position acceptance",
-    "output_tokens_per_s": "tokens/s",
-    "speedup": "speedup",
-    "theory_speedup": "theory speedup",
-    "tpot_ms.p50": "TPOT p50 (ms)",
-    "graph_memory_mib": "graph memory (MiB)",
-}
+ERRORS_FILE = "report_errors.log"
 
 
-def _fmt(value, digits: int = 2) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "–"
-    if isinstance(value, float):
-        return f"{value:.{digits}f}"
-    return str(value)
+DESCRIPTION = """\
+Report on any runs: single runs, sweeps, backend comparisons, in any mix. Writes the figures (PNG),
+report.md (groups and what each label means, acceptance and speedup by k, a row per run, the theory fit)
+and summary.csv. Runs are grouped by the config keys that differ between them; unusable result.json
+files are listed as skipped."""
+EXAMPLES = """\
+examples:
+  python -m specexp report experiments/runs/depth_sweep_20261201-120000
+  python -m specexp report experiments/runs --out /tmp/all-runs
+  python -m specexp report 'experiments/runs/backend_compare_*' experiments/runs/quickstart_20261201-120000 --out /tmp/cmp
+"""
 
 
-def _positions(values) -> str:
-    if not isinstance(values, (list, tuple)) or not values:
-        return "–"
-    return " ".join(_fmt(v) for v in values)
+class ReportInputError(ValueError):
+    """The paths given to ``report`` cannot be reported on; the message is one line saying why."""
 
 
-def summary_table(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per finished run with the columns of :data:`SUMMARY_COLUMNS` (numbers, unformatted)."""
-    runs = with_theory(df)
-    if runs.empty:
-        return pd.DataFrame(columns=list(SUMMARY_COLUMNS))
-    runs["per_position"] = runs.get("per_position_acceptance")
-    runs["graph_memory_mib"] = _column(runs, "graph_capture_bytes") / MIB
-    table = runs[[c for c in SUMMARY_COLUMNS if c in runs]].sort_values(["group", "k"], kind="stable")
-    return table.reset_index(drop=True)
+def _one_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}".rstrip(": ")
 
 
-def markdown_table(rows: list[list[str]], header: list[str]) -> str:
-    """A GitHub markdown table."""
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join(lines)
+def _expand(sources: list[str | Path]) -> list[Path]:
+    """:func:`expand_paths`, refusing paths that do not exist and globs that match nothing."""
+    paths, unmatched = expand_paths(sources)
+    if unmatched:
+        raise ReportInputError(f"no such file or directory: {', '.join(unmatched)} (pass run directories, "
+                               "sweep directories, result.json files or globs)")
+    return paths
 
 
-def summary_markdown(table: pd.DataFrame) -> str:
-    """:func:`summary_table` as markdown ("–" for values not measured, e.g. graph memory on CPU)."""
-    rows = []
-    for _, row in table.iterrows():
-        cells = []
-        for column in table.columns:
-            value = row[column]
-            if column == "per_position":
-                cells.append(_positions(value))
-            elif column == "output_tokens_per_s":
-                cells.append(_fmt(value, 1))
-            elif column == "k":
-                cells.append(str(int(value)))
-            else:
-                cells.append(_fmt(value))
-        rows.append(cells)
-    return markdown_table(rows, [SUMMARY_COLUMNS[c] for c in table.columns])
+def load_report_runs(sources: list[str | Path]) -> tuple[pd.DataFrame, list[tuple[str, str]]]:
+    """(runs with group columns, skipped) for the report of ``sources`` (paths or globs). Raises
+    :class:`ReportInputError` when a path does not exist, a glob matches nothing, or no usable run is
+    found."""
+    paths = _expand(sources)
+    rows, skipped = read_runs(paths)
+    if not rows:
+        where = ", ".join(map(str, sources))
+        if skipped:
+            raise ReportInputError(f"no usable runs under {where}: {len(skipped)} result.json files, none readable "
+                                   f"(first: {skipped[0][0]}: {skipped[0][1]})")
+        raise ReportInputError(f"no runs ({RESULT_FILE} files) under {where}")
+    return with_groups(runs_frame(rows)), [(str(d), reason) for d, reason in skipped]
 
 
-def pivot_markdown(table: pd.DataFrame, value: str, digits: int = 2) -> str:
-    """``value`` of :func:`summary_table` as a group x k markdown table (one row per group)."""
-    wide = table.pivot_table(index="group", columns="k", values=value, aggfunc="first", sort=False)
-    rows = [[str(group), *(_fmt(float(v), digits) for v in wide.loc[group])] for group in wide.index]
-    return markdown_table(rows, ["group", *(f"k={int(k)}" for k in wide.columns)])
+def default_out(sources: list[str | Path]) -> Path:
+    """Where the report goes without ``--out``: the one directory given (a run directory for a
+    result.json). Raises :class:`ReportInputError` for several paths or globs."""
+    paths = _expand(sources)
+    if len(paths) == 1:
+        path = paths[0]
+        return path.parent if path.is_file() else path
+    raise ReportInputError(f"{len(paths)} paths given: pass --out DIR to say where the report goes")
 
 
-def theory_markdown(fits: pd.DataFrame) -> str:
-    """The fitted α and c per group, with the best k by theory and as measured."""
-    rows = [[str(f["group"]), _fmt(f["alpha"], 3), str(f["alpha_trials"]), _fmt(f["c"], 3),
-             _fmt(f["target_step_ms"]), _fmt(f["draft_forward_ms"]), _fmt(f["best_k_theory"]),
-             _fmt(f["best_speedup_theory"]), _fmt(f["best_k_measured"]), _fmt(f["best_speedup_measured"])]
-            for _, f in fits.iterrows()]
-    header = ["group", "α", "trials", "c", "target step (ms)", "draft forward (ms)", "best k (theory)",
-              "speedup there", "best k (measured)", "speedup there"]
-    return markdown_table(rows, header)
+def _record_failure(report: Report, out: Path, what: str, error: BaseException) -> None:
+    report.failures.append((what, _one_line(error)))
+    with (out / ERRORS_FILE).open("a") as log:
+        log.write(f"--- {what}\n{''.join(traceback.format_exception(error))}\n")
 
 
-def write_figures(df: pd.DataFrame, out: Path) -> list[Path]:
-    """Every figure of :data:`FIGURES` as ``out/<name>.png``; returns the paths."""
+def write_figures(report: Report, out: Path) -> None:
+    """Every figure of :data:`FIGURES` as ``out/<name>.png`` into ``report.figures``; a figure that fails
+    is recorded in ``report.failures`` (traceback in ``report_errors.log``) and the others still drawn."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -115,82 +113,111 @@ def write_figures(df: pd.DataFrame, out: Path) -> list[Path]:
 
     from specexp.analysis.plots import FIGURES
 
-    paths = []
     for name, make in FIGURES.items():
-        fig = make(df)
-        path = out / f"{name}.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        paths.append(path)
-    return paths
+        try:
+            fig = make(report.runs)
+            path = out / f"{name}.png"
+            fig.savefig(path, dpi=110)
+            report.figures[name] = path
+        except Exception as error:  # noqa: BLE001 - one bad figure must not lose the report
+            _record_failure(report, out, f"figure {name}", error)
+        finally:
+            plt.close("all")
 
 
-def write_report(sweep_dir: str | Path, out: str | Path | None = None) -> Path:
-    """Load the runs under ``sweep_dir`` and write figures, report.md and summary.csv into ``out``
-    (default ``sweep_dir``). Returns the report.md path. Raises ``FileNotFoundError`` when there are no
-    runs."""
-    sweep_dir = Path(sweep_dir)
-    if not sweep_dir.is_dir():
-        raise FileNotFoundError(f"{sweep_dir} is not a directory: pass a sweep directory (e.g. experiments/runs/depth_sweep_<time>)")
-    df = load_runs(sweep_dir)
-    if df.empty:
-        raise FileNotFoundError(f"no runs (result.json files) under {sweep_dir}")
-    out = Path(out) if out is not None else sweep_dir
-    out.mkdir(parents=True, exist_ok=True)
-    figures = write_figures(df, out)
-    table = summary_table(df)
-    table.to_csv(out / SUMMARY_FILE, index=False)
-    fits = fit_theory(df)
-    not_ok = df[df["status"] != "ok"]
-    devices = ", ".join(sorted(map(str, df["env.device"].dropna().unique()))) if "env.device" in df else "?"
-    lines = [
-        f"# Sweep report: {', '.join(sorted(df['sweep_group'].dropna().unique())) or sweep_dir.resolve().name}",
-        "",
-        f"{len(df)} runs ({len(df) - len(not_ok)} ok) from `{sweep_dir}`; device {devices}.",
-        SPEEDUP_NOTE,
-        "",
-        "## Acceptance length by k",
-        "",
-        pivot_markdown(table, "acceptance_length"),
-        "",
-        "## Speedup over k=0 by k",
-        "",
-        pivot_markdown(table, "speedup"),
-        "",
-        "## Runs",
-        "",
-        summary_markdown(table),
-        "",
-        "## Theory fit",
-        "",
-        theory_markdown(fits),
-        "",
-    ]
-    if len(not_ok):
-        lines += ["## Runs that did not finish", ""]
-        lines += [f"- `{r['run_dir']}`: {r['status']} — {r['error']}" for _, r in not_ok.iterrows()]
-        lines.append("")
-    lines += ["## Figures", ""]
-    lines += [f"![{p.stem}]({p.name})" for p in figures]
+def render_markdown(report: Report, out: Path) -> str:
+    """report.md: the :data:`SECTIONS` in order (a failing section is listed as not drawn)."""
+    parts = []
+    for section in SECTIONS:
+        try:
+            text = section(report)
+        except Exception as error:  # noqa: BLE001 - one bad section must not lose the report
+            _record_failure(report, out, f"section {section.__name__}", error)
+            continue
+        if text:
+            parts.append(text)
+    return "\n\n".join(parts) + "\n"
+
+
+def write_report(sources: str | Path | list[str | Path], out: str | Path | None = None) -> Path:
+    """Load the runs of ``sources`` (a path, a glob or a list of them) and write the figures, report.md
+    and summary.csv into ``out`` (default :func:`default_out`). Returns the report.md path. Raises
+    :class:`ReportInputError` for paths that cannot be reported on."""
+    return make_report(sources, out)[0]
+
+
+def make_report(sources: str | Path | list[str | Path], out: str | Path | None = None) -> tuple[Path, Report]:
+    """:func:`write_report`, returning (report.md path, the :class:`Report` it was made from)."""
+    sources = [sources] if isinstance(sources, (str, Path)) else list(sources)
+    if not sources:
+        raise ReportInputError("no paths given: pass run directories, sweep directories or globs")
+    out = Path(out) if out is not None else default_out(sources)
+    runs, skipped = load_report_runs(sources)
+    if out.exists() and not out.is_dir():
+        raise ReportInputError(f"--out {out} is a file: pass a directory")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / ERRORS_FILE).unlink(missing_ok=True)
+    except OSError as e:
+        raise ReportInputError(f"cannot write the report into {out}: {e.strerror or e}") from e
+    report = Report(runs=runs, table=pd.DataFrame(), fits=pd.DataFrame(), groups=group_table(runs),
+                    sources=[str(s) for s in sources], skipped=skipped)
+    try:
+        report.table = summary_table(runs)
+        report.fits = fit_theory(runs)
+    except Exception as error:  # noqa: BLE001 - the tables' sections then say nothing; figures still drawn
+        _record_failure(report, out, "summary tables", error)
+    report.table.to_csv(out / SUMMARY_FILE, index=False)
+    write_figures(report, out)
     path = out / REPORT_FILE
-    path.write_text("\n".join(lines) + "\n")
-    return path
+    path.write_text(render_markdown(report, out))
+    return path, report
+
+
+class OneLineErrorParser(argparse.ArgumentParser):
+    """An argument parser whose errors are one ``specexp: error:`` line (exit status 2)."""
+
+    def error(self, message: str):
+        self.exit(2, f"specexp: error: report: {message} (see python -m specexp report --help)\n")
 
 
 def main(argv: str | list[str] | None = None) -> int:
-    """Entry point of ``python -m specexp report``; ``argv`` is SWEEP_DIR or the argument list."""
+    """Entry point of ``python -m specexp report``; ``argv`` is a path or the argument list. Returns 0
+    when the report was written (skipped records and figures that could not be drawn are listed in it and
+    on stderr), 2 for bad input."""
     if isinstance(argv, (str, Path)):
         argv = [str(argv)]
-    parser = argparse.ArgumentParser(prog="python -m specexp report", description=__doc__.split("\n\n")[0])
-    parser.add_argument("sweep_dir", help="a sweep's output directory (or any directory of runs)")
-    parser.add_argument("--out", default=None, help="where to write the report (default: SWEEP_DIR)")
+    parser = OneLineErrorParser(prog="python -m specexp report", description=DESCRIPTION, epilog=EXAMPLES,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("paths", nargs="+", metavar="PATH",
+                        help="run directories, sweep directories, directories of runs, result.json files or globs "
+                             "(symlinks followed)")
+    parser.add_argument("--out", default=None, metavar="DIR",
+                        help="where to write the report (default: the one PATH given; needed for several)")
     args = parser.parse_args(argv)
-    try:
-        path = write_report(args.sweep_dir, args.out)
-    except FileNotFoundError as e:
-        print(f"specexp: error: {e}", file=sys.stderr)
-        return 2
-    print(f"report: {path}")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            path, report = make_report(args.paths, args.out)
+        except ReportInputError as e:
+            print(f"specexp: error: {e}", file=sys.stderr)
+            return 2
+        except Exception as error:  # noqa: BLE001 - a defect: one line here, the traceback in a file
+            log = Path(tempfile.gettempdir()) / f"specexp-{ERRORS_FILE}"
+            log.write_text("".join(traceback.format_exception(error)))
+            print(f"specexp: error: report failed ({_one_line(error)}); traceback in {log}", file=sys.stderr)
+            return 1
+    # specexp's own warnings (an unreadable steps.parquet) as one line each; libraries' deprecation notices
+    # are not the user's business here.
+    ours = [str(w.message).strip().splitlines()[0] for w in caught
+            if w.category is UserWarning and "specexp" in Path(w.filename).parts and str(w.message).strip()]
+    for message in dict.fromkeys(ours):
+        print(f"specexp: warning: {message}", file=sys.stderr)
+    for run_dir, reason in report.skipped:
+        print(f"specexp: skipped {run_dir}: {reason}", file=sys.stderr)
+    for what, reason in report.failures:
+        print(f"specexp: {what} not drawn: {reason} (traceback in {path.parent / ERRORS_FILE})", file=sys.stderr)
+    print(f"report: {path} ({len(report.runs)} runs in {len(report.groups)} groups)")
     return 0
 
 

@@ -2,9 +2,10 @@
 
 - ``write_run``: writes a run record (result.json, and optionally steps.parquet) into a temporary runs
   directory; records come from :mod:`analysis_records`.
-- ``sweep_dir`` (built once per test run): a real depth sweep made by the CLI — ``python -m specexp run -m +exp=depth_sweep``
-  with the tiny random pair, k in {0, 1, 2}, 2 prompts of 8 tokens, 6 new tokens, native backend, W&B
-  disabled — in a temporary ``SPECEXP_RUNS_DIR``. Takes a few seconds on CPU.
+- ``sweep_dir`` (built once per test run): a real depth sweep made by the CLI — ``python -m specexp run -m
+  +exp=depth_sweep`` with the tiny random pair on the random workload (pinned: the experiment's defaults may
+  name a trained pair), k in {0, 1, 2}, 2 prompts of 8 tokens, 6 new tokens, native backend, W&B disabled —
+  in a temporary ``SPECEXP_RUNS_DIR``. Takes a few seconds on CPU.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def write_run(tmp_path):
 def sweep_dir(tmp_path_factory) -> Path:
     runs = tmp_path_factory.mktemp("analysis-runs")
     command = [
-        sys.executable, "-m", "specexp", "run", "-m", "+exp=depth_sweep",
+        sys.executable, "-m", "specexp", "run", "-m", "+exp=depth_sweep", "pair=tiny_random", "workload=random",
         f"speculator.num_speculative_tokens={','.join(map(str, SWEEP_KS))}", "backend=native", "tracking=disabled",
         "workload.num_prompts=2", "workload.input_len=8", "workload.output_len=6", "isolate_sweep_jobs=false",
     ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 from analysis_records import synthetic_record, synthetic_steps
@@ -39,6 +40,39 @@ def test_load_runs_accepts_run_dirs_result_files_and_lists(write_run):
     b = write_run("x/1", synthetic_record(1))
     assert find_run_dirs([a / "result.json", b, b]) == sorted([a.resolve(), b.resolve()])
     assert len(load_runs([a, b / "result.json"])) == 2
+
+
+def test_find_run_dirs_follows_symlinks_and_globs_once_each(write_run, tmp_path):
+    a = write_run("sweep_a/0", synthetic_record(0))
+    b = write_run("sweep_b/0", synthetic_record(0, group="sweep_b"))
+    links = tmp_path / "links"
+    links.mkdir()
+    (links / "a").symlink_to(a.parent, target_is_directory=True)
+    (links / "b0").symlink_to(b, target_is_directory=True)
+    (links / "again").symlink_to(links, target_is_directory=True)  # a cycle
+    assert find_run_dirs(links) == sorted([a.resolve(), b.resolve()])
+    assert find_run_dirs(str(tmp_path / "runs" / "sweep_*")) == sorted([a.resolve(), b.resolve()])
+    assert find_run_dirs(str(tmp_path / "runs" / "**" / "result.json")) == sorted([a.resolve(), b.resolve()])
+    assert find_run_dirs(str(tmp_path / "nothing_*")) == []
+
+
+def test_unusable_records_are_skipped_with_their_reason(write_run, tmp_path):
+    write_run("s/0", synthetic_record(0))
+    cases = (("cut", '{"status": "ok", "conf'), ("list", "[1, 2]"), ("partial", '{"status": "ok", "config": {}}'),
+             ("no_k", '{"status": "ok", "config": {}, "metrics": {}}'),
+             ("bad_k", '{"status": "ok", "config": {"speculator": {"num_speculative_tokens": "x"}}, "metrics": {}}'))
+    for name, text in cases:
+        (tmp_path / "runs" / name).mkdir()
+        (tmp_path / "runs" / name / "result.json").write_text(text)
+    with pytest.warns(UserWarning, match="skipped"):
+        df = load_runs(tmp_path / "runs")
+    assert len(df) == 1
+    reasons = {Path(d).name: r for d, r in df.attrs["skipped"]}
+    assert "not valid JSON" in reasons["cut"]
+    assert "not a run record" in reasons["list"]
+    assert "no 'metrics'" in reasons["partial"]
+    assert "records no speculator.num_speculative_tokens" in reasons["no_k"]
+    assert "'x', not a depth" in reasons["bad_k"]
 
 
 def test_runs_dir_follows_the_environment(monkeypatch, tmp_path):

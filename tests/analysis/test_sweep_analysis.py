@@ -20,7 +20,7 @@ from specexp.analysis.plots import FIGURES
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 EXPECTED_FIGURES = {
-    "01_acceptance.ipynb": {"acceptance_vs_k", "per_position", "per_request_histogram"},
+    "01_acceptance.ipynb": {"acceptance_vs_k", "per_position", "per_request_acceptance"},
     "02_latency.ipynb": {"latency_percentiles", "throughput_speedup", "step_time_breakdown"},
     "03_graph_memory.ipynb": {"graph_memory"},
 }
@@ -94,8 +94,9 @@ def test_report_command_writes_figures_and_summary_table(sweep_dir, tmp_path):
     assert {p.stem for p in out.glob("*.png")} == set(FIGURES)
     text = (out / "report.md").read_text()
     assert "| group | k | acceptance length |" in text
+    assert "| tiny_random · random · native | tiny_random | random | native | cpu |" in text  # the group's header
     runs_section = text.split("## Runs")[1].split("## Theory fit")[0]
-    rows = [line for line in runs_section.splitlines() if line.startswith("| depth_sweep")]
+    rows = [line for line in runs_section.splitlines() if line.startswith("| tiny_random · random · native")]
     assert [row.split("|")[2].strip() for row in rows] == ["0", "1", "2"]
     assert list(pd.read_csv(out / "summary.csv")["k"]) == [0, 1, 2]
 
@@ -112,4 +113,4 @@ def test_report_of_a_directory_without_runs_fails_with_a_clear_message(tmp_path)
     done = subprocess.run([sys.executable, "-m", "specexp", "report", str(tmp_path)], capture_output=True,
                           text=True, timeout=120, check=False)
     assert done.returncode == 2
-    assert "no runs (result.json files) under" in done.stderr
+    assert done.stderr.strip().splitlines() == [f"specexp: error: no runs (result.json files) under {tmp_path}"]
