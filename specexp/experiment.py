@@ -102,6 +102,7 @@ def build_run_spec(cfg: dict, ctx: RunContext):
     prompts tokenized). Raises :class:`ConfigError` before any model is loaded."""
     from specexp import pairs, specs
     from specexp.workloads import load_prompts
+    from specexp.workloads.benchmarks import resolve_max_prompt_tokens
 
     _check_values(cfg)
     _check_device(cfg["engine"]["device"])
@@ -119,7 +120,9 @@ def build_run_spec(cfg: dict, ctx: RunContext):
         sampling = dataclasses.replace(sampling, max_new_tokens=workload.output_len or sampling.max_new_tokens,
                                        ignore_eos=True)
     engine = specs.group_spec(specs.EngineSpec, cfg["engine"])
-    prompts = load_prompts(workload, target.tokenizer_path, target.vocab_size)
+    prompts = load_prompts(workload, target.tokenizer_path, target.vocab_size, model_dir=target.path,
+                           max_prompt_tokens=resolve_max_prompt_tokens(workload.options.get("max_prompt_tokens"),
+                                                                       engine.max_model_len, sampling.max_new_tokens))
     _check_prompt_lengths(prompts, sampling.max_new_tokens, engine.max_model_len)
     backend_cfg = dict(cfg["backend"])
     return specs.RunSpec(

@@ -10,6 +10,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from specexp.engine.stats import AcceptanceStats, distribution, latency_summary
+from specexp.workloads.prompt import Prompt
 
 # Graph-capture metrics (§4) are None, never 0, where nothing was captured (CPU, or the hf backend).
 GRAPH_METRIC_KEYS = ("graph_capture_bytes", "graph_capture_s", "graph_capture_per_size", "persistent_buffer_bytes")
@@ -22,6 +23,10 @@ class RequestOutput:
 
     ``accept_lengths[s]`` = tokens the request emitted at its s-th verification step (accepted drafts + the
     bonus/correction token); it sums to ``len(output_token_ids)`` and is what Spec-Bench calls accept_lengths.
+
+    ``prompt_id`` is unique per request (:attr:`specexp.workloads.Prompt.request_id`): a question's id, or
+    ``<id>/turn<n>`` for turn ``n`` of a multi-turn question; ``question_id`` is the question's id and ``turn``
+    the turn (1-based); ``task`` the benchmark task of ``category`` (Spec-Bench's grouping), if any.
     """
 
     prompt_id: str
@@ -34,6 +39,9 @@ class RequestOutput:
     tpot_ms: float | None = None
     e2e_ms: float | None = None
     accept_lengths: list[int] = field(default_factory=list)
+    question_id: str | None = None
+    task: str | None = None
+    turn: int = 1
 
     def to_row(self) -> dict:
         """The outputs.jsonl line (§5) for this request."""
@@ -105,6 +113,12 @@ def run_metrics(
     }
     metrics.update({key: (graph or {}).get(key) for key in GRAPH_METRIC_KEYS})
     return metrics
+
+
+def prompt_fields(prompt: Prompt) -> dict:
+    """The :class:`RequestOutput` fields that come from the request's prompt."""
+    return {"prompt_id": prompt.request_id, "prompt": prompt.text, "prompt_token_ids": list(prompt.token_ids),
+            "category": prompt.category, "question_id": prompt.id, "task": prompt.task, "turn": prompt.turn}
 
 
 def spec_bench_answer(request: RequestOutput, model_id: str) -> dict:
