@@ -10,6 +10,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from specexp.engine.stats import AcceptanceStats, distribution, latency_summary
+from specexp.group_metrics import grouped_metrics, mean_accepted_tokens
 from specexp.workloads.prompt import Prompt
 
 # Graph-capture metrics (§4) are None, never 0, where nothing was captured (CPU, or the hf backend).
@@ -95,7 +96,9 @@ def run_metrics(
 
     ``duration_s``: wall time of the generation phase (model loading and warm-up excluded), used for
     ``output_tokens_per_s``. ``graph``: graph-capture metrics (keys of ``GRAPH_METRIC_KEYS``); missing ones
-    are ``None``. Step timings are summarised per step as ``{"mean","p50","p90","p99"}``.
+    are ``None``. Step timings are summarised per step as ``{"mean","p50","p90","p99"}``. The same metrics per
+    category and per task are in ``by_category`` / ``by_task`` (:mod:`specexp.group_metrics`), and
+    ``spec_bench_mean_accepted_tokens`` is Spec-Bench's "#Mean accepted tokens".
     """
     num_output_tokens = sum(len(r.output_token_ids) for r in requests)
     latencies = [{"ttft_ms": r.ttft_ms, "tpot_ms": r.tpot_ms, "e2e_ms": r.e2e_ms} for r in requests]
@@ -112,6 +115,8 @@ def run_metrics(
         **{key: distribution([getattr(s, key) for s in steps]) for key in STEP_TIME_KEYS},
     }
     metrics.update({key: (graph or {}).get(key) for key in GRAPH_METRIC_KEYS})
+    metrics["spec_bench_mean_accepted_tokens"] = mean_accepted_tokens(requests)
+    metrics.update(grouped_metrics(acceptance, requests))  # by_category, by_task
     return metrics
 
 
@@ -119,24 +124,3 @@ def prompt_fields(prompt: Prompt) -> dict:
     """The :class:`RequestOutput` fields that come from the request's prompt."""
     return {"prompt_id": prompt.request_id, "prompt": prompt.text, "prompt_token_ids": list(prompt.token_ids),
             "category": prompt.category, "question_id": prompt.id, "task": prompt.task, "turn": prompt.turn}
-
-
-def spec_bench_answer(request: RequestOutput, model_id: str) -> dict:
-    """One line of a Spec-Bench answer file (its ``evaluation/speed.py`` reads ``choices[0]``'s
-    ``new_tokens``, ``wall_time`` (seconds) and ``accept_lengths``)."""
-    wall_time_s = request.e2e_ms / 1e3 if request.e2e_ms is not None else None
-    return {
-        "question_id": request.prompt_id,
-        "category": request.category,
-        "model_id": model_id,
-        "choices": [
-            {
-                "index": 0,
-                "turns": [request.output_text],
-                "decoding_steps": [len(request.accept_lengths)],
-                "new_tokens": [len(request.output_token_ids)],
-                "wall_time": [wall_time_s],
-                "accept_lengths": list(request.accept_lengths),
-            }
-        ],
-    }
