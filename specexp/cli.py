@@ -23,6 +23,7 @@ commands:
   list                                   list pairs, experiments, workloads and backends
   train +zoo=NAME [key=value ...]        train a demo model of the zoo (specexp.zoo.recipe)
   report SWEEP_DIR [--out DIR]           summarise a sweep (specexp.analysis.report)
+  export-specbench SWEEP_DIR OUT_DIR     a sweep's answers in Spec-Bench's layout (model_answer_temp0_run_{1,2,3}/)
 
 examples:
   python -m specexp run +exp=quickstart
@@ -206,6 +207,12 @@ def _cmd_report(args: list[str]) -> int:
     return result if isinstance(result, int) else 0
 
 
+def _cmd_export_specbench(args: list[str]) -> int:
+    from specexp.tracking import spec_bench_export
+
+    return spec_bench_export.main(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m specexp``; returns the process exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -213,13 +220,14 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE, end="")
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
-    commands = {"run": _cmd_run, "train": _cmd_train, "report": _cmd_report}
+    commands = {"run": _cmd_run, "train": _cmd_train, "report": _cmd_report,
+                "export-specbench": _cmd_export_specbench}
     try:
         if command == "list":
             print(list_configs())
             return 0
         if command not in commands:
-            raise ConfigError(f"unknown command '{command}': choose one of list, report, run, train")
+            raise ConfigError(f"unknown command '{command}': choose one of export-specbench, list, report, run, train")
         return commands[command](rest)
     except ConfigError as e:
         print(f"specexp: error: {e}", file=sys.stderr)
