@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from specexp.analysis import tasks
 from specexp.analysis.load import load_runs
 from specexp.analysis.theory import _column, fit_theory, with_theory
 
@@ -157,6 +158,7 @@ def write_report(sweep_dir: str | Path, out: str | Path | None = None) -> Path:
         "",
         pivot_markdown(table, "speedup"),
         "",
+        *tasks.report_section(df, out),
         "## Runs",
         "",
         summary_markdown(table),
