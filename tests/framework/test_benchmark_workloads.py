@@ -172,3 +172,40 @@ def test_prompts_longer_than_max_prompt_tokens_are_left_out_with_a_notice(tiny_t
     prompts = load_prompts(workload("gsm8k", path), tiny_tokenizer_path, 384, max_prompt_tokens=16)
     assert [p.id for p in prompts] == ["0", "2"]
     assert "1 of 3 prompts are longer than 16 tokens and are left out (gsm8k: 1)" in capsys.readouterr().err
+
+
+def test_the_gsm8k_experiment_sweeps_k_0_to_8_on_held_out_test_questions(monkeypatch):
+    from specexp.cli import compose_config
+
+    monkeypatch.setenv("SPECEXP_DATA_DIR", "/data")
+    cfg = compose_config(["+exp=gsm8k"], return_hydra_config=True)
+    assert cfg.hydra.sweeper.params["speculator.num_speculative_tokens"] == "range(0,9)"
+    assert (cfg.pair.name, cfg.workload.name, cfg.workload.chat_template) == ("tiny_gsm8k", "gsm8k", "auto")
+    assert cfg.workload.path == "/data/gsm8k/test.jsonl" and cfg.engine.device == "cpu"
+
+
+def run_cli(tmp_path, *overrides):
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "SPECEXP_RUNS_DIR": str(tmp_path / "runs")}
+    return subprocess.run([sys.executable, "-m", "specexp", "run", "pair=tiny_random", "tracking=disabled",
+                           *overrides], capture_output=True, text=True, env=env, check=False)
+
+
+def test_a_bad_question_file_stops_the_cli_with_one_line_and_exit_2(tmp_path):
+    path = tmp_path / "q.jsonl"
+    path.write_text(json.dumps({"question_id": 1, "category": "qa", "turns": ["x"]}) + "\n"
+                    + json.dumps({"question_id": 2, "category": "qa"}) + "\n")
+    done = run_cli(tmp_path, "workload=specbench", f"workload.path={path}", "workload.chat_template=none")
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1] == (f"specexp: error: {path}:2: missing field 'turns' (a specbench"
+                                                    " row needs turns, question_id, category)")
+    (result,) = (tmp_path / "runs").rglob("result.json")
+    assert json.loads(result.read_text())["status"] == "failed"
+
+
+def test_a_benchmark_workload_without_a_path_on_the_cli_names_the_key(tmp_path):
+    done = run_cli(tmp_path, "workload=humaneval")
+    assert done.returncode == 2 and "workload.path" in done.stderr and "Traceback" not in done.stderr
