@@ -7,8 +7,9 @@ acceptance on held-out GSM8K test questions, render both model cards.
 ``--data-dir`` holds ``gsm8k/train.jsonl`` and ``gsm8k/test.jsonl`` (default ``$SPECEXP_DATA_DIR``, else
 ``../shared/data`` from the project's root); GSM8K is never part of specexp. Each model is trained into
 ``outputs/zoo_chat/<name>`` and then copied into ``specexp/zoo/<name>`` (the draft's teacher is read from
-there). With ``--out``, each finished model is also written there as ``<name>.tar`` (plus
-``acceptance.json``) as soon as it exists, so a run cut short still returns what it finished.
+there). With ``--out``, each finished model is also written there as ``<name>.tar`` as soon as it exists,
+so a run cut short still returns what it finished, and again with its model card at the end, beside
+``acceptance.json``.
 
 Acceptance (``acceptance.json``, rows with ``workload: gsm8k``) is simulated exactly with the HF models as
 for the rest of the zoo (:mod:`specexp.zoo.acceptance`), with one difference: each answer ends at the
@@ -134,9 +135,8 @@ def main(argv: list[str] | None = None) -> None:
         args.out.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(record, args.out / "acceptance.json")
     write_cards(zoo_dir, names=(*CHAT_TARGETS, *CHAT_DRAFTS))
-    if args.out is not None:
-        for name in (*CHAT_TARGETS, *CHAT_DRAFTS):
-            shutil.copyfile(zoo_dir / name / "README.md", args.out / f"{name}.README.md")
+    for name in (*CHAT_TARGETS, *CHAT_DRAFTS):  # again, now with their model cards
+        _export(zoo_dir / name, args.out)
     print(f"[build_chat] all done in {time.time() - t0:.0f}s (torch {torch.__version__})", flush=True)
 
 
