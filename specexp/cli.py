@@ -26,6 +26,7 @@ commands:
   train +zoo=NAME [key=value ...]        train a demo model of the zoo (specexp.zoo.recipe)
   report PATH... [--out DIR]             report on runs: run or sweep directories, globs, any mix
                                          (specexp.analysis.report)
+  export-specbench SWEEP_DIR OUT_DIR     a sweep's answers in Spec-Bench's layout (model_answer_temp0_run_{1,2,3}/)
   completion bash|zsh                    tab completion: eval "$(python -m specexp completion bash)"
 
 examples:
@@ -205,6 +206,12 @@ def _cmd_report(args: list[str]) -> int:
     return result if isinstance(result, int) else 0
 
 
+def _cmd_export_specbench(args: list[str]) -> int:
+    from specexp.tracking import spec_bench_export
+
+    return spec_bench_export.main(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m specexp``; returns the process exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -212,7 +219,8 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE, end="")
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
-    commands = {"run": _cmd_run, "resume": _cmd_resume, "train": _cmd_train, "report": _cmd_report}
+    commands = {"run": _cmd_run, "resume": _cmd_resume, "train": _cmd_train, "report": _cmd_report,
+                "export-specbench": _cmd_export_specbench}
     try:
         from specexp import completion
 
@@ -225,7 +233,8 @@ def main(argv: list[str] | None = None) -> int:
             print(list_configs())
             return 0
         if command not in commands:
-            raise ConfigError(f"unknown command '{command}': choose one of completion, list, report, resume, run, train")
+            raise ConfigError(f"unknown command '{command}': choose one of completion, export-specbench, list,"
+                              " report, resume, run, train")
         return commands[command](rest)
     except BrokenPipeError:  # e.g. `specexp list | head`: the reader has gone, nothing to report
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - so the interpreter's own flush at exit stays quiet

@@ -101,12 +101,12 @@ def _torch_version() -> str | None:
 
 
 def _write_outputs(run_dir: Path, result, spec) -> None:
-    from specexp.result import spec_bench_answer
+    from specexp.tracking import spec_bench
 
-    model_id = f"{spec.backend}-{spec.pair.name}-k{spec.speculator.num_speculative_tokens}"
     records.write_jsonl(run_dir / records.OUTPUTS_FILE, [r.to_row() for r in result.requests])
     records.write_steps(run_dir / records.STEPS_FILE, result.steps)
-    records.write_jsonl(run_dir / records.ANSWERS_FILE, [spec_bench_answer(r, model_id) for r in result.requests])
+    records.write_jsonl(run_dir / records.ANSWERS_FILE,
+                        spec_bench.answers(result.requests, spec_bench.model_id(spec.config)))
 
 
 def _error_line(e: BaseException) -> str:

@@ -10,6 +10,8 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from specexp.engine.stats import LATENCY_KEYS, AcceptanceStats, distribution, latency_summary
+from specexp.group_metrics import grouped_metrics, mean_accepted_tokens
+from specexp.workloads.prompt import Prompt
 
 # Graph-capture metrics (§4) are None, never 0, where nothing was captured (CPU, or the hf backend).
 GRAPH_METRIC_KEYS = ("graph_capture_bytes", "graph_capture_s", "graph_capture_per_size", "persistent_buffer_bytes")
@@ -23,6 +25,10 @@ class RequestOutput:
 
     ``accept_lengths[s]`` = tokens the request emitted at its s-th verification step (accepted drafts + the
     bonus/correction token); it sums to ``len(output_token_ids)`` and is what Spec-Bench calls accept_lengths.
+
+    ``prompt_id`` is unique per request (:attr:`specexp.workloads.Prompt.request_id`): a question's id, or
+    ``<id>/turn<n>`` for turn ``n`` of a multi-turn question; ``question_id`` is the question's id and ``turn``
+    the turn (1-based); ``task`` the benchmark task of ``category`` (Spec-Bench's grouping), if any.
     """
 
     prompt_id: str
@@ -36,6 +42,9 @@ class RequestOutput:
     e2e_ms: float | None = None
     queue_ms: float | None = None
     accept_lengths: list[int] = field(default_factory=list)
+    question_id: str | None = None
+    task: str | None = None
+    turn: int = 1
 
     def to_row(self) -> dict:
         """The outputs.jsonl line (§5) for this request."""
@@ -89,7 +98,9 @@ def run_metrics(
 
     ``duration_s``: wall time of the generation phase (model loading and warm-up excluded), used for
     ``output_tokens_per_s``. ``graph``: graph-capture metrics (keys of ``GRAPH_METRIC_KEYS``); missing ones
-    are ``None``. Step timings are summarised per step as ``{"mean","p50","p90","p99"}``.
+    are ``None``. Step timings are summarised per step as ``{"mean","p50","p90","p99"}``. The same metrics per
+    category and per task are in ``by_category`` / ``by_task`` (:mod:`specexp.group_metrics`), and
+    ``spec_bench_mean_accepted_tokens`` is Spec-Bench's "#Mean accepted tokens".
     """
     num_output_tokens = sum(len(r.output_token_ids) for r in requests)
     latencies = [{key: getattr(r, key) for key in LATENCY_KEYS} for r in requests]
@@ -106,28 +117,12 @@ def run_metrics(
         **{key: distribution([getattr(s, key) for s in steps]) for key in STEP_TIME_KEYS},
     }
     metrics.update({key: (graph or {}).get(key) for key in GRAPH_METRIC_KEYS})
+    metrics["spec_bench_mean_accepted_tokens"] = mean_accepted_tokens(requests)
+    metrics.update(grouped_metrics(acceptance, requests))  # by_category, by_task
     return metrics
 
 
-def spec_bench_answer(request: RequestOutput, model_id: str) -> dict:
-    """One line of a Spec-Bench answer file (its ``evaluation/speed.py`` reads ``choices[0]``'s
-    ``new_tokens``, ``wall_time`` (seconds) and ``accept_lengths``). ``wall_time`` is the request's own
-    generation time, its queueing left out, as Spec-Bench's one-request-at-a-time runs measure it."""
-    wall_time_s = None
-    if request.e2e_ms is not None:
-        wall_time_s = (request.e2e_ms - (request.queue_ms or 0.0)) / 1e3
-    return {
-        "question_id": request.prompt_id,
-        "category": request.category,
-        "model_id": model_id,
-        "choices": [
-            {
-                "index": 0,
-                "turns": [request.output_text],
-                "decoding_steps": [len(request.accept_lengths)],
-                "new_tokens": [len(request.output_token_ids)],
-                "wall_time": [wall_time_s],
-                "accept_lengths": list(request.accept_lengths),
-            }
-        ],
-    }
+def prompt_fields(prompt: Prompt) -> dict:
+    """The :class:`RequestOutput` fields that come from the request's prompt."""
+    return {"prompt_id": prompt.request_id, "prompt": prompt.text, "prompt_token_ids": list(prompt.token_ids),
+            "category": prompt.category, "question_id": prompt.id, "task": prompt.task, "turn": prompt.turn}

@@ -104,17 +104,20 @@ def _check_tokenizer(path: str, mtime: float, role: str) -> None:
         raise ConfigError(f"{role} tokenizer {path} cannot be read ({reason}): is it a tokenizer.json?") from None
 
 
-def _load_prompts(workload, target, cache: dict | None) -> list:
-    """The workload's prompts, tokenized with the target's tokenizer (memoised in ``cache``)."""
+def _load_prompts(workload, target, max_prompt_tokens: int | None, cache: dict | None) -> list:
+    """The workload's prompts, tokenized with the target's tokenizer (chat template from the target's directory;
+    at most ``max_prompt_tokens`` tokens each where the workload truncates), memoised in ``cache``."""
     from specexp.workloads import load_prompts, resolve_workload_path
 
     if workload.path:
         text_files.check_utf8(resolve_workload_path(str(workload.path)), "workload.path")
-    key = (repr(sorted(dataclasses.asdict(workload).items())), target.tokenizer_path, target.vocab_size)
+    key = (repr(sorted(dataclasses.asdict(workload).items())), target.tokenizer_path, target.vocab_size,
+           max_prompt_tokens)
     if cache is not None and key in cache:
         return cache[key]
     try:
-        prompts = load_prompts(workload, target.tokenizer_path, target.vocab_size)
+        prompts = load_prompts(workload, target.tokenizer_path, target.vocab_size, model_dir=target.path,
+                               max_prompt_tokens=max_prompt_tokens)
     except UnicodeDecodeError as e:
         raise ConfigError(f"workload file {workload.path} is not UTF-8 ({e.reason} at byte {e.start}):"
                           " save it as UTF-8") from None
@@ -176,7 +179,11 @@ def build_run_spec(cfg: dict, ctx, choices: dict | None = None, prompt_cache: di
     for role, model in (("target", target), ("draft", draft)):
         if model.tokenizer_path:
             _check_tokenizer(model.tokenizer_path, Path(model.tokenizer_path).stat().st_mtime, role)
-    spec.prompts = _load_prompts(workload, target, prompt_cache)
+    from specexp.workloads.benchmarks import resolve_max_prompt_tokens
+
+    max_prompt_tokens = resolve_max_prompt_tokens(workload.options.get("max_prompt_tokens"), engine.max_model_len,
+                                                  sampling.max_new_tokens)
+    spec.prompts = _load_prompts(workload, target, max_prompt_tokens, prompt_cache)
     k = speculator.num_speculative_tokens
     _check_prompt_lengths(spec.prompts, sampling.max_new_tokens, engine.max_model_len)
     spec.warnings = _check_positions(pair, k, spec.prompts, sampling.max_new_tokens, engine)

@@ -15,7 +15,8 @@ Columns of :func:`load_runs` (one row per run):
 - the §4 metrics flattened the same way: ``acceptance_length``, ``output_tokens_per_s``, ``tpot_ms.p50``,
   ``draft_ms.mean``, ...; list-valued metrics (``per_position_acceptance``, ``acceptance_histogram``) stay
   lists in their cell and dict-valued ones whose keys are data (``acceptance_histogram_per_request``,
-  ``graph_capture_per_size``) stay dicts;
+  ``graph_capture_per_size``, and the per-group ``by_category`` / ``by_task`` of :mod:`specexp.analysis.tasks`)
+  stay dicts;
 - ``env.*``: where the run ran (``env.device``, ``env.gpu``, ``env.git_sha``, ...);
 - ``steps.*``: decode-step timings summarised from ``steps.parquet`` when it exists (see
   :func:`decode_step_summary`); absent for runs loaded from W&B.
@@ -39,7 +40,7 @@ STEPS_FILE = "steps.parquet"
 DEFAULT_RUNS_DIR = "experiments/runs"
 K_COLUMN = "speculator.num_speculative_tokens"
 # Metric values that are dicts keyed by data (request ids, graph sizes), kept whole instead of flattened.
-NESTED_METRICS = ("acceptance_histogram_per_request", "graph_capture_per_size")
+NESTED_METRICS = ("acceptance_histogram_per_request", "graph_capture_per_size", "by_category", "by_task")
 STEP_PHASES = ("schedule_ms", "draft_ms", "verify_ms", "sample_ms")
 RECORD_COLUMNS = (
     "status", "error", "experiment", "run_dir", "started_at", "run_duration_s", "sweep_group", "job_num",

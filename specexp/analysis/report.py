@@ -111,9 +111,14 @@ def write_figures(report: Report, out: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from specexp.analysis import tasks
     from specexp.analysis.plots import FIGURES
 
-    for name, make in FIGURES.items():
+    figures = dict(FIGURES)
+    level = tasks.report_level(report.runs)
+    if level is not None:  # runs with per-task (or several categories') results: Spec-Bench's layout
+        figures[tasks.FIGURE_FILE.removesuffix(".png")] = lambda runs: tasks.acceptance_by_task(runs, level)
+    for name, make in figures.items():
         try:
             fig = make(report.runs)
             path = out / f"{name}.png"

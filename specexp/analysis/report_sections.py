@@ -220,7 +220,17 @@ def figures_section(report: Report) -> str | None:
     return "## Figures\n\n" + "\n".join(f"![{name}]({path.name})" for name, path in report.figures.items())
 
 
+def tasks_section(report: Report) -> str | None:
+    """Acceptance length, Spec-Bench's mean accepted tokens and speedup per task (or category) × k, when the
+    runs recorded per-task results (:mod:`specexp.analysis.tasks`)."""
+    from specexp.analysis import tasks
+
+    lines = tasks.report_section(report.runs)
+    return "\n".join(lines).rstrip() if lines else None
+
+
 SECTIONS: list[Callable[[Report], str | None]] = [
-    header_section, groups_section, acceptance_section, speedup_section, runs_section, theory_section,
+    header_section, groups_section, acceptance_section, speedup_section, tasks_section, runs_section,
+    theory_section,
     unfinished_section, figures_section, skipped_section,
 ]

@@ -30,11 +30,14 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.generation.streamers import BaseStreamer
 from transformers.utils import logging as hf_logging
 
-from specexp.engine.progress import RUN, ProgressCallback, ProgressEvent
+from specexp.backends.turns import TurnProgress, serve_by_turn
+from specexp.engine.progress import ProgressCallback
 from specexp.engine.stats import AcceptanceStats, request_latency
 from specexp.models import load_model as load_native_model
-from specexp.result import RequestOutput, RunResult, StepRecord, run_metrics
+from specexp.result import RequestOutput, RunResult, StepRecord, prompt_fields, run_metrics
 from specexp.specs import ModelSpec, RunSpec
+from specexp.workloads.conversation import answer_text
+from specexp.workloads.prompt import Prompt
 
 WARMUP_NEW_TOKENS = 4
 END_OF_REQUEST_RULE = ("hf: output token 0 is speculated too (no prefill sample); drafts are trimmed to "
@@ -42,8 +45,8 @@ END_OF_REQUEST_RULE = ("hf: output token 0 is speculated too (no prefill sample)
 
 
 def run(spec: RunSpec, progress: ProgressCallback | None = None) -> RunResult:
-    """Generate every prompt of ``spec`` one at a time and return outputs, step rows and §4 metrics.
-    ``progress`` receives a RUN event before the first request and after each."""
+    """Generate every prompt of ``spec`` one at a time (a conversation's turns in order) and return outputs,
+    step rows and §4 metrics. ``progress`` receives a RUN event before the first request and after each."""
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     device = torch.device(spec.engine.device)
@@ -62,31 +65,31 @@ def run(spec: RunSpec, progress: ProgressCallback | None = None) -> RunResult:
         _generate(target, draft, first.token_ids, min(WARMUP_NEW_TOKENS, spec.sampling.max_new_tokens), device, probe)
 
     torch.manual_seed(spec.engine.seed)
-    requests = []
-    num_prompts, output_tokens = len(spec.prompts), 0
-    run_start = time.perf_counter()  # every request's arrival
-    if progress is not None:
-        progress(ProgressEvent(RUN, 0, num_prompts, 0.0))
-    for prompt in spec.prompts:
-        probe.begin_request(prompt.id)
-        start = time.perf_counter()  # scheduled: its generate() begins
+    run_start = time.perf_counter()  # every first turn's arrival (a later turn arrives when it is created)
+    run_progress = TurnProgress(progress, spec.prompts)
+    run_progress.start()
+
+    def serve_one(prompts: list[Prompt]) -> list[RequestOutput]:
+        (prompt,) = prompts
+        probe.begin_request(prompt.request_id)
+        start = time.perf_counter()
         output_ids = _generate(target, draft, prompt.token_ids, spec.sampling.max_new_tokens, device, probe)
         end = time.perf_counter()
-        requests.append(
-            RequestOutput(
-                prompt_id=prompt.id,
-                prompt=prompt.text,
-                prompt_token_ids=list(prompt.token_ids),
-                output_token_ids=output_ids,
-                output_text=tokenizer.decode(output_ids) if tokenizer is not None else "",
-                category=prompt.category,
-                accept_lengths=probe.request_accept_lengths(),
-                **request_latency(run_start, probe.first_token_s or end, end, len(output_ids), scheduled_s=start),
-            )
-        )
-        output_tokens += len(output_ids)
-        if progress is not None:
-            progress(ProgressEvent(RUN, len(requests), num_prompts, time.perf_counter() - run_start, output_tokens))
+        run_progress.served(1, len(output_ids), report=True)
+        return [RequestOutput(
+            **prompt_fields(prompt),
+            output_token_ids=output_ids,
+            output_text=tokenizer.decode(output_ids) if tokenizer is not None else "",
+            accept_lengths=probe.request_accept_lengths(),
+            **request_latency(run_start if prompt.turn == 1 else start, probe.first_token_s or end, end,
+                               len(output_ids), scheduled_s=start),
+        )]
+
+    # One request at a time, conversation by conversation (a later turn quotes the earlier answers).
+    served = serve_by_turn(spec.prompts, serve_one, lambda r: answer_text(tokenizer, r.output_token_ids),
+                           spec.engine.max_model_len, spec.sampling.max_new_tokens, one_at_a_time=True)
+    requests = [request for _, request in served]
+    run_progress.finish()
     duration_s = time.perf_counter() - run_start
     probe.remove()
     env = {"device": str(device)}

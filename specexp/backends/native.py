@@ -1,7 +1,8 @@
 """Backend `native`: specexp's own engine (continuous batching, draft-model speculation, paged caches).
 
 Turns a RunSpec into engine configs, loads the pair natively (torch + safetensors), warms up on the first
-prompt, serves every prompt (all arriving together), and maps the engine's counters onto docs/design.md §4.
+prompt, serves every prompt (all arriving together; a conversation's later turns once its earlier turns are
+answered: :mod:`specexp.backends.turns`), and maps the engine's counters onto docs/design.md §4.
 Latencies count from arrival; ``queue_ms`` is arrival -> the first step that runs the request (with more
 requests than ``engine.max_num_seqs``, the wait for a batch slot).
 """
@@ -11,14 +12,18 @@ from __future__ import annotations
 import torch
 from tokenizers import Tokenizer
 
+from specexp.backends.turns import TurnProgress, serve_by_turn
 from specexp.engine.progress import ProgressCallback
+from specexp.engine.request import Request
 from specexp.engine.runner import EngineOutput, NativeEngine
 from specexp.engine.stats import AcceptanceStats, request_latency
 from specexp.engine_settings import engine_configs
 from specexp.errors import ConfigError
 from specexp.models import load_model
-from specexp.result import RequestOutput, RunResult, StepRecord, run_metrics
+from specexp.result import RequestOutput, RunResult, StepRecord, prompt_fields, run_metrics
 from specexp.specs import RunSpec
+from specexp.workloads.conversation import answer_text
+from specexp.workloads.prompt import Prompt
 
 WARMUP_NEW_TOKENS = 4
 END_OF_REQUEST_RULE = ("native: output token 0 from the prefill, undrafted; each later step drafts "
@@ -27,7 +32,8 @@ END_OF_REQUEST_RULE = ("native: output token 0 from the prefill, undrafted; each
 
 def run(spec: RunSpec, progress: ProgressCallback | None = None) -> RunResult:
     """Serve spec.prompts with the native engine; outputs, per-step rows and §4 metrics. progress receives the
-    CUDA-graph capture's events and the run's (not the warm-up's)."""
+    CUDA-graph capture's events and the run's (not the warm-up's). Multi-turn conversations are served turn
+    by turn (:func:`specexp.backends.turns.serve_by_turn`)."""
     engine_cfg, spec_cfg, sampling_cfg = engine_configs(spec)
     # Checked already for every backend (specexp.engine_settings); kept for callers that skip the app layer.
     engine_cfg.validate()
@@ -43,28 +49,45 @@ def run(spec: RunSpec, progress: ProgressCallback | None = None) -> RunResult:
     engine = NativeEngine(target, draft, engine_cfg, spec_cfg, sampling_cfg, target.config.eos_token_ids,
                           progress=progress)
     engine.generate([spec.prompts[0].token_ids], max_new_tokens=min(WARMUP_NEW_TOKENS, sampling_cfg.max_new_tokens))
-    out = engine.generate([p.token_ids for p in spec.prompts], progress=progress)
     tokenizer_path = spec.pair.target.tokenizer_path
     tokenizer = Tokenizer.from_file(tokenizer_path) if tokenizer_path else None
-    return to_run_result(spec, out, k, tokenizer, device)
+    waves: list[EngineOutput] = []
+    run_progress = TurnProgress(progress, spec.prompts)
+
+    def serve_wave(prompts: list[Prompt]) -> list[Request]:
+        out = engine.generate([p.token_ids for p in prompts], progress=run_progress.wave())
+        waves.append(out)
+        run_progress.served(len(out.requests), sum(r.num_output_tokens for r in out.requests))
+        return out.requests
+
+    served = serve_by_turn(spec.prompts, serve_wave, lambda req: answer_text(tokenizer, req.output_token_ids),
+                           engine_cfg.max_model_len, sampling_cfg.max_new_tokens,
+                           bool(spec.workload.options.get("one_at_a_time", False)))
+    run_progress.finish()
+    return to_run_result(served, waves, k, tokenizer, device)
 
 
-def to_run_result(spec: RunSpec, out: EngineOutput, k: int, tokenizer, device: torch.device) -> RunResult:
-    """Map engine requests/steps onto RequestOutput/StepRecord and the §4 metrics."""
+def to_run_result(served: list[tuple[Prompt, Request]], waves: list[EngineOutput], k: int, tokenizer,
+                  device: torch.device) -> RunResult:
+    """Map engine requests/steps onto RequestOutput/StepRecord and the §4 metrics. ``served``: every request
+    with its prompt; ``waves``: the engine's output of each ``generate`` call, in order (steps are numbered
+    across them; the run's duration is their sum)."""
     acceptance = AcceptanceStats(k)
     requests = []
-    for prompt, req in zip(spec.prompts, out.requests):
+    end_of_wave = {id(req): out.total_s for out in waves for req in out.requests}
+    for prompt, req in served:
         for num_drafts, num_accepted in req.verifies:
-            acceptance.record(prompt.id, num_drafts, num_accepted)
+            acceptance.record(prompt.request_id, num_drafts, num_accepted)
         output_ids = req.output_token_ids
-        end_s = req.finish_s if req.finish_s is not None else out.total_s
+        end_s = req.finish_s if req.finish_s is not None else end_of_wave[id(req)]
         requests.append(RequestOutput(
-            prompt_id=prompt.id, prompt=prompt.text, prompt_token_ids=list(prompt.token_ids),
+            **prompt_fields(prompt),
             output_token_ids=output_ids, output_text=tokenizer.decode(output_ids) if tokenizer else "",
-            category=prompt.category, accept_lengths=list(req.emitted_per_step),
+            accept_lengths=list(req.emitted_per_step),
             **request_latency(req.arrival_s, req.first_token_s if req.first_token_s is not None else end_s,
                               end_s, len(output_ids), scheduled_s=req.scheduled_s),
         ))
+    out = waves[-1]
     steps = [
         StepRecord(
             step=s.step, num_reqs=s.num_reqs, num_tokens=s.num_tokens, num_drafts=s.num_drafts,
@@ -72,8 +95,10 @@ def to_run_result(spec: RunSpec, out: EngineOutput, k: int, tokenizer, device: t
             num_output_tokens=s.num_output_tokens, draft_ms=s.draft_ms, verify_ms=s.verify_ms,
             sample_ms=s.sample_ms, schedule_ms=s.schedule_ms, step_ms=s.step_ms,
         )
-        for s in out.steps
+        for wave in waves for s in wave.steps
     ]
+    for number, step in enumerate(steps):
+        step.step = number
     graph = {}
     if device.type == "cuda":
         graph["persistent_buffer_bytes"] = out.persistent_buffer_bytes
@@ -86,7 +111,7 @@ def to_run_result(spec: RunSpec, out: EngineOutput, k: int, tokenizer, device: t
     env = {"device": str(device)}
     if device.type == "cuda":
         env["gpu"] = torch.cuda.get_device_name(device)
-    metrics = run_metrics(acceptance, requests, steps, out.total_s, graph)
+    metrics = run_metrics(acceptance, requests, steps, sum(w.total_s for w in waves), graph)
     metrics["end_of_request_rule"] = END_OF_REQUEST_RULE
     if out.graphs is not None:
         metrics["graph_replays"] = {

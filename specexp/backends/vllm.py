@@ -52,11 +52,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from specexp.engine.progress import RUN, ProgressCallback, ProgressEvent
+from specexp.backends.turns import TurnProgress, serve_by_turn
+from specexp.engine.progress import ProgressCallback
 from specexp.engine.stats import AcceptanceCounts, AcceptanceStats, request_latency
 from specexp.errors import ConfigError
-from specexp.result import RequestOutput, RunResult, run_metrics
+from specexp.result import RequestOutput, RunResult, prompt_fields, run_metrics
 from specexp.specs import ModelSpec, RunSpec
+from specexp.workloads.conversation import answer_text
 
 WARMUP_NEW_TOKENS = 4
 END_OF_REQUEST_RULE = ("vllm: output token 0 from the prefill; every later step drafts k, and tokens "
@@ -357,9 +359,9 @@ def check_available(spec: RunSpec):
 
 
 def run(spec: RunSpec, progress: ProgressCallback | None = None) -> RunResult:
-    """Serve ``spec.prompts`` with ``vllm.LLM`` (all arriving together); outputs and §4 metrics.
-    ``progress`` receives a RUN event as the requests are submitted and one when they are all done (one
-    ``generate`` call: nothing in between)."""
+    """Serve ``spec.prompts`` with ``vllm.LLM`` (all arriving together; a conversation's later turns once its
+    earlier turns are answered, :mod:`specexp.backends.turns`); outputs and §4 metrics. ``progress`` receives
+    a RUN event as the requests are submitted and one when each ``generate`` call (one per turn) is done."""
     if not spec.backend_options.get("multiprocessing", False):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     vllm = check_available(spec)
@@ -387,30 +389,41 @@ def run(spec: RunSpec, progress: ProgressCallback | None = None) -> RunResult:
             llm.generate([{"prompt_token_ids": list(first.token_ids)}], vllm.SamplingParams(**warmup),
                          use_tqdm=False)
             before = llm.get_metrics()
-            prompts = [{"prompt_token_ids": list(p.token_ids)} for p in spec.prompts]
-            params = [vllm.SamplingParams(**sampling_params_kwargs(spec, i, target_config.eos_token_ids))
-                      for i in range(len(prompts))]
-            start = time.perf_counter()
-            _report(progress, 0, len(prompts), 0.0, 0)
-            outputs = llm.generate(prompts, params, use_tqdm=False)
-            duration_s = time.perf_counter() - start
+            order = {p.id: i for i, p in enumerate(spec.prompts)}  # a conversation's turns share its seed index
+            duration_s = 0.0
+            run_progress = TurnProgress(progress, spec.prompts)
+            run_progress.start()
+
+            def serve_wave(wave: list) -> list:
+                nonlocal duration_s
+                prompts = [{"prompt_token_ids": list(p.token_ids)} for p in wave]
+                params = [vllm.SamplingParams(**sampling_params_kwargs(
+                    spec, order[p.id] + (p.turn - 1) * len(order), target_config.eos_token_ids)) for p in wave]
+                start = time.perf_counter()
+                outputs = llm.generate(prompts, params, use_tqdm=False)
+                duration_s += time.perf_counter() - start
+                run_progress.served(len(outputs), sum(len(out.outputs[0].token_ids) for out in outputs), report=True)
+                return outputs
+
+            tokenizer_path = spec.pair.target.tokenizer_path
+            tokenizer = Tokenizer.from_file(tokenizer_path) if tokenizer_path else None
+            served = serve_by_turn(spec.prompts, serve_wave,
+                                   lambda out: answer_text(tokenizer, list(out.outputs[0].token_ids)),
+                                   spec.engine.max_model_len, spec.sampling.max_new_tokens,
+                                   bool(spec.workload.options.get("one_at_a_time", False)))
             after = llm.get_metrics()
-            _report(progress, len(prompts), len(prompts), duration_s,
-                    sum(len(out.outputs[0].token_ids) for out in outputs))
+            run_progress.finish()
     finally:
         _write_log(spec, log)
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
 
-    tokenizer_path = spec.pair.target.tokenizer_path
-    tokenizer = Tokenizer.from_file(tokenizer_path) if tokenizer_path else None
     requests = []
-    for prompt, out in zip(spec.prompts, outputs):
+    for prompt, out in served:
         output_ids = list(out.outputs[0].token_ids)
         requests.append(RequestOutput(
-            prompt_id=prompt.id, prompt=prompt.text, prompt_token_ids=list(prompt.token_ids),
+            **prompt_fields(prompt),
             output_token_ids=output_ids, output_text=tokenizer.decode(output_ids) if tokenizer else "",
-            category=prompt.category,
             **request_latency_from_vllm(getattr(out, "metrics", None), len(output_ids)),
         ))
     acceptance = AcceptanceStats(k)
@@ -424,12 +437,6 @@ def run(spec: RunSpec, progress: ProgressCallback | None = None) -> RunResult:
 
     env = {"device": "cuda:0", "gpu": torch.cuda.get_device_name(0), "vllm": getattr(vllm, "__version__", None)}
     return RunResult(requests, [], metrics, env)
-
-
-def _report(progress: ProgressCallback | None, done: int, total: int, elapsed_s: float, output_tokens: int) -> None:
-    """A RUN progress event to ``progress`` (None: nothing)."""
-    if progress is not None:
-        progress(ProgressEvent(RUN, done, total, elapsed_s, output_tokens))
 
 
 def _write_log(spec: RunSpec, log: LogCapture) -> None:

@@ -78,10 +78,11 @@ def log_run(record: dict, run_dir: Path, mode: str, options: dict) -> str:
     """Log ``record`` (the result.json dict) as one W&B run in ``run_dir``; returns the mode actually used.
 
     ``options``: ``wandb.init`` keywords (project, entity, group, job_type, name, tags). Logged: the
-    resolved config (flattened), every scalar metric as summary, per-position acceptance and the
-    acceptance histograms (run and per request) as tables, result.json as an artifact (staged inside
-    ``run_dir``). ``record["wandb"]`` gains ``mode`` (the one used), ``run_id``, ``dir`` (the W&B run's
-    directory) and ``url`` (online runs), and result.json is rewritten with them before it is logged.
+    resolved config (flattened), every scalar metric as summary, per-position acceptance, the
+    acceptance histograms (run and per request) and the per-category / per-task metrics as tables,
+    result.json as an artifact (staged inside ``run_dir``). ``record["wandb"]`` gains ``mode`` (the one
+    used), ``run_id``, ``dir`` (the W&B run's directory) and ``url`` (online runs), and result.json is
+    rewritten with them before it is logged.
     """
     if mode == "disabled":
         return mode
@@ -146,4 +147,29 @@ def _tables(wandb, metrics: dict) -> dict:
             columns=["request_id", "num_accepted", "drafts"],
             data=[[rid, j, n] for rid, hist in per_request.items() for j, n in enumerate(hist)],
         )
+    for level in ("by_category", "by_task"):
+        groups = metrics.get(level) or {}
+        if groups:
+            tables[level] = wandb.Table(columns=[level.removeprefix("by_"), *GROUP_TABLE_COLUMNS],
+                                        data=[[name, *group_row(m)] for name, m in groups.items()])
     return tables
+
+
+# Columns of the by_category / by_task tables (specexp.group_metrics): name -> how to read it from a group.
+GROUP_TABLE_COLUMNS = ("num_requests", "num_output_tokens", "acceptance_length", "draft_acceptance_rate",
+                       "spec_bench_mean_accepted_tokens", "output_tokens_per_s", "ttft_ms_p50", "ttft_ms_p99",
+                       "tpot_ms_p50", "tpot_ms_p99", "per_position_acceptance", "acceptance_histogram")
+
+
+def group_row(group: dict) -> list:
+    """One by_category / by_task table row of :data:`GROUP_TABLE_COLUMNS` (lists as text, so W&B keeps them)."""
+    row = []
+    for column in GROUP_TABLE_COLUMNS:
+        if column.startswith(("ttft_ms_", "tpot_ms_")):
+            key, stat = column.rsplit("_", 1)
+            row.append((group.get(key) or {}).get(stat))
+        elif isinstance(group.get(column), list):
+            row.append(" ".join("-" if v is None else f"{v:.3g}" for v in group[column]))
+        else:
+            row.append(group.get(column))
+    return row

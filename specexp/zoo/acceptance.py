@@ -98,12 +98,35 @@ def walk_acceptance(match: Sequence[int], new_tokens: int, k: int) -> tuple[int,
     return drafts, accepted
 
 
+def walk_until_end(match: Sequence[int], length: int, k: int) -> tuple[int, int]:
+    """Like :func:`walk_acceptance` for an answer that ends after ``length`` tokens (its EOS included): no
+    step accepts past the end, as the engine stops a request at its EOS."""
+    position, drafts, accepted = 0, 0, 0
+    while position < length:
+        a = min(match[position], k, length - position - 1)
+        drafts += 1
+        accepted += a
+        position += a + 1
+    return drafts, accepted
+
+
+def answer_length(continuation: Sequence[int], new_tokens: int, stop_token_ids: Sequence[int]) -> int:
+    """Tokens up to and including the first of ``stop_token_ids`` in the first ``new_tokens`` of
+    ``continuation`` (``new_tokens`` when none is there)."""
+    for i, token in enumerate(continuation[:new_tokens]):
+        if token in stop_token_ids:
+            return i + 1
+    return new_tokens
+
+
 def acceptance_lengths(target, draft, prompts_ids: Sequence[Sequence[int]], new_tokens: int,
                        ks: Sequence[int], device: torch.device,
-                       continuations: Sequence[Sequence[int]] | None = None) -> dict[int, AcceptanceStats]:
+                       continuations: Sequence[Sequence[int]] | None = None,
+                       stop_token_ids: Sequence[int] = ()) -> dict[int, AcceptanceStats]:
     """Greedy acceptance stats at each depth in ``ks`` over ``prompts_ids`` (token ids, BOS included),
     generating ``new_tokens + max(ks)`` target tokens per prompt (or reusing the target's ``continuations``,
-    which must be at least that long)."""
+    which must be at least that long). With ``stop_token_ids`` (EOS) an answer ends at its first stop token:
+    only the steps up to it count (:func:`walk_until_end`); without, EOS is ignored."""
     max_k = max(ks)
     stats = {k: AcceptanceStats(k) for k in ks}
     for i, prompt_ids in enumerate(prompts_ids):
@@ -115,8 +138,10 @@ def acceptance_lengths(target, draft, prompts_ids: Sequence[Sequence[int]], new_
             raise ValueError(f"continuation has {len(continuation)} tokens, need new_tokens + max_k = "
                              f"{new_tokens + max_k}")
         match = match_lengths(draft_agreement(draft, prompt_ids, continuation, device), max_k)
+        length = answer_length(continuation, new_tokens, stop_token_ids) if stop_token_ids else None
         for k in ks:
-            drafts, accepted = walk_acceptance(match, new_tokens, k)
+            drafts, accepted = (walk_acceptance(match, new_tokens, k) if length is None
+                                else walk_until_end(match, length, k))
             stats[k].num_drafts += drafts
             stats[k].num_accepted_tokens += accepted
     return stats

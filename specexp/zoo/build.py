@@ -23,7 +23,7 @@ import torch
 
 from specexp.zoo import DRAFTS, TARGETS, ZOO_DIR
 from specexp.zoo.card import write_cards
-from specexp.zoo.measure import measure
+from specexp.zoo.measure import measure, merge_rows
 from specexp.zoo.spec import load_spec
 from specexp.zoo.train_loop import train
 
@@ -66,7 +66,8 @@ def main(argv: list[str] | None = None) -> None:
 
     rows = measure({t: t for t in TARGETS}, {**{d: d for d in DRAFTS}, **extra_drafts},
                    num_prompts=args.num_prompts, new_tokens=args.new_tokens)
-    (ZOO_DIR / "acceptance.json").write_text(json.dumps(rows, indent=1) + "\n")
+    record = ZOO_DIR / "acceptance.json"
+    record.write_text(json.dumps(merge_rows(record, rows), indent=1) + "\n")
     if args.out is not None:
         shutil.copyfile(ZOO_DIR / "acceptance.json", args.out / "acceptance.json")
     write_cards()

@@ -19,7 +19,16 @@ _ROLE = {
     "tiny-llama": "target (Llama)",
     "tiny-llama-draft": "draft (Llama), distilled",
     "tiny-lfm2-draft": "draft (LFM2 hybrid), distilled",
+    "tiny-lfm2-gsm8k": "chat target (LFM2: hybrid short-conv + attention)",
+    "tiny-llama-gsm8k-draft": "chat draft (Llama), distilled",
 }
+# What a model writes, by corpus (training.json's "corpus" starts with the corpus's name).
+_WRITES = {
+    "GSM8K": ("It answers grade-school math word problems in GSM8K's worked-solution style when prompted with\n"
+              "its chat template (in `tokenizer_config.json`: `workload.chat_template=auto` applies it)"),
+}
+_WRITES_DEFAULT = "It writes Python in the style of the standard library and nothing else"
+_TOKENIZER_NOTE = {"GSM8K": "; chat template `Question: ... / Answer: ...<|eos|>` in `tokenizer_config.json`"}
 
 
 def _size_mb(model_dir: Path) -> float:
@@ -39,13 +48,35 @@ def _acceptance_table(rows: list[dict[str, Any]]) -> str:
         lines.append(f"| {row['target']} | {row['draft']} | {row['workload']} | {values} |")
     first = rows[0]
     lines.append("")
-    lines.append(
+    lines.append(first.get("description") or (
         f"Greedy acceptance length (tokens emitted per target verify step, bonus token included) at "
         f"depth k, simulated exactly with the HF models: {first['num_prompts']} prompts per workload "
         f"(input_len {first['input_len']} tokens), {first['new_tokens']} new tokens each, EOS ignored, "
         f"{first['compute']}, corpus and prompts from {first['interpreter']}."
-    )
+    ))
     return "\n".join(lines) + "\n"
+
+
+def _corpus_kind(training: dict[str, Any]) -> str | None:
+    return next((kind for kind in _WRITES if training["corpus"].startswith(kind)), None)
+
+
+def _reproduce(name: str, training: dict[str, Any]) -> str:
+    if _corpus_kind(training) == "GSM8K":
+        return f"""```
+python -m specexp train +zoo={name.replace('-', '_')} zoo.data_path=PATH/gsm8k/train.jsonl
+python -m specexp.zoo.build_chat --data-dir PATH   # what built the shipped pair: both models, acceptance, cards
+python -m specexp run +exp=gsm8k                   # the pair on held-out GSM8K test questions, k = 0..8 (CPU)
+```
+GSM8K (MIT licence) is not part of specexp: PATH holds `gsm8k/train.jsonl` and `gsm8k/test.jsonl`
+(openai/grade-school-math). Training is deterministic for a given seed, device and library versions."""
+    return f"""```
+python -m specexp.zoo.tokenizer            # only to retrain the shared tokenizer (already shipped)
+python -m specexp train +zoo={name.replace('-', '_')} zoo.train.steps={training['steps']}
+python -m specexp.zoo.build --time-budget-s 50   # what built the shipped zoo: all four, then acceptance + cards
+```
+Training is deterministic for a given seed, device and library versions; on another Python version
+the corpus (and so the weights) differ."""
 
 
 def _selected(training: dict[str, Any]) -> str:
@@ -75,7 +106,7 @@ def render_card(name: str, training: dict[str, Any], acceptance: list[dict[str, 
     return f"""# {name}
 
 A tiny {_ROLE.get(name, training['arch'])} shipped with specexp so that speculative decoding can be
-studied offline and on CPU. It writes Python in the style of the standard library and nothing else;
+studied offline and on CPU. {_WRITES.get(_corpus_kind(training), _WRITES_DEFAULT)};
 it is a research fixture, not a useful language model.
 
 | | |
@@ -83,8 +114,8 @@ it is a research fixture, not a useful language model.
 | architecture | `{training['arch']}` ({size_fields}) |
 | parameters | {training['parameters']:,} (tied input/output embeddings) |
 | weights | bf16 safetensors, {_size_mb(model_dir):.1f} MB |
-| tokenizer | byte-level BPE, vocabulary 4096, shared by all zoo models (`tokenizer.json`; `<|bos|>` prepended) |
-| corpus | {training['corpus']}: {training['train_stream_tokens']:,} tokens; files split by sha1(relative path) % 100 < 5 → held out |
+| tokenizer | byte-level BPE, vocabulary 4096, shared by all zoo models (`tokenizer.json`; `<|bos|>` prepended){_TOKENIZER_NOTE.get(_corpus_kind(training), '')} |
+| corpus | {training['corpus']}: {training['train_stream_tokens']:,} tokens; {training.get('corpus_split', 'files split by sha1(relative path) % 100 < 5 → held out')} |
 | distilled from | {teachers} |
 | objective | {objective} |
 | steps | {training['steps']:,} x batch {cfg['batch_size']} x {cfg['seq_len']} tokens{_selected(training)} |
@@ -100,13 +131,7 @@ it is a research fixture, not a useful language model.
 {_acceptance_table(acceptance)}
 ## Reproduce
 
-```
-python -m specexp.zoo.tokenizer            # only to retrain the shared tokenizer (already shipped)
-python -m specexp train +zoo={name.replace('-', '_')} zoo.train.steps={training['steps']}
-python -m specexp.zoo.build --time-budget-s 50   # what built the shipped zoo: all four, then acceptance + cards
-```
-Training is deterministic for a given seed, device and library versions; on another Python version
-the corpus (and so the weights) differ.
+{_reproduce(name, training)}
 """
 
 

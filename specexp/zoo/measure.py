@@ -70,6 +70,15 @@ def measure(targets: dict[str, str | Path], drafts: dict[str, str | Path], workl
     return rows
 
 
+def merge_rows(path: Path, new_rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``path``'s acceptance rows with ``new_rows`` replacing those of the same (target, draft, workload), so
+    measuring one set of pairs keeps the others' rows (the chat pair's are measured by
+    :mod:`specexp.zoo.build_chat`)."""
+    rows = json.loads(path.read_text()) if path.exists() else []
+    keys = {(r["target"], r["draft"], r["workload"]) for r in new_rows}
+    return [r for r in rows if (r["target"], r["draft"], r["workload"]) not in keys] + new_rows
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--num-prompts", type=int, default=128)
@@ -83,7 +92,7 @@ def main(argv: list[str] | None = None) -> None:
     drafts.update(dict(item.split("=", 1) for item in args.extra_draft))
     rows = measure({t: t for t in TARGETS}, drafts, num_prompts=args.num_prompts, input_len=args.input_len,
                    new_tokens=args.new_tokens, device=torch.device(args.device) if args.device else None)
-    args.out.write_text(json.dumps(rows, indent=1) + "\n")
+    args.out.write_text(json.dumps(merge_rows(args.out, rows), indent=1) + "\n")
     print(f"wrote {args.out}")
 
 

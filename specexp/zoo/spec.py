@@ -56,6 +56,10 @@ class ZooModelSpec:
     teachers: list[str] = field(default_factory=list)
     """Names (or paths) of the models it is distilled from; empty for a target trained on the corpus."""
     train: TrainConfig = field(default_factory=TrainConfig)
+    corpus: str = "stdlib"
+    """What it trains on: ``stdlib`` or ``gsm8k`` (:mod:`specexp.zoo.corpora`)."""
+    data_path: str | None = None
+    """The corpus file where the corpus needs one (``gsm8k``: GSM8K's train.jsonl); ``None`` = its default."""
     out_dir: str | None = None
     """Final HF directory; default ``specexp/zoo/<name>``."""
     ckpt_dir: str | None = None
@@ -77,6 +81,8 @@ def spec_from_dict(zoo: dict[str, Any], run: dict[str, Any] | None = None) -> Zo
         size=dict(zoo["size"]),
         teachers=list(zoo.get("teachers") or []),
         train=TrainConfig(**train_values),
+        corpus=zoo.get("corpus") or "stdlib",
+        data_path=run.get("data_path") or zoo.get("data_path"),
         out_dir=run.get("out_dir") or zoo.get("out_dir"),
         ckpt_dir=run.get("ckpt_dir") or zoo.get("ckpt_dir"),
     )

@@ -33,8 +33,8 @@ import torch
 from specexp.errors import ConfigError
 from specexp.zoo import ZOO_DIR, resolve_model_dir
 from specexp.zoo.architectures import build_model, count_parameters
-from specexp.zoo.corpus import held_out_texts, interpreter_tag, train_texts
-from specexp.zoo.data import eval_windows, token_stream, train_batch
+from specexp.zoo.corpora import load_corpus
+from specexp.zoo.data import eval_windows, train_batch
 from specexp.zoo.distill import cross_entropy, distillation_loss, next_token_logits, teacher_log_probs
 from specexp.zoo.spec import TrainConfig, ZooModelSpec, load_spec
 from specexp.zoo.tokenizer import SHIPPED_TOKENIZER_PATH, load_tokenizer
@@ -238,8 +238,8 @@ def train(spec: ZooModelSpec, overwrite_shipped: bool = False) -> TrainResult:
     ckpt_path = Path(spec.ckpt_dir or Path("outputs") / "zoo_ckpt" / spec.name) / CHECKPOINT_NAME
 
     tokenizer = load_tokenizer(SHIPPED_TOKENIZER_PATH)
-    train_stream = token_stream(tokenizer, train_texts(max_files=cfg.corpus_max_files)).to(device)
-    eval_stream = token_stream(tokenizer, held_out_texts(max_files=cfg.corpus_max_files)).to(device)
+    corpus = load_corpus(spec, tokenizer)
+    train_stream, eval_stream = corpus.train.to(device), corpus.held_out.to(device)
     windows = eval_windows(eval_stream, cfg.seq_len, cfg.eval_windows)
 
     model = build_model(spec.arch, spec.size, seed=cfg.seed).to(device).train()
@@ -352,23 +352,28 @@ def train(spec: ZooModelSpec, overwrite_shipped: bool = False) -> TrainResult:
         "train": dataclasses.asdict(cfg),
         "hardware": _hardware(device),
         "train_time_s": round(elapsed_s, 1),
-        "corpus": f"{interpreter_tag()} standard library (train split)",
+        "corpus": corpus.description,
+        "corpus_split": corpus.split,
         "torch": torch.__version__,
         "history": history,
     }
-    save_hf_dir(model, out_dir, record)
+    save_hf_dir(model, out_dir, record, corpus.tokenizer_config)
     print(f"[{spec.name}] done: {step} steps in {elapsed_s:.0f}s, held-out loss {record['held_out_loss']:.4f}; "
           f"saved {out_dir}", flush=True)
     return TrainResult(spec.name, step, True, out_dir, record)
 
 
-def save_hf_dir(model: torch.nn.Module, out_dir: Path, record: dict[str, Any]) -> None:
-    """Write ``model`` in bf16 safetensors + config, the shared tokenizer, and the training record."""
+def save_hf_dir(model: torch.nn.Module, out_dir: Path, record: dict[str, Any],
+                tokenizer_config: dict | None = None) -> None:
+    """Write ``model`` in bf16 safetensors + config, the shared tokenizer (with ``tokenizer_config.json``, e.g.
+    a chat template, when given), and the training record."""
     _quiet_transformers()
     out_dir.mkdir(parents=True, exist_ok=True)
     model.to(torch.bfloat16).save_pretrained(out_dir)
     model.float()
     shutil.copyfile(SHIPPED_TOKENIZER_PATH, out_dir / "tokenizer.json")
+    if tokenizer_config is not None:
+        (out_dir / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=1) + "\n")
     (out_dir / TRAINING_RECORD_NAME).write_text(json.dumps(record, indent=1) + "\n")
 
 
@@ -380,11 +385,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out-dir")
     parser.add_argument("--ckpt-dir")
     parser.add_argument("--overwrite-shipped", action="store_true", help="replace the shipped specexp/zoo/<name>")
+    parser.add_argument("--data-path", help="the corpus file (gsm8k: GSM8K's train.jsonl)")
     args = parser.parse_args(argv)
     overrides = {k: v for k, v in {"steps": args.steps, "device": args.device}.items() if v is not None}
     spec = load_spec(args.config, **overrides)
     spec.out_dir = args.out_dir or spec.out_dir
     spec.ckpt_dir = args.ckpt_dir or spec.ckpt_dir
+    spec.data_path = args.data_path or spec.data_path
     train(spec, overwrite_shipped=args.overwrite_shipped)
 
 

@@ -82,7 +82,8 @@ def test_ok_run_writes_every_record(config, fake_backend, tmp_path):
     answers = [json.loads(line) for line in (tmp_path / "answers.jsonl").read_text().splitlines()]
     choice = answers[0]["choices"][0]
     assert answers[0]["question_id"] == outputs[0]["prompt_id"]
-    assert answers[0]["model_id"] == "fake-local-k3"
+    target, draft = (saved["config"]["pair"][m]["path"].rstrip("/").rsplit("/", 1)[-1] for m in ("target", "draft"))
+    assert answers[0]["model_id"] == f"{target}-sps-{draft}-k3-fake-float32-temp-0.0"
     assert choice["new_tokens"] == [7] and choice["accept_lengths"] == [3, 4] and choice["wall_time"] == [0.005]
     assert not list(tmp_path.glob(".*.tmp")), "atomic writes leave no temp files"
 

@@ -42,7 +42,7 @@ def test_jsonl_prompts_are_encoded_exactly_like_the_tokenizer(tiny_tokenizer_pat
 def test_bad_jsonl_lines_name_the_file_and_line(tiny_tokenizer_path, tmp_path):
     path = tmp_path / "bad.jsonl"
     path.write_text('{"prompt": "ok"}\n{"text": "no prompt"}\n')
-    with pytest.raises(ConfigError, match=r"bad.jsonl:2: expected an object with a 'prompt' string"):
+    with pytest.raises(ConfigError, match=r"bad.jsonl:2: missing field 'prompt' \(a jsonl row needs prompt\)"):
         load_prompts(WorkloadSpec(name="jsonl", path=str(path)), tiny_tokenizer_path, 384)
 
 

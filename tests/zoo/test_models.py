@@ -9,14 +9,16 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from specexp.zoo import DRAFTS, TARGETS, ZOO_DIR, ZOO_MODELS
+from specexp.zoo import CHAT_DRAFTS, CHAT_TARGETS, DRAFTS, TARGETS, ZOO_DIR, ZOO_MODELS
 from specexp.zoo.architectures import count_parameters
 from specexp.zoo.tokenizer import VOCAB_SIZE, load_tokenizer
 
-MAX_ZOO_BYTES = 40_000_000
+MAX_ZOO_BYTES = 60_000_000
+# The chat pair is built on a GPU on its own (specexp.zoo.build_chat); until then the zoo ships the other four.
+SHIPPED = tuple(n for n in ZOO_MODELS if (ZOO_DIR / n / "config.json").is_file())
 
 
-@pytest.fixture(scope="module", params=ZOO_MODELS)
+@pytest.fixture(scope="module", params=SHIPPED)
 def name(request):
     return request.param
 
@@ -49,12 +51,13 @@ def test_weights_are_bf16_safetensors_with_tied_embeddings(name):
     assert not any(key.startswith("lm_head") for key in weights), "the LM head is tied to the embedding"
 
 
-def test_targets_hold_6_to_10m_and_drafts_1_to_2m_parameters_in_40_mb():
-    params = {n: json.loads((ZOO_DIR / n / "training.json").read_text())["parameters"] for n in ZOO_MODELS}
-    assert all(6e6 <= params[n] <= 10e6 for n in TARGETS), params
-    assert all(1e6 <= params[n] <= 2e6 for n in DRAFTS), params
-    total_bytes = sum(f.stat().st_size for n in ZOO_MODELS for f in (ZOO_DIR / n).iterdir())
-    assert total_bytes <= MAX_ZOO_BYTES, f"the zoo is {total_bytes / 1e6:.1f} MB, more than 40 MB"
+def test_targets_hold_6_to_10m_and_drafts_1_to_2m_parameters_in_60_mb():
+    assert set(TARGETS + DRAFTS) <= set(SHIPPED)
+    params = {n: json.loads((ZOO_DIR / n / "training.json").read_text())["parameters"] for n in SHIPPED}
+    assert all(6e6 <= params[n] <= 10e6 for n in (*TARGETS, *CHAT_TARGETS) if n in SHIPPED), params
+    assert all(1e6 <= params[n] <= 2e6 for n in (*DRAFTS, *CHAT_DRAFTS) if n in SHIPPED), params
+    total_bytes = sum(f.stat().st_size for f in ZOO_DIR.rglob("*") if f.is_file() and "__pycache__" not in f.parts)
+    assert total_bytes <= MAX_ZOO_BYTES, f"the zoo is {total_bytes / 1e6:.1f} MB, more than 60 MB"
 
 
 def test_lfm2_models_are_hybrid_and_carry_vllm_fields():
