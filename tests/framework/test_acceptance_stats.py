@@ -98,7 +98,7 @@ def test_percentiles_interpolate_linearly():
 
 
 def test_request_latency_splits_first_token_from_the_rest():
-    lat = request_latency(start_s=10.0, first_token_s=10.1, end_s=10.5, num_output_tokens=5)
+    lat = request_latency(arrival_s=10.0, first_token_s=10.1, end_s=10.5, num_output_tokens=5)
     assert {k: v for k, v in lat.items() if k != "queue_ms"} == pytest.approx(
         {"ttft_ms": 100.0, "tpot_ms": 100.0, "e2e_ms": 500.0})
     assert lat["queue_ms"] is None  # not known without the time it was first scheduled
