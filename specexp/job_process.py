@@ -106,10 +106,15 @@ def ensure_record(cfg: dict, ctx, returncode: int | None, interrupted_by: int | 
         signum = returncode - 128
     if signum is None and returncode is not None and -returncode in interrupts.HANDLED:
         signum = -returncode
+    status, error = ("interrupted", f"interrupted by {signal_name(signum)}") if signum is not None else \
+        ("failed", _reason(returncode))
     with interrupts.deferred():
-        if signum is not None:
-            return fallback_record(cfg, ctx, "interrupted", f"interrupted by {signal_name(signum)}")["status"]
-        return fallback_record(cfg, ctx, "failed", _reason(returncode))["status"]
+        try:
+            fallback_record(cfg, ctx, status, error)
+        except OSError as e:
+            print(f"specexp: error: cannot write {ctx.run_dir / records.RESULT_FILE} ({e.strerror or e})",
+                  file=sys.stderr, flush=True)
+    return status
 
 
 def _die_with_parent() -> None:

@@ -29,7 +29,7 @@ def run_cli(args: list[str], runs_dir: Path, timeout: float = 300, **kwargs) -> 
 
 
 def start_cli(args: list[str], runs_dir: Path, **kwargs) -> subprocess.Popen:
-    """``python -m specexp ARGS`` started in a session of its own (its process group id is its pid)."""
+    """``python -m specexp ARGS`` started as the leader of a new process group (its group id is its pid)."""
     return subprocess.Popen([sys.executable, "-m", "specexp", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=cli_env(runs_dir), start_new_session=True,
                             **kwargs)
