@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from specexp.engine.stats import AcceptanceStats, distribution, latency_summary
+from specexp.engine.stats import LATENCY_KEYS, AcceptanceStats, distribution, latency_summary
 
 # Graph-capture metrics (§4) are None, never 0, where nothing was captured (CPU, or the hf backend).
 GRAPH_METRIC_KEYS = ("graph_capture_bytes", "graph_capture_s", "graph_capture_per_size", "persistent_buffer_bytes")
@@ -18,7 +18,8 @@ STEP_TIME_KEYS = ("draft_ms", "verify_ms", "sample_ms", "schedule_ms", "step_ms"
 
 @dataclass
 class RequestOutput:
-    """One request's result. Token ids are target-tokenizer ids; times are milliseconds.
+    """One request's result. Token ids are target-tokenizer ids; times are milliseconds, counted from the
+    request's arrival on every backend (``queue_ms``: arrival -> first scheduled, part of ``ttft_ms``).
 
     ``accept_lengths[s]`` = tokens the request emitted at its s-th verification step (accepted drafts + the
     bonus/correction token); it sums to ``len(output_token_ids)`` and is what Spec-Bench calls accept_lengths.
@@ -33,6 +34,7 @@ class RequestOutput:
     ttft_ms: float | None = None
     tpot_ms: float | None = None
     e2e_ms: float | None = None
+    queue_ms: float | None = None
     accept_lengths: list[int] = field(default_factory=list)
 
     def to_row(self) -> dict:
@@ -90,7 +92,7 @@ def run_metrics(
     are ``None``. Step timings are summarised per step as ``{"mean","p50","p90","p99"}``.
     """
     num_output_tokens = sum(len(r.output_token_ids) for r in requests)
-    latencies = [{"ttft_ms": r.ttft_ms, "tpot_ms": r.tpot_ms, "e2e_ms": r.e2e_ms} for r in requests]
+    latencies = [{key: getattr(r, key) for key in LATENCY_KEYS} for r in requests]
     metrics = {
         "num_speculative_tokens": acceptance.num_speculative_tokens,
         **acceptance.metrics(),
@@ -109,8 +111,11 @@ def run_metrics(
 
 def spec_bench_answer(request: RequestOutput, model_id: str) -> dict:
     """One line of a Spec-Bench answer file (its ``evaluation/speed.py`` reads ``choices[0]``'s
-    ``new_tokens``, ``wall_time`` (seconds) and ``accept_lengths``)."""
-    wall_time_s = request.e2e_ms / 1e3 if request.e2e_ms is not None else None
+    ``new_tokens``, ``wall_time`` (seconds) and ``accept_lengths``). ``wall_time`` is the request's own
+    generation time, its queueing left out, as Spec-Bench's one-request-at-a-time runs measure it."""
+    wall_time_s = None
+    if request.e2e_ms is not None:
+        wall_time_s = (request.e2e_ms - (request.queue_ms or 0.0)) / 1e3
     return {
         "question_id": request.prompt_id,
         "category": request.category,

@@ -13,6 +13,10 @@ Traps in transformers 5.20 handled here:
 - ``ignore_eos`` is done by clearing ``eos_token_id`` on both models' generation configs (so the draft never
   stops early at EOS either), not by suppressing the EOS logit, which would change the distribution.
 Graph metrics are ``None`` (no CUDA graphs here).
+
+Latencies are measured as on the native engine: every prompt arrives when the measured run starts, so
+``ttft_ms`` and ``e2e_ms`` count from that moment and ``queue_ms`` is the wait for the requests served
+before it (assisted generation serves one at a time).
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ from specexp.result import RequestOutput, RunResult, StepRecord, run_metrics
 from specexp.specs import ModelSpec, RunSpec
 
 WARMUP_NEW_TOKENS = 4
+END_OF_REQUEST_RULE = ("hf: output token 0 is speculated too (no prefill sample); drafts are trimmed to "
+                       "the tokens left, as native's")
 
 
 def run(spec: RunSpec, progress: ProgressCallback | None = None) -> RunResult:
@@ -58,12 +64,12 @@ def run(spec: RunSpec, progress: ProgressCallback | None = None) -> RunResult:
     torch.manual_seed(spec.engine.seed)
     requests = []
     num_prompts, output_tokens = len(spec.prompts), 0
-    run_start = time.perf_counter()
+    run_start = time.perf_counter()  # every request's arrival
     if progress is not None:
         progress(ProgressEvent(RUN, 0, num_prompts, 0.0))
     for prompt in spec.prompts:
         probe.begin_request(prompt.id)
-        start = time.perf_counter()
+        start = time.perf_counter()  # scheduled: its generate() begins
         output_ids = _generate(target, draft, prompt.token_ids, spec.sampling.max_new_tokens, device, probe)
         end = time.perf_counter()
         requests.append(
@@ -75,7 +81,7 @@ def run(spec: RunSpec, progress: ProgressCallback | None = None) -> RunResult:
                 output_text=tokenizer.decode(output_ids) if tokenizer is not None else "",
                 category=prompt.category,
                 accept_lengths=probe.request_accept_lengths(),
-                **request_latency(start, probe.first_token_s or end, end, len(output_ids)),
+                **request_latency(run_start, probe.first_token_s or end, end, len(output_ids), scheduled_s=start),
             )
         )
         output_tokens += len(output_ids)
@@ -86,7 +92,9 @@ def run(spec: RunSpec, progress: ProgressCallback | None = None) -> RunResult:
     env = {"device": str(device)}
     if device.type == "cuda":
         env["gpu"] = torch.cuda.get_device_name(device)
-    return RunResult(requests, probe.steps, run_metrics(acceptance, requests, probe.steps, duration_s), env)
+    metrics = run_metrics(acceptance, requests, probe.steps, duration_s)
+    metrics["end_of_request_rule"] = END_OF_REQUEST_RULE
+    return RunResult(requests, probe.steps, metrics, env)
 
 
 def load_model(model: ModelSpec, spec: RunSpec, device: torch.device):

@@ -2,6 +2,8 @@
 
 Turns a RunSpec into engine configs, loads the pair natively (torch + safetensors), warms up on the first
 prompt, serves every prompt (all arriving together), and maps the engine's counters onto DESIGN.md §4.
+Latencies count from arrival; ``queue_ms`` is arrival -> the first step that runs the request (with more
+requests than ``engine.max_num_seqs``, the wait for a batch slot).
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from specexp.result import RequestOutput, RunResult, StepRecord, run_metrics
 from specexp.specs import RunSpec
 
 WARMUP_NEW_TOKENS = 4
+END_OF_REQUEST_RULE = ("native: output token 0 from the prefill, undrafted; each later step drafts "
+                       "min(k, tokens left - 1)")
 
 
 def _int_tuple(values) -> tuple | None:
@@ -92,7 +96,7 @@ def to_run_result(spec: RunSpec, out: EngineOutput, k: int, tokenizer, device: t
             output_token_ids=output_ids, output_text=tokenizer.decode(output_ids) if tokenizer else "",
             category=prompt.category, accept_lengths=list(req.emitted_per_step),
             **request_latency(req.arrival_s, req.first_token_s if req.first_token_s is not None else end_s,
-                              end_s, len(output_ids)),
+                              end_s, len(output_ids), scheduled_s=req.scheduled_s),
         ))
     steps = [
         StepRecord(
@@ -116,6 +120,7 @@ def to_run_result(spec: RunSpec, out: EngineOutput, k: int, tokenizer, device: t
     if device.type == "cuda":
         env["gpu"] = torch.cuda.get_device_name(device)
     metrics = run_metrics(acceptance, requests, steps, out.total_s, graph)
+    metrics["end_of_request_rule"] = END_OF_REQUEST_RULE
     if out.graphs is not None:
         metrics["graph_replays"] = {
             name: {"num_replays": m["num_replays"], "num_eager": m["num_eager"]}

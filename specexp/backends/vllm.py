@@ -58,6 +58,8 @@ from specexp.result import RequestOutput, RunResult, run_metrics
 from specexp.specs import ModelSpec, RunSpec
 
 WARMUP_NEW_TOKENS = 4
+END_OF_REQUEST_RULE = ("vllm: output token 0 from the prefill; every later step drafts k, and tokens "
+                       "accepted past max_tokens are counted")
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.5
 INSTALL_HINT = "pip install -e '.[vllm]' on a GPU machine with torch 2.11"
 GIB = 1 << 30
@@ -210,16 +212,18 @@ def acceptance_from_vllm_metrics(metrics_list, k: int, before=None) -> dict[str,
 
 
 def request_latency_from_vllm(metrics, num_output_tokens: int) -> dict[str, float | None]:
-    """``ttft_ms``/``tpot_ms``/``e2e_ms`` of one request from its ``RequestOutput.metrics`` (``None`` each
-    where the fields are missing; their names differ by vLLM version).
+    """``ttft_ms``/``tpot_ms``/``e2e_ms``/``queue_ms`` of one request from its ``RequestOutput.metrics``
+    (``None`` each where the fields are missing; their names differ by vLLM version). As on every backend,
+    latencies count from arrival and ``queue_ms`` is arrival -> first scheduled.
 
     - V1 ``RequestStateStats``: ``first_token_latency`` (s, frontend: arrival -> first token) and the engine
-      core's monotonic ``first_token_ts``/``last_token_ts``: e2e = ttft + (last - first).
-    - V0 ``RequestMetrics``: wall-clock ``arrival_time``, ``first_token_time``, ``finished_time`` /
-      ``last_token_time``.
+      core's monotonic ``queued_ts``/``scheduled_ts``/``first_token_ts``/``last_token_ts``:
+      e2e = ttft + (last - first), queue = scheduled - queued.
+    - V0 ``RequestMetrics``: wall-clock ``arrival_time``, ``first_scheduled_time``, ``first_token_time``,
+      ``finished_time`` / ``last_token_time``.
     Timestamps equal to 0 mean "never set".
     """
-    none = {"ttft_ms": None, "tpot_ms": None, "e2e_ms": None}
+    none = {"ttft_ms": None, "tpot_ms": None, "e2e_ms": None, "queue_ms": None}
     if metrics is None:
         return none
 
@@ -229,17 +233,21 @@ def request_latency_from_vllm(metrics, num_output_tokens: int) -> dict[str, floa
 
     ttft_s = field("first_token_latency")
     if ttft_s is not None:
+        queued, scheduled = field("queued_ts"), field("scheduled_ts")
+        queue_ms = (scheduled - queued) * 1e3 if queued is not None and scheduled is not None else None
         first, last = field("first_token_ts"), field("last_token_ts")
         if first is None or last is None:
-            return {**none, "ttft_ms": ttft_s * 1e3}
-        return request_latency(0.0, ttft_s, ttft_s + (last - first), num_output_tokens)
+            return {**none, "ttft_ms": ttft_s * 1e3, "queue_ms": queue_ms}
+        return {**request_latency(0.0, ttft_s, ttft_s + (last - first), num_output_tokens), "queue_ms": queue_ms}
     arrival, first = field("arrival_time"), field("first_token_time")
     end = field("finished_time") or field("last_token_time")
     if arrival is None or first is None:
         return none
+    scheduled = field("first_scheduled_time")
     if end is None:
-        return {**none, "ttft_ms": (first - arrival) * 1e3}
-    return request_latency(arrival, first, end, num_output_tokens)
+        queue_ms = (scheduled - arrival) * 1e3 if scheduled is not None else None
+        return {**none, "ttft_ms": (first - arrival) * 1e3, "queue_ms": queue_ms}
+    return request_latency(arrival, first, end, num_output_tokens, scheduled_s=scheduled)
 
 
 def parse_graph_capture_log(text: str) -> tuple[float, int | None] | None:
@@ -408,6 +416,7 @@ def run(spec: RunSpec, progress: ProgressCallback | None = None) -> RunResult:
     graph = {"graph_capture_s": capture[0], "graph_capture_bytes": capture[1]} if capture else {}
     metrics = run_metrics(acceptance, requests, [], duration_s, graph)
     metrics.update(acceptance_from_vllm_metrics(after, k, before))  # acceptance_histogram_per_request: {}
+    metrics["end_of_request_rule"] = END_OF_REQUEST_RULE
     import torch
 
     env = {"device": "cuda:0", "gpu": torch.cuda.get_device_name(0), "vllm": getattr(vllm, "__version__", None)}

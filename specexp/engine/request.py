@@ -33,8 +33,9 @@ class Request:
     num_accepted_tokens: int = 1
     finished: bool = False
     finish_reason: str | None = None
-    # Timing (seconds since the run started).
+    # Timing (seconds since the run started). scheduled_s: the first step that ran it (queue = scheduled - arrival).
     arrival_s: float = 0.0
+    scheduled_s: float | None = None
     first_token_s: float | None = None
     finish_s: float | None = None
     # Per-verify acceptance of this request: (num_draft_tokens, num_accepted_tokens).

@@ -307,6 +307,9 @@ class NativeEngine(TargetGraphs, TargetStepInputs):
         batch = self.scheduler.schedule()
         if not batch.rows:
             raise RuntimeError("scheduler produced an empty step while requests are waiting")
+        for row in batch.rows:  # a request's queueing ends with the first step that runs it
+            if row.request.scheduled_s is None:
+                row.request.scheduled_s = t_start - self._t0
         desc, graphs = self._dispatch(batch)
         prep = self._prepare_target_inputs(batch, desc)
         timer.mark("verify")

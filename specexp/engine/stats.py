@@ -176,28 +176,35 @@ def distribution(values: list[float | None]) -> dict[str, float | None]:
     return {"mean": mean, **{f"p{q}": percentile(present, q) for q in (50, 90, 99)}}
 
 
-def request_latency(start_s: float, first_token_s: float, end_s: float, num_output_tokens: int) -> dict:
-    """One request's latency from ``time.perf_counter()`` stamps (seconds).
+LATENCY_KEYS = ("ttft_ms", "tpot_ms", "e2e_ms", "queue_ms")
 
-    Returns ``ttft_ms`` (start -> first output token), ``e2e_ms`` (start -> last token) and ``tpot_ms``
-    (mean time per output token after the first; ``None`` with fewer than 2 output tokens).
+
+def request_latency(arrival_s: float, first_token_s: float, end_s: float, num_output_tokens: int,
+                    scheduled_s: float | None = None) -> dict:
+    """One request's latency from ``time.perf_counter()`` stamps (seconds), every backend the same way.
+
+    Returns ``ttft_ms`` (arrival -> first output token, queueing included), ``e2e_ms`` (arrival -> last
+    token), ``tpot_ms`` (mean time per output token after the first; ``None`` with fewer than 2 output
+    tokens) and ``queue_ms`` (arrival -> first scheduled, the part of ttft spent waiting for a batch slot;
+    ``None`` when ``scheduled_s`` is not known).
     """
-    ttft_ms = (first_token_s - start_s) * 1e3
-    e2e_ms = (end_s - start_s) * 1e3
+    ttft_ms = (first_token_s - arrival_s) * 1e3
+    e2e_ms = (end_s - arrival_s) * 1e3
     tpot_ms = (e2e_ms - ttft_ms) / (num_output_tokens - 1) if num_output_tokens > 1 else None
-    return {"ttft_ms": ttft_ms, "tpot_ms": tpot_ms, "e2e_ms": e2e_ms}
+    queue_ms = (scheduled_s - arrival_s) * 1e3 if scheduled_s is not None else None
+    return {"ttft_ms": ttft_ms, "tpot_ms": tpot_ms, "e2e_ms": e2e_ms, "queue_ms": queue_ms}
 
 
 def latency_summary(requests: list[dict], num_output_tokens: int, duration_s: float) -> dict:
     """Run-level latency metrics.
 
-    ``requests``: one dict per request with ``ttft_ms``/``tpot_ms``/``e2e_ms`` (as :func:`request_latency`
-    returns). ``num_output_tokens``: generated tokens over the run. ``duration_s``: wall time of the whole
-    generation phase (first request start -> last request end; model loading excluded).
-    Returns ``ttft_ms``, ``tpot_ms``, ``e2e_ms`` (each ``{"mean","p50","p90","p99"}``) and
+    ``requests``: one dict per request with ``ttft_ms``/``tpot_ms``/``e2e_ms``/``queue_ms`` (as
+    :func:`request_latency` returns). ``num_output_tokens``: generated tokens over the run. ``duration_s``:
+    wall time of the whole generation phase (first arrival -> last request end; model loading excluded).
+    Returns ``ttft_ms``, ``tpot_ms``, ``e2e_ms``, ``queue_ms`` (each ``{"mean","p50","p90","p99"}``) and
     ``output_tokens_per_s``.
     """
     return {
-        **{key: distribution([r.get(key) for r in requests]) for key in ("ttft_ms", "tpot_ms", "e2e_ms")},
+        **{key: distribution([r.get(key) for r in requests]) for key in LATENCY_KEYS},
         "output_tokens_per_s": _ratio(num_output_tokens, duration_s),
     }

@@ -249,9 +249,10 @@ class RequestMetrics:  # vLLM V0
 
 def test_v1_request_stats_give_ttft_tpot_e2e():
     stats = RequestStateStats(arrival_time=1.7e9, first_token_ts=100.0, last_token_ts=100.9,
-                              first_token_latency=0.05)
+                              first_token_latency=0.05, queued_ts=99.96, scheduled_ts=99.98)
     latency = backend.request_latency_from_vllm(stats, num_output_tokens=10)
     assert latency["ttft_ms"] == pytest.approx(50.0)
+    assert latency["queue_ms"] == pytest.approx(20.0)
     assert latency["e2e_ms"] == pytest.approx(950.0)
     assert latency["tpot_ms"] == pytest.approx(100.0)
 
@@ -261,12 +262,13 @@ def test_v0_request_metrics_give_ttft_tpot_e2e():
                              first_token_time=10.2, time_in_queue=0.01, finished_time=11.0)
     latency = backend.request_latency_from_vllm(metrics, num_output_tokens=5)
     assert latency["ttft_ms"] == pytest.approx(200.0)
+    assert latency["queue_ms"] == pytest.approx(10.0)
     assert latency["e2e_ms"] == pytest.approx(1000.0)
     assert latency["tpot_ms"] == pytest.approx(200.0)
 
 
 def test_missing_request_timings_are_none_never_zero():
-    none = {"ttft_ms": None, "tpot_ms": None, "e2e_ms": None}
+    none = {"ttft_ms": None, "tpot_ms": None, "e2e_ms": None, "queue_ms": None}
     assert backend.request_latency_from_vllm(None, 4) == none
     assert backend.request_latency_from_vllm(RequestStateStats(), 4) == none
     one_token = backend.request_latency_from_vllm(

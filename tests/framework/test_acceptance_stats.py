@@ -98,8 +98,12 @@ def test_percentiles_interpolate_linearly():
 
 
 def test_request_latency_splits_first_token_from_the_rest():
-    lat = request_latency(start_s=10.0, first_token_s=10.1, end_s=10.5, num_output_tokens=5)
-    assert lat == pytest.approx({"ttft_ms": 100.0, "tpot_ms": 100.0, "e2e_ms": 500.0})
+    lat = request_latency(arrival_s=10.0, first_token_s=10.1, end_s=10.5, num_output_tokens=5)
+    assert {k: v for k, v in lat.items() if k != "queue_ms"} == pytest.approx(
+        {"ttft_ms": 100.0, "tpot_ms": 100.0, "e2e_ms": 500.0})
+    assert lat["queue_ms"] is None  # not known without the time it was first scheduled
+    queued = request_latency(10.0, 10.1, 10.5, 5, scheduled_s=10.04)
+    assert queued["queue_ms"] == pytest.approx(40.0) and queued["ttft_ms"] == pytest.approx(100.0)
     assert request_latency(0.0, 0.2, 0.2, 1)["tpot_ms"] is None
 
 
