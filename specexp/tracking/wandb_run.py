@@ -5,13 +5,21 @@ Modes (``tracking.wandb.mode``): ``offline`` (default; files under ``<run_dir>/w
 reached), ``disabled``. The mode is always passed to ``wandb.init`` explicitly. wandb cannot read offline
 runs back, so analysis reads ``result.json``/``steps.parquet``; ``wandb sync <run_dir>/wandb/offline-run-*``
 uploads an offline run later.
+
+Everything a run's W&B record needs stays inside the run directory, so a copied run folder keeps it: wandb
+stages artifact files (result.json) under ``$WANDB_DATA_DIR/artifacts/staging``, by default in the user's
+home (``~/.local/share/wandb``); while a run is logged ``WANDB_DATA_DIR`` is ``<run_dir>/wandb`` (wandb has
+no setting for it). The W&B run's id, directory and URL are written into result.json's ``wandb`` section.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from pathlib import Path
+
+from specexp.tracking import records
 
 MODES = ("offline", "online", "disabled")
 ONLINE_INIT_TIMEOUT_S = 20.0
@@ -45,6 +53,20 @@ def _init(wandb, mode: str, run_dir: Path, options: dict):
     return wandb.init(mode=mode, dir=str(run_dir), settings=settings, reinit="create_new", **options)
 
 
+@contextlib.contextmanager
+def staged_in(directory: Path):
+    """Within this block wandb stages artifact files under ``directory/artifacts/staging``."""
+    previous = os.environ.get("WANDB_DATA_DIR")
+    os.environ["WANDB_DATA_DIR"] = str(directory)
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop("WANDB_DATA_DIR", None)
+        else:
+            os.environ["WANDB_DATA_DIR"] = previous
+
+
 def _has_api_key() -> bool:
     if os.environ.get("WANDB_API_KEY"):
         return True
@@ -57,13 +79,20 @@ def log_run(record: dict, run_dir: Path, mode: str, options: dict) -> str:
 
     ``options``: ``wandb.init`` keywords (project, entity, group, job_type, name, tags). Logged: the
     resolved config (flattened), every scalar metric as summary, per-position acceptance and the
-    acceptance histograms (run and per request) as tables, result.json as an artifact.
+    acceptance histograms (run and per request) as tables, result.json as an artifact (staged inside
+    ``run_dir``). ``record["wandb"]`` gains ``mode`` (the one used), ``run_id``, ``dir`` (the W&B run's
+    directory) and ``url`` (online runs), and result.json is rewritten with them before it is logged.
     """
     if mode == "disabled":
         return mode
     os.environ.setdefault("WANDB_SILENT", "true")
     import wandb
 
+    with staged_in(Path(run_dir) / "wandb"):
+        return _log(wandb, record, Path(run_dir), mode, options)
+
+
+def _log(wandb, record: dict, run_dir: Path, mode: str, options: dict) -> str:
     options = {**options, "config": flatten(record.get("config") or {})}
     if mode == "online" and not _has_api_key():
         _warn("tracking.wandb.mode=online but no W&B API key is configured: logging offline instead")
@@ -77,6 +106,11 @@ def log_run(record: dict, run_dir: Path, mode: str, options: dict) -> str:
         mode = "offline"
         run = _init(wandb, mode, run_dir, options)
     try:
+        location = {"mode": mode, "run_id": run.id, "dir": str(Path(run.dir).parent),
+                    "url": run.url if mode == "online" else None}
+        record["wandb"] = {**(record.get("wandb") or {}), **location}
+        if (run_dir / records.RESULT_FILE).is_file():
+            records.write_result(run_dir, record)
         metrics = record.get("metrics") or {}
         run.summary.update({"status": record["status"], "error": record.get("error")})
         run.summary.update({k: v for k, v in flatten(metrics).items() if isinstance(v, (int, float)) or v is None})

@@ -1,0 +1,76 @@
+"""A run's console summary through the CLI: what acceptance length means, where the W&B run went, no graph
+lines on CPU; and W&B's staged artifact files inside the run directory, not in the user's home."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from specexp.tracking.summary import format_summary
+
+
+def tiny_run(tmp_path, target, draft, *extra):
+    home = tmp_path / "home"
+    home.mkdir(exist_ok=True)
+    env = {**os.environ, "HOME": str(home), "NETRC": str(tmp_path / "no-netrc"),
+           "SPECEXP_RUNS_DIR": str(tmp_path / "runs")}
+    for name in ("XDG_DATA_HOME", "XDG_CACHE_HOME", "WANDB_DATA_DIR", "WANDB_API_KEY", "WANDB_MODE"):
+        env.pop(name, None)
+    run_dir = tmp_path / "run"
+    args = ["run", "pair=local", f"pair.target.path={target}", f"pair.draft.path={draft}", "workload=random",
+            "workload.num_prompts=2", "workload.input_len=6", "workload.output_len=8",
+            "speculator.num_speculative_tokens=3", f"hydra.run.dir={run_dir}", *extra]
+    proc = subprocess.run([sys.executable, "-m", "specexp", *args], capture_output=True, text=True, env=env,
+                          timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc, run_dir, home
+
+
+def summary_rows(stdout: str) -> dict[str, str]:
+    rows = {}
+    for line in stdout.splitlines():
+        if line.startswith("  ") and "  " in line.strip():
+            name, _, value = line.strip().partition("  ")
+            rows[name.strip()] = value.strip()
+    return rows
+
+
+def test_the_summary_says_what_acceptance_means_and_where_the_wandb_run_is(tmp_path, tiny_llama_dir,
+                                                                          tiny_llama_draft_dir):
+    proc, run_dir, home = tiny_run(tmp_path, tiny_llama_dir, tiny_llama_draft_dir)
+    rows = summary_rows(proc.stdout)
+    assert "tokens emitted per target verification" in rows["acceptance_length"]
+    assert "4 = all 3" in rows["acceptance_length"]
+    (offline,) = (run_dir / "wandb").glob("offline-run-*")
+    assert rows["W&B"] == f"offline: {offline} (upload later: wandb sync {offline})"
+    assert not [name for name in rows if name.startswith(("graph", "persistent"))], "no graph lines on CPU"
+    assert rows["end-of-request rule"].startswith("native:")
+    assert "queue_ms (part of ttft) mean/p50/p99" in rows and "ttft_ms from arrival mean/p50/p99" in rows
+
+    record = json.loads((run_dir / "result.json").read_text())
+    assert record["wandb"]["dir"] == str(offline) and record["wandb"]["run_id"] in offline.name
+    # wandb stages the result.json artifact inside the run directory, none of it in the user's home
+    staged = [json.loads(p.read_text()) for p in (run_dir / "wandb" / "artifacts" / "staging").iterdir()]
+    (result,) = [s for s in staged if "status" in s]  # the others: the acceptance tables
+    assert result["status"] == "ok" and result["wandb"]["dir"] == str(offline)
+    assert not (home / ".local" / "share" / "wandb").exists()
+
+
+def test_disabled_tracking_says_so(tmp_path, tiny_llama_dir, tiny_llama_draft_dir):
+    proc, run_dir, _ = tiny_run(tmp_path, tiny_llama_dir, tiny_llama_draft_dir, "tracking=disabled")
+    assert summary_rows(proc.stdout)["W&B"] == "off (tracking=disabled)"
+    assert not (run_dir / "wandb").exists()
+
+
+@pytest.mark.parametrize(("device", "shown"), [("cpu", False), ("cuda:0", True)])
+def test_graph_lines_only_for_cuda_runs(device, shown):
+    record = {"status": "ok", "run_dir": "r", "env": {"device": device}, "wandb": {"mode": "disabled"},
+              "metrics": {"num_speculative_tokens": 2, "acceptance_length": 2.0, "graph_capture_bytes": 2**21,
+                          "graph_capture_s": 1.5, "persistent_buffer_bytes": 2**20}}
+    rows = summary_rows(format_summary(record))
+    assert (rows.get("graph_capture_bytes / _s") == "2.0 MiB / 1.50") == shown
+    assert (rows.get("persistent_buffer_bytes") == "1.0 MiB") == shown
