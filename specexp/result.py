@@ -1,7 +1,7 @@
 """What a backend returns: :class:`RunResult` = per-request outputs + per-step rows + §4 metrics.
 
 Backends fill :class:`RequestOutput` and :class:`StepRecord` and call :func:`run_metrics` once at the end;
-the app layer adds status/config/env and writes the run record (DESIGN.md §5). Pure Python (no torch).
+the app layer adds status/config/env and writes the run record (docs/design.md §5). Pure Python (no torch).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ verified differently (a near-tie resolved another way, a bug).
 
 Rules (token 0 of the output is the one the target samples after the prompt):
 
-- ``native`` (specexp's engine, DESIGN.md §4): token 0 comes from the prefill, undrafted. Each later step
+- ``native`` (specexp's engine, docs/design.md §4): token 0 comes from the prefill, undrafted. Each later step
   drafts ``min(k, L - n - 1)`` tokens, n = tokens produced so far, L = output length: it never drafts a
   token the request cannot keep, and a step with nothing left to draft is a plain decode step (no draft).
 - ``vllm`` (vLLM 0.26 draft_model): token 0 from the prefill; every later step verifies a full k-token
@@ -59,7 +59,7 @@ ACCOUNTING_RULES = {
 
 @dataclass
 class ReplayCounts:
-    """Counters of DESIGN.md §4 for one request or summed over a run.
+    """Counters of docs/design.md §4 for one request or summed over a run.
 
     num_drafts: verified drafts; num_draft_tokens: tokens they proposed; accepted_per_position[i]: drafts
     whose token i was accepted (length k); num_counted_tokens: tokens the backend's counters account for
@@ -83,7 +83,7 @@ class ReplayCounts:
 
     @property
     def acceptance_length(self) -> float:
-        """1 + accepted tokens per draft (1.0 without drafts), as DESIGN.md §4 defines it."""
+        """1 + accepted tokens per draft (1.0 without drafts), as docs/design.md §4 defines it."""
         return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 1.0
 
     def __add__(self, other: ReplayCounts) -> ReplayCounts:

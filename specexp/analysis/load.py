@@ -1,6 +1,6 @@
 """Run records -> one tidy pandas row per run.
 
-The local run record (``result.json`` in each run directory, DESIGN.md §5) is the source of truth: every
+The local run record (``result.json`` in each run directory, docs/design.md §5) is the source of truth: every
 run writes it, whatever its W&B mode, and wandb cannot read *offline* runs back. W&B is an optional second
 source for runs logged online (:mod:`specexp.analysis.wandb_source`).
 

@@ -1,4 +1,4 @@
-"""Derived metrics over loaded runs (DESIGN.md §4): per-position acceptance, per-request acceptance,
+"""Derived metrics over loaded runs (docs/design.md §4): per-position acceptance, per-request acceptance,
 speedup over k=0, step-time breakdown and graph-capture tables. Each takes the frame of
 :func:`specexp.analysis.load_runs` and returns a new tidy frame; none reads files.
 """

@@ -1,7 +1,7 @@
 """Backend `native`: specexp's own engine (continuous batching, draft-model speculation, paged caches).
 
 Turns a RunSpec into engine configs, loads the pair natively (torch + safetensors), warms up on the first
-prompt, serves every prompt (all arriving together), and maps the engine's counters onto DESIGN.md §4.
+prompt, serves every prompt (all arriving together), and maps the engine's counters onto docs/design.md §4.
 Latencies count from arrival; ``queue_ms`` is arrival -> the first step that runs the request (with more
 requests than ``engine.max_num_seqs``, the wait for a batch slot).
 """

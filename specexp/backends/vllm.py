@@ -12,7 +12,7 @@ What maps where:
   (``{"prompt_token_ids": ...}``); vLLM's own tokenizer is not loaded (``skip_tokenizer_init``) and output
   text is decoded with the target's tokenizer.json, as every backend does. EOS ids come from config.json /
   generation_config.json (the native loader's reading) as ``stop_token_ids``.
-- Acceptance (DESIGN.md §4) from ``LLM.get_metrics()`` counters, measured as the difference between
+- Acceptance (docs/design.md §4) from ``LLM.get_metrics()`` counters, measured as the difference between
   snapshots before and after the measured ``generate`` (warm-up excluded): :func:`acceptance_from_vllm_metrics`.
   vLLM counts per (request, step) exactly as §4 does; it keeps no per-draft histogram, but with
   prefix acceptance ``histogram[j] = accepted_per_position[j-1] - accepted_per_position[j]`` is exact.

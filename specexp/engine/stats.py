@@ -1,4 +1,4 @@
-"""Acceptance counting and latency summaries (DESIGN.md §4). Pure Python: no torch, no numpy.
+"""Acceptance counting and latency summaries (docs/design.md §4). Pure Python: no torch, no numpy.
 
 Every backend counts the same way: after each target verification of a request it calls
 

@@ -1,4 +1,4 @@
-"""The local run record (DESIGN.md §5), written atomically (temp file + rename) into the run's directory:
+"""The local run record (docs/design.md §5), written atomically (temp file + rename) into the run's directory:
 ``result.json``, ``outputs.jsonl``, ``steps.parquet``, ``answers.jsonl``. Analysis reads these files."""
 
 from __future__ import annotations

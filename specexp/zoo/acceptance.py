@@ -5,7 +5,7 @@ whose verified context ends at position ``p`` of ``T``, the draft greedily propo
 ``prompt + T[:p]``; the accepted count is the length of the prefix that matches ``T[p:p+k]``, and the step
 emits ``accepted + 1`` tokens (the correction or bonus token included), so the next step starts at
 ``p + accepted + 1``. The acceptance length is the mean number emitted per verify step
-(``1 + num_accepted_tokens / num_drafts``, DESIGN §4), over all steps of all prompts.
+(``1 + num_accepted_tokens / num_drafts``, docs/design.md §4), over all steps of all prompts.
 
 While the draft's proposals match, its context *is* ``prompt + T[:p + j]``. So its ``j``-th proposal
 from ``p`` equals its greedy prediction at position ``p + j`` of one teacher-forced pass over
@@ -24,7 +24,7 @@ import torch
 
 @dataclass
 class AcceptanceStats:
-    """Counts over all prompts for one depth ``k`` (names as in DESIGN §4)."""
+    """Counts over all prompts for one depth ``k`` (names as in docs/design.md §4)."""
 
     k: int
     num_drafts: int = 0

@@ -2,7 +2,7 @@
 
 Vocabulary 4096: three special tokens (ids 0..2, matching the HF config defaults for pad/bos/eos), the
 256 byte symbols, and BPE merges learned on the train split of the stdlib corpus. ``encode`` prepends
-``<|bos|>`` through the post-processor (DESIGN §5: the post-processor alone decides special tokens); the
+``<|bos|>`` through the post-processor (docs/design.md §5: the post-processor alone decides special tokens); the
 training stream is ``<|bos|> file <|eos|>`` per file, so a prompt looks like the start of a file.
 Decoding is byte-exact for any text (byte-level pre-tokenizer, no normalizer, no prefix space).
 """

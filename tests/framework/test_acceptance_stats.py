@@ -1,4 +1,4 @@
-"""AcceptanceStats and latency summaries (DESIGN.md §4) as specifications."""
+"""AcceptanceStats and latency summaries (docs/design.md §4) as specifications."""
 
 import math
 

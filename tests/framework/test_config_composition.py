@@ -72,7 +72,7 @@ def test_help_runs_as_a_module():
 ])
 def test_the_native_drafts_graph_mode_follows_the_engine(overrides, draft_mode):
     cfg = OmegaConf.to_container(compose_config(["+exp=quickstart", *overrides]), resolve=True)
-    assert cfg["speculator"]["cudagraph_mode"] in ("none", "full")  # records keep DESIGN.md §6's values
+    assert cfg["speculator"]["cudagraph_mode"] in ("none", "full")  # records keep docs/design.md §6's values
     _, speculator, _ = _native_configs(overrides)
     assert speculator.cudagraph_mode == draft_mode
 

@@ -1,4 +1,4 @@
-"""Run records (DESIGN.md §5): result.json for ok, failed and interrupted runs; outputs, steps, answers."""
+"""Run records (docs/design.md §5): result.json for ok, failed and interrupted runs; outputs, steps, answers."""
 
 import json
 import sys
