@@ -11,16 +11,18 @@ from pathlib import Path
 
 import specexp
 
-PACKAGE_ROOT = Path(specexp.__file__).resolve().parents[1]
+PACKAGE_ROOT = Path(specexp.__file__).resolve().parents[1]  # realpath
 TINY_RUN = ["run", "+exp=quickstart", "tracking=disabled", "workload.num_prompts=1", "sampling.max_new_tokens=2",
             "speculator.num_speculative_tokens=1"]
 
 # A finder that serves specexp only after the path search has had its turn, as setuptools' editable finder
-# for flat layouts does: the worst case for a `specexp` folder in the working directory.
+# for flat layouts does: the worst case for a `specexp` folder in the working directory. The package's own
+# path entry (an editable install's .pth, PYTHONPATH) is taken off sys.path so that only this finder has it.
 LATE_FINDER = '''
-import importlib.util, sys
+import importlib.util, os, sys
 from importlib.machinery import PathFinder
 ROOT = {root!r}
+sys.path[:] = [p for p in sys.path if os.path.realpath(p or ".") != ROOT]
 
 class LateFinder:
     @classmethod
