@@ -59,7 +59,8 @@ def test_train_without_a_zoo_model_names_the_choices_and_creates_nothing(tmp_pat
     proc = train_cli(tmp_path)
     assert proc.returncode == 2
     assert proc.stderr.strip() == ("specexp: error: no zoo model chosen: add +zoo=NAME, one of tiny_lfm2, "
-                                   "tiny_lfm2_draft, tiny_llama, tiny_llama_draft")
+                                   "tiny_lfm2_draft, tiny_lfm2_gsm8k, tiny_llama, tiny_llama_draft, "
+                                   "tiny_llama_gsm8k_draft")
     assert list(tmp_path.iterdir()) == []
 
 
