@@ -44,7 +44,8 @@ def sweep_dir(tmp_path_factory) -> Path:
     command = [
         sys.executable, "-m", "specexp", "run", "-m", "+exp=depth_sweep", "pair=tiny_random", "workload=random",
         f"speculator.num_speculative_tokens={','.join(map(str, SWEEP_KS))}", "backend=native", "tracking=disabled",
-        "workload.num_prompts=2", "workload.input_len=8", "workload.output_len=6", "isolate_sweep_jobs=false",
+        "workload.num_prompts=2", "workload.input_len=8", "workload.output_len=6", "sampling.max_new_tokens=6",
+        "isolate_sweep_jobs=false",
     ]
     env = {**os.environ, "SPECEXP_RUNS_DIR": str(runs)}
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600, check=False,

@@ -8,6 +8,9 @@ from omegaconf import OmegaConf
 from specexp.cli import compose_config
 from specexp.experiment import RunContext, execute
 
+# Two backends on one pair, in full (about 30 s each on a 2-core CPU).
+pytestmark = pytest.mark.slow
+
 
 @pytest.mark.parametrize("pair", ["tiny_random", "tiny_random_llama"])
 def test_hf_and_native_agree_on_a_random_pair(tmp_path, pair):

@@ -9,6 +9,11 @@ import os
 import subprocess
 import sys
 
+import pytest
+
+# A two-job CLI sweep of real models (about a minute on a 2-core CPU).
+pytestmark = pytest.mark.slow
+
 
 def test_native_and_hf_measure_ttft_from_arrival_with_queueing_apart(tmp_path, tiny_llama_dir, tiny_llama_draft_dir):
     sweep_dir = tmp_path / "sweep"

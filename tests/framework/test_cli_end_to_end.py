@@ -11,6 +11,9 @@ import time
 import pandas as pd
 import pytest
 
+# Each test runs the CLI on real models in subprocesses (25-90 s each on a 2-core CPU): `-m "not slow"` skips them.
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture
 def cli(tmp_path, monkeypatch):

@@ -39,6 +39,7 @@ def summary_rows(stdout: str) -> dict[str, str]:
     return rows
 
 
+@pytest.mark.slow
 def test_the_summary_says_what_acceptance_means_and_where_the_wandb_run_is(tmp_path, tiny_llama_dir,
                                                                           tiny_llama_draft_dir):
     proc, run_dir, home = tiny_run(tmp_path, tiny_llama_dir, tiny_llama_draft_dir)
@@ -60,6 +61,7 @@ def test_the_summary_says_what_acceptance_means_and_where_the_wandb_run_is(tmp_p
     assert not (home / ".local" / "share" / "wandb").exists()
 
 
+@pytest.mark.slow
 def test_disabled_tracking_says_so(tmp_path, tiny_llama_dir, tiny_llama_draft_dir):
     proc, run_dir, _ = tiny_run(tmp_path, tiny_llama_dir, tiny_llama_draft_dir, "tracking=disabled")
     assert summary_rows(proc.stdout)["W&B"] == "off (tracking=disabled)"

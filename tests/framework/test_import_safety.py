@@ -9,7 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import specexp
+
+# Two CLI runs from a shadowing directory (30-70 s each on a 2-core CPU).
+pytestmark = pytest.mark.slow
 
 PACKAGE_ROOT = Path(specexp.__file__).resolve().parents[1]  # realpath
 TINY_RUN = ["run", "+exp=quickstart", "tracking=disabled", "workload.num_prompts=1", "sampling.max_new_tokens=2",

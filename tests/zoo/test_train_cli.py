@@ -30,6 +30,7 @@ def train_cli(cwd, *args):
                           env=dict(os.environ), timeout=600, check=False)
 
 
+@pytest.mark.slow
 def test_train_writes_under_experiments_zoo_and_leaves_the_shipped_models_alone(tmp_path):
     before = shipped_digests()
     proc = train_cli(tmp_path, "+zoo=tiny_llama", *TINY, f"ckpt_dir={tmp_path / 'ckpt'}")
@@ -45,6 +46,7 @@ def test_train_writes_under_experiments_zoo_and_leaves_the_shipped_models_alone(
     assert "pair.target.path=experiments/zoo/tiny-llama" in proc.stdout
 
 
+@pytest.mark.slow
 def test_train_into_the_shipped_zoo_is_refused_without_overwrite_shipped(tmp_path):
     before = shipped_digests()
     proc = train_cli(tmp_path, "+zoo=tiny_llama", *TINY, f"out_dir={ZOO_DIR / 'tiny-llama'}",
