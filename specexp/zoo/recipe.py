@@ -21,6 +21,8 @@ PAIR_OF = {
     "tiny-llama": ("tiny_llama", "target"),
     "tiny-llama-draft": ("tiny_llama", "draft"),
     "tiny-lfm2-draft": ("tiny_lfm2_hybrid", "draft"),
+    "tiny-lfm2-gsm8k": ("tiny_gsm8k", "target"),
+    "tiny-llama-gsm8k-draft": ("tiny_gsm8k", "draft"),
 }
 
 
