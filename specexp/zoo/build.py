@@ -30,7 +30,8 @@ from specexp.zoo.train_loop import train
 BUILD_ORDER = ("tiny_llama", "tiny_lfm2", "tiny_llama_draft", "tiny_lfm2_draft")
 
 
-def _export(model_dir: Path, out: Path | None) -> None:
+def export_tar(model_dir: Path, out: Path | None) -> None:
+    """Write ``model_dir`` as ``out/<name>.tar`` (to carry trained models off a GPU machine); None: nothing."""
     if out is None:
         return
     out.mkdir(parents=True, exist_ok=True)
@@ -61,7 +62,7 @@ def main(argv: list[str] | None = None) -> None:
         extra_drafts[mix.name] = mix.out_dir
     for spec in jobs if not args.skip_train else []:
         result = train(spec, overwrite_shipped=spec.out_dir is None)  # the four shipped models; variants elsewhere
-        _export(result.out_dir, args.out)
+        export_tar(result.out_dir, args.out)
         print(f"[build] {spec.name} finished at {time.time() - t0:.0f}s", flush=True)
 
     rows = measure({t: t for t in TARGETS}, {**{d: d for d in DRAFTS}, **extra_drafts},

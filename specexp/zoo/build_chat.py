@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import tarfile
 import time
 from pathlib import Path
 from typing import Any
@@ -83,16 +82,9 @@ def measure_gsm8k(target: str, draft: str, test_path: Path, num_prompts: int = 1
     }
 
 
-def _export(model_dir: Path, out: Path | None) -> None:
-    if out is None:
-        return
-    out.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(out / f"{model_dir.name}.tar", "w") as tar:
-        tar.add(model_dir, arcname=model_dir.name)
-
-
 def main(argv: list[str] | None = None) -> None:
     from specexp.workloads.benchmarks import data_dir
+    from specexp.zoo.build import export_tar
     from specexp.zoo.card import write_cards
     from specexp.zoo.spec import load_spec
     from specexp.zoo.train_loop import train
@@ -121,7 +113,6 @@ def main(argv: list[str] | None = None) -> None:
         shipped = zoo_dir / spec.name
         shutil.rmtree(shipped, ignore_errors=True)
         shutil.copytree(result.out_dir, shipped)
-        _export(shipped, args.out)
         print(f"[build_chat] {spec.name} finished at {time.time() - t0:.0f}s", flush=True)
 
     rows = [measure_gsm8k(target, draft, data / TEST_FILE, args.num_prompts, args.new_tokens, zoo_dir=zoo_dir)
@@ -135,8 +126,8 @@ def main(argv: list[str] | None = None) -> None:
         args.out.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(record, args.out / "acceptance.json")
     write_cards(zoo_dir, names=(*CHAT_TARGETS, *CHAT_DRAFTS))
-    for name in (*CHAT_TARGETS, *CHAT_DRAFTS):  # again, now with their model cards
-        _export(zoo_dir / name, args.out)
+    for name in (*CHAT_TARGETS, *CHAT_DRAFTS):  # with their model cards
+        export_tar(zoo_dir / name, args.out)
     print(f"[build_chat] all done in {time.time() - t0:.0f}s (torch {torch.__version__})", flush=True)
 
 
