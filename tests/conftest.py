@@ -185,3 +185,15 @@ def tiny_lfm2_dir(make_tiny_checkpoint) -> Path:
 @pytest.fixture(scope="session")
 def tiny_lfm2_draft_dir(make_tiny_checkpoint) -> Path:
     return make_tiny_checkpoint("tiny-lfm2-draft", "lfm2", hidden_size=32, num_layers=2, seed=1)
+
+
+@pytest.fixture
+def one_torch_thread():
+    """torch on one intra-op thread for the test (CPU runs whose counts must not depend on the thread count),
+    the previous setting restored after."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -5,20 +5,13 @@ import math
 import shutil
 
 import pytest
-import torch
 from omegaconf import OmegaConf
 
 from specexp.backends import get_backend
 from specexp.cli import compose_config
 from specexp.experiment import RunContext, build_run_spec
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def run_hf(tmp_path, target, draft, k, *extra, num_prompts=2, input_len=6, output_len=12):

@@ -5,7 +5,6 @@ import json
 import shutil
 
 import pytest
-import torch
 from omegaconf import OmegaConf
 from tokenizers import Tokenizer
 
@@ -25,12 +24,7 @@ QUESTIONS = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
