@@ -15,7 +15,7 @@ class StepRecord:
     step's start to its verify (the device waiting for the host's scheduling and staging; ~0 while the host
     stages ahead of a device still busy with the step before), verify_ms, sample_ms (rejection sampler; 0 when
     the step replays a verify graph, which samples too: verify_ms then includes it), draft_ms (the draft's
-    prefill and decode steps). step_ms is the host's wall time in the step() call."""
+    prefill and decode steps). step_ms is the host's wall time spent in step()."""
 
     step: int
     num_reqs: int
