@@ -9,6 +9,8 @@ requests than ``engine.max_num_seqs``, the wait for a batch slot).
 
 from __future__ import annotations
 
+import logging
+
 import torch
 from tokenizers import Tokenizer
 
@@ -24,6 +26,8 @@ from specexp.result import RequestOutput, RunResult, StepRecord, prompt_fields, 
 from specexp.specs import RunSpec
 from specexp.workloads.conversation import answer_text
 from specexp.workloads.prompt import Prompt
+
+log = logging.getLogger(__name__)
 
 WARMUP_NEW_TOKENS = 4
 END_OF_REQUEST_RULE = ("native: output token 0 from the prefill, undrafted; each later step drafts "
@@ -49,6 +53,7 @@ def run(spec: RunSpec, progress: ProgressCallback | None = None) -> RunResult:
     engine = NativeEngine(target, draft, engine_cfg, spec_cfg, sampling_cfg, target.config.eos_token_ids,
                           progress=progress)
     engine.generate([spec.prompts[0].token_ids], max_new_tokens=min(WARMUP_NEW_TOKENS, sampling_cfg.max_new_tokens))
+    log.info("models loaded and warmed up: serving %d prompts", len(spec.prompts))
     tokenizer_path = spec.pair.target.tokenizer_path
     tokenizer = Tokenizer.from_file(tokenizer_path) if tokenizer_path else None
     waves: list[EngineOutput] = []
