@@ -14,7 +14,7 @@ from pathlib import Path
 ZOO_DIR = Path(__file__).resolve().parent
 TARGETS = ("tiny-lfm2", "tiny-llama")
 DRAFTS = ("tiny-llama-draft", "tiny-lfm2-draft")
-# The chat demo pair (GSM8K, the zoo's chat template): built and measured on their own (specexp.zoo.build_chat).
+# The chat demo pair (GSM8K, the zoo's chat template): built and measured together by specexp.zoo.build_chat.
 CHAT_TARGETS = ("tiny-lfm2-gsm8k",)
 CHAT_DRAFTS = ("tiny-llama-gsm8k-draft",)
 ZOO_MODELS = (*TARGETS, *DRAFTS, *CHAT_TARGETS, *CHAT_DRAFTS)
