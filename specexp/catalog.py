@@ -23,6 +23,7 @@ GROUPS = (
     ("backend", "which engine serves the requests", "backend=NAME"),
     ("tracking", "Weights & Biases logging", "tracking=NAME"),
     ("exp", "experiments: recipes setting several groups, maybe a sweep", "+exp=NAME"),
+    ("hydra/launcher", "where a sweep's jobs run; default: one after another here", "-m hydra/launcher=NAME"),
     ("zoo", "demo models the train command builds", "train +zoo=NAME"),
 )
 NAME_WIDTH = 18

@@ -239,8 +239,9 @@ def _merge(schema: dict, yaml_keys: dict) -> dict:
 
 def group_names(conf_dir: Path) -> list[str]:
     """Config groups that can appear in a run config (every ``conf/`` subdirectory but ``exp``, which
-    is merged at the top level)."""
-    return sorted(p.name for p in conf_dir.iterdir() if p.is_dir() and p.name != "exp" and not p.name.startswith("."))
+    is merged at the top level, and ``hydra``, Hydra's own groups such as ``hydra/launcher``)."""
+    return sorted(p.name for p in conf_dir.iterdir()
+                  if p.is_dir() and p.name not in ("exp", "hydra") and not p.name.startswith("."))
 
 
 def group_vocabulary(conf_dir: Path, group: str, option: str | None) -> dict[str, Any]:

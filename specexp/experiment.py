@@ -74,7 +74,10 @@ def _git_sha() -> str | None:
 
 def environment(device: str) -> dict:
     """Facts about where the run ran: python, torch, transformers, device, gpu, specexp version, git sha,
-    host and process id."""
+    host, process id and the Slurm job it ran in (``slurm``: :func:`specexp.cluster.slurm.job_facts`, None
+    outside Slurm)."""
+    from specexp.cluster.slurm import job_facts
+
     env = {
         "python": platform.python_version(),
         "specexp_version": specexp.__version__,
@@ -83,6 +86,7 @@ def environment(device: str) -> dict:
         "gpu": None,
         "hostname": platform.node(),
         "pid": os.getpid(),
+        "slurm": job_facts(),
     }
     for module in ("torch", "transformers"):
         mod = sys.modules.get(module)
@@ -319,15 +323,17 @@ def exit_code(record: dict) -> int:
 class SweepState:
     """What the sweep this process drives has done. ``jobs``: ``(job_num, run_dir, status)`` of each job
     launched so far; ``keep``: job numbers a resume leaves as they are (their record is ``ok``);
-    ``resuming``: a resume (a job that runs again first moves its old record aside)."""
+    ``resuming``: a resume (a job that runs again first moves its old record aside); ``own_process``: this
+    process is a job's own (a cluster job, :mod:`specexp.cluster`), so the job runs here, not in a fresh one."""
 
     jobs: list = dataclasses.field(default_factory=list)
     keep: set = dataclasses.field(default_factory=set)
     resuming: bool = False
+    own_process: bool = False
 
-    def reset(self, keep=(), resuming: bool = False) -> None:
+    def reset(self, keep=(), resuming: bool = False, own_process: bool = False) -> None:
         self.jobs.clear()
-        self.keep, self.resuming = set(keep), resuming
+        self.keep, self.resuming, self.own_process = set(keep), resuming, own_process
 
 
 SWEEP = SweepState()
@@ -342,8 +348,9 @@ def _job_status(run_dir: Path) -> str:
 
 
 def run_sweep_job(plain: dict, ctx: RunContext) -> str:
-    """One job of a sweep, in a fresh process unless ``isolate_sweep_jobs`` is false; returns its status.
-    A job a resume keeps is not run. An interruption is recorded in :data:`SWEEP` and re-raised."""
+    """One job of a sweep, in a fresh process unless ``isolate_sweep_jobs`` is false or this process is the
+    job's own (``SWEEP.own_process``); returns its status. A job a resume keeps is not run. An interruption
+    is recorded in :data:`SWEEP` and re-raised."""
     from specexp.job_process import run_in_fresh_process
 
     if ctx.job_num in SWEEP.keep:
@@ -353,7 +360,7 @@ def run_sweep_job(plain: dict, ctx: RunContext) -> str:
     if SWEEP.resuming:
         records.archive_previous(ctx.run_dir)
     try:
-        if plain.get("isolate_sweep_jobs", True):
+        if plain.get("isolate_sweep_jobs", True) and not SWEEP.own_process:
             status = run_in_fresh_process(plain, ctx)
         else:
             status = execute(plain, ctx)["status"]

@@ -17,7 +17,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specexp import experiment, interrupts, overrides, resume
+from specexp import cluster, experiment, interrupts, overrides, resume
 from specexp import run_dirs as rd
 from specexp.errors import ConfigError
 
@@ -128,6 +128,7 @@ def plan_run(argv: list[str]) -> RunPlan:
     else:
         multirun = multirun or "-m" in run_args(given)  # an experiment that declares a sweep is one
     given = [g for g in given if not (resume_dir is not None and g.startswith(_DIR_KEYS))]
+    cluster.check_launcher(given, multirun)
     normalized = overrides.normalize(given, conf, multirun)
     if multirun:
         fixed = [o.text for o in overrides.parse(normalized, conf) if not o.hydra.is_sweep_override()]

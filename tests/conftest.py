@@ -25,7 +25,7 @@ SPECIAL_TOKENS = ["<pad>", "<bos>", "<eos>"]  # ids 0, 1, 2
 TESTS_DIR = Path(__file__).parent
 # The Hydra / W&B / notebook layer's tests, none of them marked ``cuda``, and the modules they import that the GPU
 # machine (torch, safetensors and tokenizers only) lacks.
-LAYER_TEST_DIRS = ("framework", "analysis")
+LAYER_TEST_DIRS = ("framework", "analysis", "cluster")
 LAYER_MODULES = ("omegaconf", "hydra", "nbformat", "nbclient")
 
 

@@ -22,7 +22,7 @@ def listing() -> str:
 def test_every_config_group_is_listed(listing):
     headers = [line.split(":")[0] for line in listing.splitlines() if line and not line.startswith(" ")]
     assert headers == ["pair", "speculator", "short_conv", "engine", "sampling", "workload", "backend", "tracking",
-                       "exp", "zoo"]
+                       "exp", "hydra/launcher", "zoo"]
     assert [g for g, _, _ in GROUPS] == headers
 
 
