@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import shutil
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -101,8 +102,22 @@ def final_states(jobs: list[SubmittedJob], timeout_s: float = FINAL_STATE_WAIT_S
         time.sleep(RESULT_POLL_S)
 
 
+def _refusal(e: Exception) -> str:
+    """The line that says why a submission was refused (sbatch's last error line, or the exception's)."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    errors = [line for line in lines if "error" in line.lower()]
+    return (errors or lines or [type(e).__name__])[-1]
+
+
 def _submit_slurm(executor, job_fn, jobs: list[SubmittedJob], args) -> None:
-    handles = executor.map_array(job_fn, *zip(*args))
+    """Submit ``jobs`` as one job array; a refused submission (a bad partition, account, QOS, ...) is one
+    error line and leaves the jobs not run."""
+    try:
+        handles = executor.map_array(job_fn, *zip(*args))
+    except Exception as e:  # noqa: BLE001 - sbatch's refusal, whatever submitit wraps it in
+        print(f"specexp: error: Slurm refused the sweep's jobs ({_refusal(e)}): check hydra.launcher.partition,"
+              " .account, .qos and the resources asked for (docs/cluster.md)", file=sys.stderr, flush=True)
+        return
     for job, handle in zip(jobs, handles):
         job.handle = handle
     array_id = str(handles[0].job_id).split("_")[0]

@@ -121,7 +121,6 @@ class OneNodeSlurm:
             "JobCompType=jobcomp/none",
             "JobAcctGatherType=jobacct_gather/none",
             "SchedulerType=sched/backfill",
-            "KillWait=10",
             "MinJobAge=600",
             "InactiveLimit=0",
             "SlurmctldTimeout=30",
