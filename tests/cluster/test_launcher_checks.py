@@ -35,8 +35,8 @@ def test_the_cli_refuses_in_one_line_and_creates_nothing(cluster_extra, tmp_path
     runs = tmp_path / "runs"
     proc = run_cli(["run", *TINY, "hydra/launcher=local"], cli_env(runs))
     assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines() == ["specexp: error: hydra/launcher=local launches the jobs of a sweep:"
-                                                " add -m (a single run runs here)"]
+    assert proc.stderr.strip().splitlines() == [("specexp: error: hydra/launcher=local launches the jobs of a sweep:"
+                                                 " add -m (a single run runs here)")]
     assert not runs.exists()
 
 
