@@ -145,7 +145,8 @@ SCHEMA: dict[str, dict[str, Any]] = {
     "engine": {
         "device": Key("str", choices=DEVICES),
         "max_num_seqs": POSITIVE_INT,
-        "max_model_len": Key("int", minimum=2),
+        "max_model_len": Key("int", minimum=2, words=("auto",),
+                             note="auto = the longest prompt + max_new_tokens + k, rounded up to a block"),
         "allow_long_max_model_len": Key("bool", note="true: let requests run past max_position_embeddings"),
         "block_size": POSITIVE_INT,
         "num_kv_blocks": OPTIONAL_POSITIVE_INT,

@@ -216,6 +216,8 @@ def _announce(spec) -> None:
     for role, model in (("target", spec.pair.target), ("draft", spec.pair.draft)):
         unused = " (unused at k = 0)" if role == "draft" and spec.speculator.num_speculative_tokens == 0 else ""
         log.info("%s %s: %s weights (%s)%s", role, model.source, model.weights, model.weights_note, unused)
+    if spec.config.get("engine", {}).get("max_model_len") == "auto":
+        log.info("engine.max_model_len=auto: %d tokens per request", spec.engine.max_model_len)
     for line in spec.warnings:
         print(f"specexp: warning: {line}", file=sys.stderr, flush=True)
 
@@ -270,6 +272,7 @@ def execute(cfg: dict, ctx: RunContext) -> dict:
     try:
         spec = build_run_spec(cfg, ctx)
         record["weights"] = {"target": spec.pair.target.weights, "draft": spec.pair.draft.weights}
+        record["max_model_len"] = spec.engine.max_model_len  # engine.max_model_len=auto resolved
         _announce(spec)
         backend = get_backend(spec.backend)
         log.info("starting backend %s: %s, k=%d, %d prompts", spec.backend, spec.pair.name,

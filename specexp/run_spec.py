@@ -93,6 +93,30 @@ def _check_kv_blocks(prompts: list, max_new_tokens: int, engine, k: int) -> None
                               f" engine.num_kv_blocks={num_blocks}: raise it, or lower max_new_tokens")
 
 
+# engine.max_model_len=auto where neither model states max_position_embeddings.
+AUTO_MAX_MODEL_LEN_FALLBACK = 4096
+
+
+def auto_length_budget(pair, k: int, allow_long: bool) -> int:
+    """The most positions ``engine.max_model_len=auto`` may give: the smallest max_position_embeddings of the
+    models that run (the draft only when k > 0), else :data:`AUTO_MAX_MODEL_LEN_FALLBACK`; with
+    ``engine.allow_long_max_model_len`` no less than the fallback either."""
+    models = [pair.target] + ([pair.draft] if k > 0 else [])
+    limits = [m.max_position_embeddings for m in models if m.max_position_embeddings]
+    budget = min(limits) if limits else AUTO_MAX_MODEL_LEN_FALLBACK
+    return max(budget, AUTO_MAX_MODEL_LEN_FALLBACK) if allow_long else budget
+
+
+def auto_max_model_len(prompts: list, max_new_tokens: int, k: int, block_size: int, budget: int) -> int:
+    """``engine.max_model_len=auto`` (tokens per request): the longest prompt + ``max_new_tokens`` + ``k``
+    (room for the last step's drafts), rounded up to a multiple of ``block_size``, at most ``budget``. A workload
+    with later conversation turns keeps ``budget``: a later turn quotes answers not generated yet."""
+    if not prompts or any(getattr(p, "num_turns", 1) > 1 for p in prompts):
+        return budget
+    longest = max(len(p.token_ids) for p in prompts) + max_new_tokens + k
+    return min(-(-max(longest, k + 2) // block_size) * block_size, budget)
+
+
 @functools.lru_cache(maxsize=16)
 def _check_tokenizer(path: str, mtime: float, role: str) -> None:
     from tokenizers import Tokenizer
@@ -174,6 +198,10 @@ def build_run_spec(cfg: dict, ctx, choices: dict | None = None, prompt_cache: di
         config=cfg,
         backend_options=backend_cfg,
     )
+    k = speculator.num_speculative_tokens
+    auto_length = engine.max_model_len == "auto"
+    if auto_length:  # prompts are filtered against the models' limit, then the length is fitted to them
+        engine.max_model_len = auto_length_budget(pair, k, bool(engine.options.get("allow_long_max_model_len")))
     check_engine_settings(spec)
     _check_backend_support(spec.backend, speculator, engine)
     for role, model in (("target", target), ("draft", draft)):
@@ -184,8 +212,11 @@ def build_run_spec(cfg: dict, ctx, choices: dict | None = None, prompt_cache: di
     max_prompt_tokens = resolve_max_prompt_tokens(workload.options.get("max_prompt_tokens"), engine.max_model_len,
                                                   sampling.max_new_tokens)
     spec.prompts = _load_prompts(workload, target, max_prompt_tokens, prompt_cache)
-    k = speculator.num_speculative_tokens
-    _check_prompt_lengths(spec.prompts, sampling.max_new_tokens, engine.max_model_len)
+    if auto_length:
+        engine.max_model_len = auto_max_model_len(spec.prompts, sampling.max_new_tokens, k, engine.block_size,
+                                                  engine.max_model_len)
+        check_engine_settings(spec)
     spec.warnings = _check_positions(pair, k, spec.prompts, sampling.max_new_tokens, engine)
+    _check_prompt_lengths(spec.prompts, sampling.max_new_tokens, engine.max_model_len)
     _check_kv_blocks(spec.prompts, sampling.max_new_tokens, engine, k)
     return spec

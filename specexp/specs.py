@@ -78,12 +78,13 @@ class ShortConvSpec:
 
 @dataclass
 class EngineSpec:
-    """Engine limits. ``max_model_len``: prompt + output tokens per request; ``block_size``: KV-cache
+    """Engine limits. ``max_model_len``: prompt + output tokens per request (``"auto"`` until
+    :func:`specexp.run_spec.build_run_spec` fits it to the prompts); ``block_size``: KV-cache
     tokens per block; ``seed``: seeds sampling (and random weights)."""
 
     device: str = "cpu"
     max_num_seqs: int = 8
-    max_model_len: int = 2048
+    max_model_len: int | str = 2048
     block_size: int = 16
     cudagraph_mode: str = "none"
     seed: int = 0

@@ -36,6 +36,7 @@ from specexp.engine.stats import AcceptanceStats, request_latency
 from specexp.models import load_model as load_native_model
 from specexp.result import RequestOutput, RunResult, StepRecord, prompt_fields, run_metrics
 from specexp.specs import ModelSpec, RunSpec
+from specexp.startup import PhaseClock, process_age_s, startup_record
 from specexp.workloads.conversation import answer_text
 from specexp.workloads.prompt import Prompt
 
@@ -51,9 +52,11 @@ def run(spec: RunSpec, progress: ProgressCallback | None = None) -> RunResult:
     hf_logging.disable_progress_bar()
     device = torch.device(spec.engine.device)
     k = spec.speculator.num_speculative_tokens
+    import_s, clock = process_age_s(), PhaseClock()
     target = load_model(spec.pair.target, spec, device)
     draft = load_model(spec.pair.draft, spec, device) if k > 0 else None
     configure_generation(target, draft, spec)
+    clock.lap("model_load")
     tokenizer_path = spec.pair.target.tokenizer_path
     tokenizer = Tokenizer.from_file(tokenizer_path) if tokenizer_path else None
 
@@ -63,6 +66,7 @@ def run(spec: RunSpec, progress: ProgressCallback | None = None) -> RunResult:
     with probe.paused():
         probe.begin_request(first.id)
         _generate(target, draft, first.token_ids, min(WARMUP_NEW_TOKENS, spec.sampling.max_new_tokens), device, probe)
+    clock.lap("warmup")
 
     torch.manual_seed(spec.engine.seed)
     run_start = time.perf_counter()  # every first turn's arrival (a later turn arrives when it is created)
@@ -97,6 +101,7 @@ def run(spec: RunSpec, progress: ProgressCallback | None = None) -> RunResult:
         env["gpu"] = torch.cuda.get_device_name(device)
     metrics = run_metrics(acceptance, requests, probe.steps, duration_s)
     metrics["end_of_request_rule"] = END_OF_REQUEST_RULE
+    metrics["startup_s"] = startup_record(clock.phases_s, import_s)
     return RunResult(requests, probe.steps, metrics, env)
 
 

@@ -24,6 +24,7 @@ from specexp.errors import ConfigError
 from specexp.models import load_model
 from specexp.result import RequestOutput, RunResult, StepRecord, prompt_fields, run_metrics
 from specexp.specs import RunSpec
+from specexp.startup import PhaseClock, process_age_s, startup_record
 from specexp.workloads.conversation import answer_text
 from specexp.workloads.prompt import Prompt
 
@@ -47,12 +48,16 @@ def run(spec: RunSpec, progress: ProgressCallback | None = None) -> RunResult:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError("engine.device=cuda but no CUDA GPU is visible: use engine.device=cpu")
     k = spec_cfg.num_speculative_tokens
+    import_s, clock = process_age_s(), PhaseClock()
     load = {"dtype": spec.pair.dtype, "device": device, "seed": spec.pair.init_seed}
     target = load_model(spec.pair.target.path, weights=spec.pair.target.weights, **load)
     draft = load_model(spec.pair.draft.path, weights=spec.pair.draft.weights, **load) if k > 0 else None
+    clock.lap("model_load")
     engine = NativeEngine(target, draft, engine_cfg, spec_cfg, sampling_cfg, target.config.eos_token_ids,
                           progress=progress)
+    clock.lap("engine_build")
     engine.generate([spec.prompts[0].token_ids], max_new_tokens=min(WARMUP_NEW_TOKENS, sampling_cfg.max_new_tokens))
+    clock.lap("warmup")
     log.info("models loaded and warmed up: serving %d prompts", len(spec.prompts))
     tokenizer_path = spec.pair.target.tokenizer_path
     tokenizer = Tokenizer.from_file(tokenizer_path) if tokenizer_path else None
@@ -69,7 +74,9 @@ def run(spec: RunSpec, progress: ProgressCallback | None = None) -> RunResult:
                            engine_cfg.max_model_len, sampling_cfg.max_new_tokens,
                            bool(spec.workload.options.get("one_at_a_time", False)))
     run_progress.finish()
-    return to_run_result(served, waves, k, tokenizer, device)
+    result = to_run_result(served, waves, k, tokenizer, device)
+    result.metrics["startup_s"] = startup_record(clock.phases_s, import_s, result.metrics.get("graph_capture_s"))
+    return result
 
 
 def to_run_result(served: list[tuple[Prompt, Request]], waves: list[EngineOutput], k: int, tokenizer,

@@ -58,6 +58,7 @@ from specexp.engine.stats import AcceptanceCounts, AcceptanceStats, request_late
 from specexp.errors import ConfigError
 from specexp.result import RequestOutput, RunResult, prompt_fields, run_metrics
 from specexp.specs import ModelSpec, RunSpec
+from specexp.startup import PhaseClock, process_age_s, startup_record
 from specexp.workloads.conversation import answer_text
 
 WARMUP_NEW_TOKENS = 4
@@ -370,6 +371,7 @@ def run(spec: RunSpec, progress: ProgressCallback | None = None) -> RunResult:
     from specexp.models import load_config
 
     k = spec.speculator.num_speculative_tokens
+    import_s, clock = process_age_s(), PhaseClock()
     target_config = load_config(spec.pair.target.path)
     log = LogCapture()
     random_draft = k > 0 and spec.pair.draft.weights == "random"
@@ -383,11 +385,13 @@ def run(spec: RunSpec, progress: ProgressCallback | None = None) -> RunResult:
             draft_dir = materialize_random_weights(spec.pair.draft, spec, scratch / "draft", spec.engine.device)
         with log.attached():
             llm = vllm.LLM(**llm_kwargs(spec, target_dir, draft_dir, target_config.max_position_embeddings))
+            clock.lap("model_load_and_engine_build")  # vLLM builds both in LLM(...)
             first = spec.prompts[0]
             warmup = {**sampling_params_kwargs(spec, 0, target_config.eos_token_ids),
                       "max_tokens": min(WARMUP_NEW_TOKENS, spec.sampling.max_new_tokens)}
             llm.generate([{"prompt_token_ids": list(first.token_ids)}], vllm.SamplingParams(**warmup),
                          use_tqdm=False)
+            clock.lap("warmup")
             before = llm.get_metrics()
             order = {p.id: i for i, p in enumerate(spec.prompts)}  # a conversation's turns share its seed index
             duration_s = 0.0
@@ -433,6 +437,7 @@ def run(spec: RunSpec, progress: ProgressCallback | None = None) -> RunResult:
     metrics = run_metrics(acceptance, requests, [], duration_s, graph)
     metrics.update(acceptance_from_vllm_metrics(after, k, before))  # acceptance_histogram_per_request: {}
     metrics["end_of_request_rule"] = END_OF_REQUEST_RULE
+    metrics["startup_s"] = startup_record(clock.phases_s, import_s, graph.get("graph_capture_s"))
     import torch
 
     env = {"device": "cuda:0", "gpu": torch.cuda.get_device_name(0), "vllm": getattr(vllm, "__version__", None)}

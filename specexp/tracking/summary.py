@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from specexp.startup import format_startup
+
 
 def _fmt(value, spec: str = ".2f") -> str:
     if value is None:
@@ -77,6 +79,8 @@ def format_summary(record: dict) -> str:
                          " / ".join(_fmt(d.get(s)) for s in ("mean", "p50", "p99"))))
         if m.get("end_of_request_rule"):
             rows.append(("end-of-request rule", m["end_of_request_rule"]))
+        if m.get("startup_s"):
+            rows.append(("startup_s", format_startup(m["startup_s"])))
         if _on_cuda(record):
             capture = f"{_fmt_bytes(m.get('graph_capture_bytes'))} / {_fmt(m.get('graph_capture_s'))}"
             rows.append(("graph_capture_bytes / _s", capture))

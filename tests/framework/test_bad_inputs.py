@@ -193,7 +193,7 @@ def test_requests_past_max_position_embeddings_are_refused_naming_both_numbers(p
                                   "workload.output_len=8"]
     expect_error(overrides, tmp_path, "reach 20 positions", "target's max_position_embeddings=16",
                  "engine.allow_long_max_model_len=true")
-    spec = build(overrides + ["engine.allow_long_max_model_len=true"], tmp_path)
+    spec = build(overrides + ["engine.allow_long_max_model_len=true", "engine.max_model_len=2048"], tmp_path)
     (warning,) = spec.warnings
     assert "engine.max_model_len=2048 > the target's max_position_embeddings=16" in warning
 
@@ -201,7 +201,7 @@ def test_requests_past_max_position_embeddings_are_refused_naming_both_numbers(p
 def test_a_max_model_len_above_max_position_embeddings_is_a_warning_naming_both(pair_overrides, short_context_target,
                                                                                tmp_path):
     spec = build(pair_overrides + [f"pair.target.path={short_context_target}", "workload.input_len=6",
-                                   "workload.output_len=4"], tmp_path)
+                                   "workload.output_len=4", "engine.max_model_len=2048"], tmp_path)
     assert spec.warnings == [("engine.max_model_len=2048 > the target's max_position_embeddings=16; this run's"
                              " requests reach 10 positions")]
 
