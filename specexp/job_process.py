@@ -1,12 +1,13 @@
 """One sweep job in a fresh interpreter: nothing is inherited but its config, its context and ``sys.path``.
 
-The parent (the sweep's main process) starts the job's interpreter in a process group of its own with
-SIGINT and SIGTERM blocked (:func:`specexp.interrupts.signals_blocked`); the job installs its handlers, then
-unblocks them, so a signal sent while it starts waits instead of killing it or printing a traceback. When the
-parent is interrupted it forwards the signal to the job's group, waits up to :data:`STOP_GRACE_S` for the job
-to record itself ``interrupted``, then kills whatever of the group is left. If the job left no record (it died,
-or was killed), the parent writes one (:func:`specexp.experiment.fallback_record`), so every job that got a
-directory has a result.json. On Linux the job also asks to be sent SIGTERM if the parent dies.
+The parent (the sweep's main process) starts the job's interpreter in a process group of its own with SIGINT
+and SIGTERM blocked (:func:`specexp.interrupts.signals_blocked`); the job installs its handlers, imports torch
+(an import that a signal cuts short can crash the interpreter), then unblocks them, so a signal sent while it
+starts waits instead of killing it or printing a traceback. When the parent is interrupted it forwards the
+signal to the job's group, waits up to :data:`STOP_GRACE_S` for the job to record itself ``interrupted``, then
+kills whatever of the group is left. If the job left no record (it died, or was killed), the parent writes one
+(:func:`specexp.experiment.fallback_record`), so every job that got a directory has a result.json. On Linux
+the job also asks to be sent SIGTERM if the parent dies.
 """
 
 from __future__ import annotations
@@ -145,12 +146,13 @@ def child_main() -> None:
     run's status (:func:`specexp.experiment.exit_code`; 128 + the signal when interrupted)."""
     interrupts.install()
     _die_with_parent()
-    interrupts.unblock()
+    import torch  # noqa: F401 - still blocked: an import a signal cuts short can crash the interpreter
     try:
-        payload = json.loads(sys.stdin.read())
-    except ValueError:  # the parent went away before it sent the job
-        sys.exit(1)
-    try:
+        interrupts.unblock()  # a signal that waited is raised here
+        try:
+            payload = json.loads(sys.stdin.read())
+        except ValueError:  # the parent went away before it sent the job
+            sys.exit(1)
         from specexp.errors import ConfigError
         from specexp.experiment import EXIT_CONFIG, RunContext, execute, exit_code
 
