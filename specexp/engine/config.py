@@ -205,7 +205,8 @@ class SpeculatorConfig:
         depths = self.cudagraph_num_speculative_tokens
         if depths is not None and (not isinstance(depths, tuple) or not depths or any(
                 not isinstance(d, int) or isinstance(d, bool) or not 0 <= d <= k for d in depths)):
-            raise EngineConfigError(f"speculator.cudagraph_num_speculative_tokens={depths!r}: must be a non-empty "
+            shown = list(depths) if isinstance(depths, tuple) else depths
+            raise EngineConfigError(f"speculator.cudagraph_num_speculative_tokens={shown!r}: must be a non-empty "
                                     f"list of k in [0, {k}] (or null: every k the depth policy takes)")
 
 
