@@ -4,6 +4,7 @@ produce are captured at start-up and never after (CPU emulation of graphs; the G
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 
 import pytest
@@ -175,14 +176,21 @@ def _captured(engine):
 
 
 @pytest.mark.parametrize("pair", ["lfm2+lfm2", "llama+llama"])
-def test_every_k_a_schedule_visits_replays_a_graph_captured_at_start_up(pair_dirs, prompts, pair):
-    """FULL graphs, emulated on the CPU, under a schedule that visits every k in 0..K: the tokens are the eager
-    engine's, every verify and draft-decode step of a captured size replays a graph captured at start-up (none
-    is added later, none is missing), and the graphs of every k were replayed."""
+def test_every_k_a_schedule_visits_replays_a_graph_captured_at_start_up(pair_dirs, prompts, pair, caplog):
+    """FULL graphs, emulated on the CPU, under a schedule that visits every k in 0..K: the start-up log says what
+    the schedule's graphs cost, the tokens are the eager engine's, every verify and draft-decode step of a
+    captured size replays a graph captured at start-up (none is added later, none is missing), and the graphs
+    of every k were replayed."""
     target, draft = (load_model(d) for d in pair_dirs[pair])
     many = prompts + prompts[::-1]
     eager = _engine(target, draft, EVERY_K, 16).generate(many)
-    engine = _engine(target, draft, EVERY_K, 16, mode="full")
+    with caplog.at_level(logging.INFO, logger="specexp.engine"):
+        engine = _engine(target, draft, EVERY_K, 16, mode="full")
+    (line,) = [r.getMessage() for r in caplog.records if "depth policy needs CUDA graphs" in r.getMessage()]
+    keys = engine.graph_keys
+    graphs = sum(m.num_graphs_to_capture for m in engine.graph_managers())
+    assert f"k in [0, 1, 2, 3, 4, 5]: {graphs} graphs" in line
+    assert f"target verify {len(keys.verify)}, draft prefill {len(keys.verify)}, draft decode {len(keys.decode)}" in line
     before = _captured(engine)
     graphed = engine.generate(many)
     assert [r.output_token_ids for r in graphed.requests] == [r.output_token_ids for r in eager.requests]
