@@ -136,7 +136,7 @@ def capture_costs(target, draft, k, max_num_seqs, kernels=None) -> dict:
     spec = engine.speculator
     keys = max(engine.seq_len_buckets)  # the longest key-length bucket: the cost at max_model_len
     for size in engine.capture_sizes:
-        desc = BatchExecutionDescriptor(size, size, FULL, keys)
+        desc = BatchExecutionDescriptor(size, size, FULL, keys, k)  # the fused graph of k - 1 steps
         spec._prepare_decode_capture(desc)
         eager_ms = cuda_ms(functools.partial(spec._fused_multi_step_decode, desc), iters=10)
         graph_ms = cuda_ms(functools.partial(spec.decode_graphs.replay, desc), iters=10)

@@ -140,6 +140,11 @@ SCHEMA: dict[str, dict[str, Any]] = {
         "cudagraph_mode": Key("str", nullable=True, choices=CUDAGRAPH_MODES),
         "rejection": Key("str", choices=REJECTIONS),
         "synthetic_acceptance_rate": Key("float", minimum=0, maximum=1),
+        # num_speculative_tokens_per_batch_size (a list of [start_bs, end_bs, k]) is checked by the engine
+        "draft_confidence_threshold": Key("float", minimum=0, maximum=1, note="0 = off"),
+        "adaptive": Key("str", choices=("off", "goodput")),
+        "cudagraph_num_speculative_tokens": Key("int_list", nullable=True, minimum=0,
+                                                note="null = every k the depth mode takes"),
     },
     "short_conv": {"use_full_cuda_graph": Key("bool")},
     "engine": {

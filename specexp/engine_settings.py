@@ -39,6 +39,11 @@ def engine_configs(spec):
         num_speculative_tokens=s.num_speculative_tokens, rejection=s.options.get("rejection", "standard"),
         synthetic_acceptance_rate=float(s.options.get("synthetic_acceptance_rate", 0.7)),
         cudagraph_mode=s.draft_graph_mode(e.cudagraph_mode),
+        # the depth of each step (specexp.engine.depth): the engine's validation names a bad entry
+        num_speculative_tokens_per_batch_size=s.options.get("num_speculative_tokens_per_batch_size"),
+        draft_confidence_threshold=s.options.get("draft_confidence_threshold", 0.0),
+        adaptive=s.options.get("adaptive", "off"),
+        cudagraph_num_speculative_tokens=_int_tuple(s.options.get("cudagraph_num_speculative_tokens")),
     )
     sampling = SamplingConfig(
         temperature=sp.temperature, top_k=sp.top_k, top_p=sp.top_p, max_new_tokens=sp.max_new_tokens,

@@ -62,8 +62,9 @@ def parse(overrides: list[str], conf_dir: Path) -> list[ParsedOverride]:
         key = override.key_or_group
         if key == "hydra" or key.startswith(("hydra.", "hydra/")):
             kind = "hydra"
-        elif "." not in key and "/" not in key and key in groups:
-            kind = "group"
+        elif "." not in key and ("/" not in key and key in groups
+                                 or "/" in key and key.split("/")[0] in groups and (conf_dir / key).is_dir()):
+            kind = "group"  # a group, or a group nested in one (speculator/depth)
         else:
             kind = "key"
         parsed.append(ParsedOverride(text, key, kind, override))

@@ -59,6 +59,8 @@ class StepRecord:
     ``num_drafts``: requests in the step that carried >= 1 draft token. ``request_id`` is set by backends
     that run one request at a time (hf), ``None`` for batched steps. The native engine's steps that replay a
     verify graph sample inside it: their ``sample_ms`` is 0 and ``verify_ms`` includes the sampling.
+    ``num_speculative_tokens``: the step's k (native: its verify rows carried at most k drafts and it proposed
+    k per row, ``specexp.engine.depth``); ``None`` where a backend does not say.
     """
 
     step: int
@@ -74,6 +76,7 @@ class StepRecord:
     schedule_ms: float | None = None
     step_ms: float | None = None
     request_id: str | None = None
+    num_speculative_tokens: int | None = None
 
 
 @dataclass
@@ -116,10 +119,32 @@ def run_metrics(
         **latency_summary(latencies, num_output_tokens, duration_s),
         **{key: distribution([getattr(s, key) for s in steps]) for key in STEP_TIME_KEYS},
     }
+    metrics.update(depth_metrics(steps, acceptance.num_speculative_tokens))
     metrics.update({key: (graph or {}).get(key) for key in GRAPH_METRIC_KEYS})
     metrics["spec_bench_mean_accepted_tokens"] = mean_accepted_tokens(requests)
     metrics.update(grouped_metrics(acceptance, requests))  # by_category, by_task
     return metrics
+
+
+def depth_metrics(steps: list[StepRecord], max_k: int) -> dict:
+    """The per-step depth metrics of a run whose steps ran k in 0..max_k: ``num_speculative_tokens_hist[k]``
+    (steps of depth k; vLLM's name), ``acceptance_length_by_num_speculative_tokens[k]`` (1 + accepted / drafts
+    over the steps of depth k; ``None`` where they verified no draft) and ``mean_draft_tokens_per_step`` (draft
+    tokens verified per step). The first two are ``None`` when no step recorded its k (hf, vLLM)."""
+    depths = [s for s in steps if s.num_speculative_tokens is not None]
+    hist = accepted = drafts = None
+    if depths:
+        hist, accepted, drafts = [0] * (max_k + 1), [0] * (max_k + 1), [0] * (max_k + 1)
+        for s in depths:
+            hist[s.num_speculative_tokens] += 1
+            accepted[s.num_speculative_tokens] += s.num_accepted_tokens
+            drafts[s.num_speculative_tokens] += s.num_drafts
+    return {
+        "num_speculative_tokens_hist": hist,
+        "acceptance_length_by_num_speculative_tokens": (
+            None if hist is None else [1.0 + a / d if d else None for a, d in zip(accepted, drafts)]),
+        "mean_draft_tokens_per_step": (sum(s.num_draft_tokens for s in steps) / len(steps)) if steps else None,
+    }
 
 
 def prompt_fields(prompt: Prompt) -> dict:

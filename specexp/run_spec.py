@@ -27,12 +27,20 @@ def _check_device(device: str) -> None:
             raise ConfigError("engine.device=cuda but no CUDA GPU is available: use engine=cpu (engine.device=cpu)")
 
 
+DEPTH_MODE_KEYS = ("num_speculative_tokens_per_batch_size", "draft_confidence_threshold", "adaptive")
+
+
 def _check_backend_support(backend: str, speculator, engine) -> None:
     """Settings only some backends implement, refused where the chosen one would ignore them."""
     rejection = speculator.options.get("rejection", "standard")
     if rejection != "standard" and backend != "native":
         raise ConfigError(f"speculator.rejection={rejection!r} is implemented by backend native only"
                           f" (backend={backend}): use backend=native, or speculator.rejection=standard")
+    depth = [f"speculator.{name}={speculator.options[name]!r}" for name in DEPTH_MODE_KEYS
+             if speculator.options.get(name) not in (None, 0, 0.0, "off")]
+    if depth and backend != "native":
+        raise ConfigError(f"{depth[0]} (a per-step depth mode) is implemented by backend native only (backend="
+                          f"{backend}): use backend=native, or a fixed speculator.num_speculative_tokens")
     if backend == "vllm":
         if engine.device != "cuda":
             raise ConfigError(f"backend vllm runs on CUDA only, engine.device={engine.device}: use engine=cuda")

@@ -76,16 +76,16 @@ def measure_k(target, draft, k: int, kernels: dict) -> dict:
     engine = make_engine(target, draft if k else None, k, 1, graphs=True, rejection="synthetic", rate=0.8,
                          kernels=kernels)
     keys = min(engine.seq_len_buckets)
-    verify = BatchExecutionDescriptor(1, k + 1, FULL, keys)
+    verify = BatchExecutionDescriptor(1, k + 1, FULL, keys, k)  # graphs are keyed by (size, k, bucket)
     engine._prepare_verify_capture(verify)
     row = {"target_verify": measure_graph(lambda: engine.verify_graphs.replay(verify))}
     spec = engine.speculator
     if k >= 1:
-        prefill = BatchExecutionDescriptor(1, k + 2, FULL, keys)
+        prefill = BatchExecutionDescriptor(1, k + 2, FULL, keys, k)
         spec._prepare_prefill_capture(prefill)
         row["draft_prefill"] = measure_graph(lambda: spec.prefill_graphs.replay(prefill))
     if k >= 2:
-        decode = BatchExecutionDescriptor(1, 1, FULL, keys)
+        decode = BatchExecutionDescriptor(1, 1, FULL, keys, k)
         fused = measure_graph(lambda: spec.decode_graphs.replay(decode), lambda: spec._prepare_decode_capture(decode))
         row["draft_decode_per_step"] = {"ms": fused["ms"] / (k - 1), "kernel_sum_us": fused["kernel_sum_us"] / (k - 1),
                                         "kernel_us": {n: us / (k - 1) for n, us in fused["kernel_us"].items()}}

@@ -40,7 +40,8 @@ STEPS_FILE = "steps.parquet"
 DEFAULT_RUNS_DIR = "experiments/runs"
 K_COLUMN = "speculator.num_speculative_tokens"
 # Metric values that are dicts keyed by data (request ids, graph sizes), kept whole instead of flattened.
-NESTED_METRICS = ("acceptance_histogram_per_request", "graph_capture_per_size", "by_category", "by_task")
+NESTED_METRICS = ("acceptance_histogram_per_request", "graph_capture_per_size", "by_category", "by_task",
+                  "adaptive_step_costs")
 STEP_PHASES = ("schedule_ms", "draft_ms", "verify_ms", "sample_ms")
 RECORD_COLUMNS = (
     "status", "error", "experiment", "run_dir", "started_at", "run_duration_s", "sweep_group", "job_num",
@@ -151,7 +152,8 @@ def decode_step_summary(steps: pd.DataFrame, k: int) -> dict:
     ``steps.decode_<phase>`` (mean ms per decode step for schedule/draft/verify/sample/step) and
     ``steps.draft_ms_per_forward``: mean ``draft_ms / k`` over decode steps where every request carried
     all ``k`` drafts (``num_draft_tokens == num_reqs * k``) — one draft step drafts one token per request,
-    so a full-depth step runs ``k`` draft forwards (``None`` for ``k == 0`` or without such steps).
+    so a full-depth step runs ``k`` draft forwards (``None`` for ``k == 0`` or without such steps). Where the
+    steps record their own depth (``num_speculative_tokens``: dynamic depth), each step's k is its own.
     """
     if steps.empty or not {"num_tokens", "num_reqs", "num_draft_tokens"} <= set(steps.columns):
         return {}
@@ -162,10 +164,13 @@ def decode_step_summary(steps: pd.DataFrame, k: int) -> dict:
         summary[f"steps.decode_{phase}"] = float(values.mean()) if len(values) else None
     per_forward = None
     if k > 0 and "draft_ms" in decode:
-        full = decode[decode["num_draft_tokens"] == decode["num_reqs"] * k]
-        values = pd.to_numeric(full["draft_ms"], errors="coerce").dropna()
+        depth = (pd.to_numeric(decode["num_speculative_tokens"], errors="coerce").fillna(k)
+                 if "num_speculative_tokens" in decode else pd.Series(k, index=decode.index))
+        full = (decode["num_draft_tokens"] == decode["num_reqs"] * depth) & (depth > 0)
+        values = pd.to_numeric(decode.loc[full, "draft_ms"], errors="coerce") / depth[full]
+        values = values.dropna()
         values = values[values > 0]
-        per_forward = float(values.mean()) / k if len(values) else None
+        per_forward = float(values.mean()) if len(values) else None
     summary["steps.draft_ms_per_forward"] = per_forward
     return summary
 

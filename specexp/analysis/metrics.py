@@ -115,8 +115,9 @@ def step_breakdown(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def _capture_rows(per_size) -> list[dict]:
-    """Normalise ``graph_capture_per_size`` to ``[{"manager", "size", "max_seq_len", "capture_bytes",
-    "capture_s"}]`` (``max_seq_len``: the graph's key-length bucket, None when not recorded).
+    """Normalise ``graph_capture_per_size`` to ``[{"manager", "size", "max_seq_len", "num_speculative_tokens",
+    "capture_bytes", "capture_s"}]`` (``max_seq_len``: the graph's key-length bucket; ``num_speculative_tokens``:
+    the k its graph is specialised to; None when not recorded).
 
     Accepted shapes: a list of dicts (keys ``manager``, ``size``/``num_reqs``/``batch_size``/
     ``num_tokens``, ``capture_bytes``/``bytes``/``graph_capture_bytes``, ``capture_s``/``s``/
@@ -132,6 +133,7 @@ def _capture_rows(per_size) -> list[dict]:
             "manager": str(pick(entry, "manager") or manager),
             "size": pick(entry, "size", "num_reqs", "batch_size", "num_tokens") if size is None else size,
             "max_seq_len": pick(entry, "max_seq_len"),
+            "num_speculative_tokens": pick(entry, "num_speculative_tokens"),
             "capture_bytes": pick(entry, "capture_bytes", "bytes", "graph_capture_bytes", "free_memory_bytes"),
             "capture_s": pick(entry, "capture_s", "s", "graph_capture_s"),
         }
@@ -152,15 +154,15 @@ def _capture_rows(per_size) -> list[dict]:
 
 
 def graph_capture(df: pd.DataFrame) -> pd.DataFrame:
-    """CUDA-graph capture cost per (run, manager, captured size, key-length bucket): run ids,
-    ``engine.max_num_seqs``, ``manager``, ``size``, ``max_seq_len``, ``capture_bytes``, ``capture_s``. Empty
-    on CPU runs (their graph metrics are null)."""
+    """CUDA-graph capture cost per (run, manager, captured size, k, key-length bucket): run ids,
+    ``engine.max_num_seqs``, ``manager``, ``size``, ``max_seq_len``, ``num_speculative_tokens``, ``capture_bytes``,
+    ``capture_s``. Empty on CPU runs (their graph metrics are null)."""
     rows = []
     for _, run in _ok(df).iterrows():
         for entry in _capture_rows(run.get("graph_capture_per_size")):
             rows.append({**_ids(run), "engine.max_num_seqs": run.get("engine.max_num_seqs"), **entry})
     out = pd.DataFrame(rows, columns=[*RUN_ID_COLUMNS, "engine.max_num_seqs", "manager", "size", "max_seq_len",
-                                      "capture_bytes", "capture_s"])
+                                      "num_speculative_tokens", "capture_bytes", "capture_s"])
     for column in ("capture_bytes", "capture_s"):
         out[column] = pd.to_numeric(out[column], errors="coerce")
     return out

@@ -114,7 +114,11 @@ def write_figures(report: Report, out: Path) -> None:
     from specexp.analysis import tasks
     from specexp.analysis.plots import FIGURES
 
+    from specexp.analysis import depth
+
     figures = dict(FIGURES)
+    if depth.has_dynamic_runs(report.runs):  # +exp=dynamic_depth: the modes against the best static k
+        figures["dynamic_depth"] = depth.dynamic_depth_figure
     level = tasks.report_level(report.runs)
     if level is not None:  # runs with per-task (or several categories') results: Spec-Bench's layout
         figures[tasks.FIGURE_FILE.removesuffix(".png")] = lambda runs: tasks.acceptance_by_task(runs, level)

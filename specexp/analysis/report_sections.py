@@ -229,8 +229,22 @@ def tasks_section(report: Report) -> str | None:
     return "\n".join(lines).rstrip() if lines else None
 
 
+def dynamic_depth_section(report: Report) -> str | None:
+    """Per batch size, the best static k and each dynamic depth mode's tokens/s and ratio to it
+    (:mod:`specexp.analysis.depth`), when the runs include a dynamic mode."""
+    from specexp.analysis import depth
+
+    table = depth.dynamic_depth_table(report.runs)
+    if table.empty:
+        return None
+    return ("## Dynamic depth\n\nPer batch size (`engine.max_num_seqs`): the static k with the most output tokens/s, "
+            "and each dynamic depth mode's tokens/s, the mean k of its steps and its ratio to that best static k.\n\n"
+            + depth.dynamic_depth_markdown(table))
+
+
 SECTIONS: list[Callable[[Report], str | None]] = [
-    header_section, groups_section, acceptance_section, speedup_section, tasks_section, runs_section,
+    header_section, groups_section, acceptance_section, speedup_section, dynamic_depth_section, tasks_section,
+    runs_section,
     theory_section,
     unfinished_section, figures_section, skipped_section,
 ]

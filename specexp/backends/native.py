@@ -106,6 +106,7 @@ def to_run_result(served: list[tuple[Prompt, Request]], waves: list[EngineOutput
             num_draft_tokens=s.num_draft_tokens, num_accepted_tokens=s.num_accepted_tokens,
             num_output_tokens=s.num_output_tokens, draft_ms=s.draft_ms, verify_ms=s.verify_ms,
             sample_ms=s.sample_ms, schedule_ms=s.schedule_ms, step_ms=s.step_ms,
+            num_speculative_tokens=s.num_speculative_tokens,
         )
         for wave in waves for s in wave.steps
     ]
@@ -125,9 +126,11 @@ def to_run_result(served: list[tuple[Prompt, Request]], waves: list[EngineOutput
         env["gpu"] = torch.cuda.get_device_name(device)
     metrics = run_metrics(acceptance, requests, steps, sum(w.total_s for w in waves), graph)
     metrics["end_of_request_rule"] = END_OF_REQUEST_RULE
+    metrics["adaptive_step_costs"] = out.step_costs
     if out.graphs is not None:
         metrics["graph_replays"] = {
-            name: {"num_replays": m["num_replays"], "num_eager": m["num_eager"]}
+            name: {"num_replays": m["num_replays"], "num_eager": m["num_eager"],
+                   "num_eager_uncaptured": m["num_eager_uncaptured"]}
             for name, m in out.graphs["managers"].items()
         }
     return RunResult(requests, steps, metrics, env)

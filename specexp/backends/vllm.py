@@ -195,6 +195,7 @@ def acceptance_counts_from_vllm(metrics_list, k: int, before=None) -> Acceptance
     ]
     num_drafts = delta(NUM_DRAFTS)
     bounds = [num_drafts, *accepted, 0]
+    histogram = [bounds[j] - bounds[j + 1] for j in range(k + 1)]
     return AcceptanceCounts(
         num_speculative_tokens=k,
         num_drafts=num_drafts,
@@ -202,7 +203,8 @@ def acceptance_counts_from_vllm(metrics_list, k: int, before=None) -> Acceptance
         num_accepted_tokens=delta(NUM_ACCEPTED_TOKENS),
         drafted_per_position=[num_drafts] * k,
         accepted_per_position=accepted,
-        acceptance_histogram=[bounds[j] - bounds[j + 1] for j in range(k + 1)],
+        acceptance_histogram=histogram,
+        acceptance_histogram_by_draft_length=[[0] * (d + 1) for d in range(k)] + [histogram],
     )
 
 

@@ -1,7 +1,8 @@
 """How a step's read-back becomes its requests' tokens: committing emitted tokens, stopping requests, counting.
 
 All of it runs on the host, on the step's read-back as Python lists (`host_rows[r]`: the tokens row r emitted,
-left-aligned, then their count in column k+1). A request stops at an EOS token (unless `ignore_eos`), at its
+left-aligned in columns 0..K, their count in column K+1, and in column K+2 the drafts the row verified: at most
+what it carried, fewer when the confidence rule masked some). A request stops at an EOS token (unless `ignore_eos`), at its
 `max_new_tokens` or at `max_model_len`; `finish(request)` (the scheduler's) frees its cache the moment it stops.
 
 Plain decoding with lookahead (k = 0, `engine.plain_decode_lookahead`) commits a step in two halves: its counts
@@ -78,12 +79,14 @@ def append_tokens(req: Request, tokens: list[int], stop: StopRule) -> int:
 
 def commit_step(batch: ScheduledBatch, host_rows: list[list[int]], k: int, now_s: float, stop: StopRule,
                 finish: Finish) -> StepCounts:
-    """Commit a step's emitted tokens (host_rows: per row, tokens [k+1] then their count) to its requests;
-    now_s: seconds since the run started (first-token and finish times)."""
+    """Commit a step's emitted tokens (host_rows: per row, tokens [K+1], their count, the drafts it verified;
+    k = K, the buffers' depth) to its requests; each request then has the step's k drafts pending
+    (batch.num_speculative_tokens). now_s: seconds since the run started (first-token and finish times)."""
     counts = StepCounts()
     for r, row in enumerate(batch.rows):
         req = row.request
         n_sampled = host_rows[r][k + 1]
+        num_verified = host_rows[r][k + 2]
         if row.is_prefill:
             req.num_computed_tokens += row.num_query_tokens
         else:
@@ -91,10 +94,10 @@ def commit_step(batch: ScheduledBatch, host_rows: list[list[int]], k: int, now_s
         if not row.samples:
             continue
         accepted = n_sampled - 1
-        if row.num_draft_tokens > 0:
-            req.verifies.append((row.num_draft_tokens, accepted))
+        if num_verified > 0:
+            req.verifies.append((num_verified, accepted))
             counts.num_drafts += 1
-            counts.num_draft_tokens += row.num_draft_tokens
+            counts.num_draft_tokens += num_verified
             counts.num_accepted += accepted
         req.num_accepted_tokens = n_sampled
         emitted = append_tokens(req, host_rows[r][:n_sampled], stop)
@@ -105,8 +108,10 @@ def commit_step(batch: ScheduledBatch, host_rows: list[list[int]], k: int, now_s
         if req.finished:
             req.finish_s = now_s
             finish(req)
-        elif k > 0:  # its drafts wait in row r of the speculator's draft buffer
-            req.num_pending_drafts, req.draft_row = k, r
+        elif batch.num_speculative_tokens > 0:  # its drafts wait in row r of the speculator's draft buffer
+            req.num_pending_drafts, req.draft_row = batch.num_speculative_tokens, r
+        else:
+            req.num_pending_drafts = 0
     return counts
 
 
@@ -164,6 +169,7 @@ def step_record(index: int, batch: ScheduledBatch, t_start: float, counts: StepC
     times are filled in once the step's draft has finished (`NativeEngine.finish_timing`)."""
     return StepRecord(
         step=index, num_reqs=batch.num_reqs, num_tokens=batch.num_tokens,
+        num_speculative_tokens=batch.num_speculative_tokens,
         num_prefill_tokens=sum(r.num_query_tokens for r in batch.rows if r.is_prefill),
         num_drafts=counts.num_drafts, num_draft_tokens=counts.num_draft_tokens,
         num_accepted_tokens=counts.num_accepted, num_output_tokens=counts.num_output,

@@ -129,23 +129,44 @@ class EngineConfig:
         return self.max_num_batched_tokens or 2 * self.max_model_len
 
 
+ADAPTIVE_MODES = ("off", "goodput")
+
+
 @dataclass(frozen=True)
 class SpeculatorConfig:
-    """num_speculative_tokens: k drafts per verify (0 = no speculation).
+    """num_speculative_tokens: K, the most drafts per verify (0 = no speculation); it sizes every buffer.
     rejection: "standard" (greedy / Leviathan-Chen sampling) | "synthetic" (accept each draft with
     probability synthetic_acceptance_rate, whatever the tokens: measures system cost apart from draft quality).
     cudagraph_mode: "none" | "full" for the draft prefill and decode graphs.
+    The depth of each step (`specexp.engine.depth`), at most one of: num_speculative_tokens_per_batch_size
+    (inclusive [start_bs, end_bs, k] ranges, vLLM 0.33's schedule), draft_confidence_threshold (> 0: a row's
+    drafts after its first one whose draft probability is below it are not verified), adaptive ("goodput":
+    each request's k maximises its expected tokens per unit of step time, `specexp.engine.goodput`).
+    cudagraph_num_speculative_tokens: the k whose graphs are captured (None: every k the depth policy takes).
     """
 
     num_speculative_tokens: int = 0
     rejection: str = "standard"
     synthetic_acceptance_rate: float = 0.7
     cudagraph_mode: str = "none"
+    num_speculative_tokens_per_batch_size: tuple | None = None
+    draft_confidence_threshold: float = 0.0
+    adaptive: str = "off"
+    cudagraph_num_speculative_tokens: tuple[int, ...] | None = None
+
+    @property
+    def depth_modes(self) -> list[str]:
+        """The depth settings that are on (at most one is valid)."""
+        on = {"num_speculative_tokens_per_batch_size": self.num_speculative_tokens_per_batch_size is not None,
+              "draft_confidence_threshold": self.draft_confidence_threshold != 0,
+              "adaptive": self.adaptive != "off"}
+        return [name for name, is_on in on.items() if is_on]
 
     def validate(self, max_model_len: int) -> None:
         k = self.num_speculative_tokens
         if k < 0:
             raise EngineConfigError(f"speculator.num_speculative_tokens={k}: must be >= 0 (0 = no speculation)")
+        self._validate_depth()
         if k + 2 > max_model_len:
             raise EngineConfigError(
                 f"speculator.num_speculative_tokens={k}: engine.max_model_len={max_model_len} leaves room for at "
@@ -159,6 +180,34 @@ class SpeculatorConfig:
             )
         if self.cudagraph_mode not in ("none", "full"):
             raise EngineConfigError(f"speculator.cudagraph_mode={self.cudagraph_mode!r}: valid are 'none', 'full'")
+
+    def _validate_depth(self) -> None:
+        """The depth settings: each valid, at most one on, and only with K >= 1 (one line each)."""
+        from specexp.engine.depth import parse_batch_size_schedule
+
+        k = self.num_speculative_tokens
+        threshold = self.draft_confidence_threshold
+        if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 <= threshold <= 1:
+            raise EngineConfigError(f"speculator.draft_confidence_threshold={threshold!r}: must be in [0, 1] "
+                                    "(0 = off)")
+        if self.adaptive not in ADAPTIVE_MODES:
+            raise EngineConfigError(f"speculator.adaptive={self.adaptive!r}: valid are " +
+                                    ", ".join(repr(m) for m in ADAPTIVE_MODES))
+        modes = self.depth_modes
+        if len(modes) > 1:
+            raise EngineConfigError(f"speculator.{modes[0]} and speculator.{modes[1]} are both set: choose one "
+                                    "depth mode (a batch-size schedule, a confidence threshold or adaptive)")
+        if modes and k == 0:
+            raise EngineConfigError(f"speculator.{modes[0]} needs speculator.num_speculative_tokens >= 1 (K, the "
+                                    "largest k), got 0")
+        if self.num_speculative_tokens_per_batch_size is not None:
+            parse_batch_size_schedule(self.num_speculative_tokens_per_batch_size, k)
+        depths = self.cudagraph_num_speculative_tokens
+        if depths is not None and (not isinstance(depths, tuple) or not depths or any(
+                not isinstance(d, int) or isinstance(d, bool) or not 0 <= d <= k for d in depths)):
+            shown = list(depths) if isinstance(depths, tuple) else depths
+            raise EngineConfigError(f"speculator.cudagraph_num_speculative_tokens={shown!r}: must be a non-empty "
+                                    f"list of k in [0, {k}] (or null: every k the depth policy takes)")
 
 
 @dataclass(frozen=True)

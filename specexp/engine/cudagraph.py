@@ -1,10 +1,14 @@
 """CUDA-graph capture and replay of fixed-shape step functions, with per-size capture cost.
 
 A `CudaGraphManager` captures one function (`fn(desc)`, reading only persistent buffers) for a set of
-batch sizes x key-length buckets, each a `BatchExecutionDescriptor` of `num_reqs` rows x `tokens_per_req`
-tokens whose rows have at most `max_seq_len` keys. At run time a uniform batch is padded up to the smallest
-captured size that holds it and replayed with the smallest bucket its longest row fits in; anything else
-(mixed batches, prefills, batches larger than the largest size) runs eagerly and is counted. `PromptGraphs`
+(batch size, k) keys x key-length buckets, each a `BatchExecutionDescriptor` of `num_reqs` rows x
+`tokens_per_req + tokens_per_draft * k` tokens whose rows have at most `max_seq_len` keys; k is the step's
+speculation depth the function is specialised to (vLLM's `specialize_spec_tokens`: the verify of k drafts, the
+draft prefill of their region, the draft's k - 1 decode steps), 0 for managers that do not depend on it. At run
+time a uniform batch is padded up to the smallest capture size that holds it and replayed with the smallest
+bucket its longest row fits in; anything else (mixed batches, prefills, batches larger than the largest size)
+runs eagerly and is counted. A uniform batch whose (size, k) was left out of the capture runs eagerly too, and is
+counted per (size, k) (`num_eager_uncaptured`): nothing is ever captured after start-up. `PromptGraphs`
 holds one such manager per token count N, each of one row of N tokens, for the prompt-prefill graphs
 (`engine.cudagraph_prefill_tokens`): a lone prompt chunk is padded up to the smallest N that holds it.
 
@@ -54,12 +58,13 @@ class BatchExecutionDescriptor:
     num_tokens: int
     cg_mode: str = NONE
     max_seq_len: int = 0
+    num_speculative_tokens: int = 0  # the step's k the function runs (specialised graphs: their key's k)
 
 
 @dataclass
 class CaptureRecord:
-    """Cost of one captured size: `capture_bytes` (free-memory delta), `reserved_bytes` (allocator
-    reserved delta), `capture_s` (warm-up excluded)."""
+    """Cost of one captured (size, k, bucket): `capture_bytes` (free-memory delta), `reserved_bytes`
+    (allocator reserved delta), `capture_s` (warm-up excluded)."""
 
     manager: str
     num_reqs: int
@@ -68,6 +73,17 @@ class CaptureRecord:
     capture_bytes: int
     reserved_bytes: int
     capture_s: float
+    num_speculative_tokens: int = 0
+
+
+def graph_key(desc: BatchExecutionDescriptor) -> tuple[int, int, int]:
+    """(rows, k, key-length bucket): how managers and their callers key what belongs to one captured graph."""
+    return desc.num_reqs, desc.num_speculative_tokens, desc.max_seq_len
+
+
+def key_label(num_reqs: int, k: int) -> str:
+    """A (size, k) key as text ("4@k3"): the keys of `num_eager_uncaptured` in summaries."""
+    return f"{num_reqs}@k{k}"
 
 
 def default_capture_sizes(max_num_reqs: int) -> list[int]:
@@ -119,12 +135,14 @@ def free_device_bytes(device: torch.device) -> int:
 
 @dataclass
 class CudaGraphManager:
-    """Captured graphs of one step function (e.g. "draft_decode") by (padded batch size, key-length bucket).
+    """Captured graphs of one step function (e.g. "draft_decode") by (padded batch size, k, key-length bucket).
 
-    name: label in metrics. capture_sizes: row counts to capture. tokens_per_req: tokens each row runs
-    (uniform batches only). enabled: False on CPU or when graphs are off — then every batch is eager.
-    seq_len_buckets: key-length buckets (tokens) to capture each size at; (0,) = one unbucketed graph per
-    size (the function decides its key length). pool: the graph memory pool to capture into (a
+    name: label in metrics. capture_sizes: the row counts a batch is padded to. tokens_per_req,
+    tokens_per_draft: a row runs tokens_per_req + tokens_per_draft * k tokens at depth k (uniform batches only).
+    capture_keys: the (size, k) pairs to capture, sizes among capture_sizes; None = every size at k = 0 (a
+    manager that does not depend on k). enabled: False on CPU or when graphs are off: then every batch is eager.
+    seq_len_buckets: key-length buckets (tokens) to capture each key at; (0,) = one unbucketed graph per key (the
+    function decides its key length). pool: the graph memory pool to capture into (a
     `torch.cuda.graph_pool_handle()` shared with other managers, see the module docstring); None = its own.
     """
 
@@ -134,55 +152,79 @@ class CudaGraphManager:
     device: torch.device
     enabled: bool = True
     seq_len_buckets: tuple[int, ...] = (0,)
-    graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = field(default_factory=dict)
+    graphs: dict[tuple[int, int, int], torch.cuda.CUDAGraph] = field(default_factory=dict)
     records: list[CaptureRecord] = field(default_factory=list)
     num_replays: int = 0
     num_eager: int = 0
-    replays_per_graph: dict[tuple[int, int], int] = field(default_factory=dict)
+    replays_per_graph: dict[tuple[int, int, int], int] = field(default_factory=dict)
     pool: tuple | None = None
+    tokens_per_draft: int = 0
+    capture_keys: tuple[tuple[int, int], ...] | None = None
+    # Uniform batches that ran eagerly because their (size, k) was left out of the capture, by (size, k).
+    num_eager_uncaptured: dict[tuple[int, int], int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.capture_sizes = sorted(set(self.capture_sizes))
         self.seq_len_buckets = tuple(sorted(set(self.seq_len_buckets)))
+        self.per_k = self.capture_keys is not None
+        keys = self.capture_keys if self.per_k else [(size, 0) for size in self.capture_sizes]
+        self.keys = tuple(sorted(set(keys)))
         self.emulated = self.device.type != "cuda"
         if self.pool is None and self.enabled and not self.emulated:
             self.pool = torch.cuda.graph_pool_handle()
         self._fn: Callable[[BatchExecutionDescriptor], None] | None = None
 
-    def dispatch(self, num_reqs: int, num_tokens: int, uniform: bool, max_seq_len: int = 0
+    def tokens_for(self, k: int) -> int:
+        """Tokens one row runs at depth k."""
+        return self.tokens_per_req + self.tokens_per_draft * k
+
+    def lookup(self, num_reqs: int, max_seq_len: int = 0, k: int = 0) -> BatchExecutionDescriptor | None:
+        """The captured graph a uniform batch of num_reqs rows at depth k would replay (the smallest capture size
+        holding it, the smallest bucket holding its longest row), or None. Counts nothing."""
+        size = next((s for s in self.capture_sizes if s >= num_reqs), None)
+        bucket = next((b for b in self.seq_len_buckets if b >= max_seq_len), None)
+        if size is None or bucket is None or (size, k, bucket) not in self.graphs:
+            return None
+        return BatchExecutionDescriptor(size, size * self.tokens_for(k), FULL, bucket, k)
+
+    def dispatch(self, num_reqs: int, num_tokens: int, uniform: bool, max_seq_len: int = 0, k: int = 0
                  ) -> BatchExecutionDescriptor:
-        """The smallest captured size holding a uniform batch of num_reqs rows, at the smallest bucket holding
-        its longest row (max_seq_len keys, after this step's tokens), else eager (NONE, at max_seq_len)."""
-        if self.enabled and uniform and num_tokens == num_reqs * self.tokens_per_req:
-            bucket = next((b for b in self.seq_len_buckets if b >= max_seq_len), None)
-            for size in self.capture_sizes:
-                if bucket is not None and size >= num_reqs and (size, bucket) in self.graphs:
-                    self.num_replays += 1
-                    self.replays_per_graph[(size, bucket)] = self.replays_per_graph.get((size, bucket), 0) + 1
-                    return BatchExecutionDescriptor(size, size * self.tokens_per_req, FULL, bucket)
+        """The captured graph of a uniform batch of num_reqs rows at depth k (`lookup`), counted as a replay; else
+        eager (NONE, at max_seq_len), counted, and also per (size, k) when only its key's capture was left out."""
+        if self.enabled and uniform and num_tokens == num_reqs * self.tokens_for(k):
+            desc = self.lookup(num_reqs, max_seq_len, k)
+            if desc is not None:
+                key = (desc.num_reqs, k, desc.max_seq_len)
+                self.num_replays += 1
+                self.replays_per_graph[key] = self.replays_per_graph.get(key, 0) + 1
+                return desc
+            size = next((s for s in self.capture_sizes if s >= num_reqs), None)
+            if size is not None and (size, k) not in self.keys:
+                self.num_eager_uncaptured[(size, k)] = self.num_eager_uncaptured.get((size, k), 0) + 1
         self.num_eager += 1
-        return BatchExecutionDescriptor(num_reqs, num_tokens, NONE, max_seq_len)
+        return BatchExecutionDescriptor(num_reqs, num_tokens, NONE, max_seq_len, k)
 
     def capture(self, fn: Callable[[BatchExecutionDescriptor], None],
                 prepare: Callable[[BatchExecutionDescriptor], None], progress: Callable[[str], None] | None = None
                 ) -> None:
-        """Capture fn for every (size, bucket), largest first. prepare(desc) fills the persistent buffers with
-        an inert dummy batch of that size (writes nothing to any request's caches) before warm-up and capture."""
+        """Capture fn for every (size, k) key at every bucket, largest first. prepare(desc) fills the persistent
+        buffers with an inert dummy batch of that shape (writes nothing to any request's caches) before warm-up and
+        capture. The only place graphs are added: dispatch never captures."""
         if not self.enabled:
             return
         self._fn = fn
-        for size in sorted(self.capture_sizes, reverse=True):
+        for size, k in sorted(self.keys, reverse=True):
             for bucket in sorted(self.seq_len_buckets, reverse=True):
-                self._capture_one(fn, prepare, BatchExecutionDescriptor(size, size * self.tokens_per_req, FULL, bucket),
-                                  progress)
+                desc = BatchExecutionDescriptor(size, size * self.tokens_for(k), FULL, bucket, k)
+                self._capture_one(fn, prepare, desc, progress)
 
     def _capture_one(self, fn, prepare, desc: BatchExecutionDescriptor, progress) -> None:
-        size, key = desc.num_reqs, (desc.num_reqs, desc.max_seq_len)
+        size, k = desc.num_reqs, desc.num_speculative_tokens
         prepare(desc)
         fn(desc)  # warm-up: lazy initialisation, autotuning and workspace allocation happen outside capture
-        self.graphs[key] = None if self.emulated else self._record_capture(fn, desc)
+        self.graphs[(size, k, desc.max_seq_len)] = None if self.emulated else self._record_capture(fn, desc)
         if progress is not None:
-            progress(f"{self.name} size {size} keys {desc.max_seq_len}")
+            progress(f"{self.name} size {size} keys {desc.max_seq_len}" + (f" k {k}" if self.per_k else ""))
 
     def _record_capture(self, fn, desc: BatchExecutionDescriptor) -> torch.cuda.CUDAGraph:
         """Capture fn(desc) into a CUDA graph in the shared pool, recording its memory and time."""
@@ -199,13 +241,14 @@ class CudaGraphManager:
             self.name, desc.num_reqs, desc.num_tokens, desc.max_seq_len,
             capture_bytes=free_before - free_device_bytes(self.device),
             reserved_bytes=torch.cuda.memory_reserved(self.device) - reserved_before, capture_s=capture_s,
+            num_speculative_tokens=desc.num_speculative_tokens,
         ))
         return graph
 
     @property
     def num_graphs_to_capture(self) -> int:
-        """(size, bucket) pairs `capture` will capture (0 when disabled)."""
-        return len(self.capture_sizes) * len(self.seq_len_buckets) if self.enabled else 0
+        """(size, k, bucket) graphs `capture` will capture (0 when disabled)."""
+        return len(self.keys) * len(self.seq_len_buckets) if self.enabled else 0
 
     def execute(self, desc: BatchExecutionDescriptor, fn: Callable[[BatchExecutionDescriptor], None]) -> None:
         """Run one step as `dispatch` decided: replay its graph under FULL, else `fn(desc)` eagerly."""
@@ -218,17 +261,21 @@ class CudaGraphManager:
         if self.emulated:
             self._fn(desc)
         else:
-            self.graphs[(desc.num_reqs, desc.max_seq_len)].replay()
+            self.graphs[(desc.num_reqs, desc.num_speculative_tokens, desc.max_seq_len)].replay()
 
     def summary(self) -> dict:
-        """Per-(size, bucket) capture records plus totals (bytes, seconds) and replay/eager counts
-        (`replays_per_graph` keyed "ROWSxKEYS")."""
+        """Per-(size, k, bucket) capture records plus totals (bytes, seconds), replay/eager counts
+        (`replays_per_graph` keyed "ROWSxKEYS@kK"), the captured (size, k) keys and the eager runs of keys left
+        out (`num_eager_uncaptured`, keyed "ROWS@kK")."""
         return {
             "capture_bytes": sum(r.capture_bytes for r in self.records),
             "capture_s": sum(r.capture_s for r in self.records),
             "num_replays": self.num_replays,
             "num_eager": self.num_eager,
-            "replays_per_graph": {f"{rows}x{keys}": n for (rows, keys), n in sorted(self.replays_per_graph.items())},
+            "replays_per_graph": {f"{rows}x{keys}@k{k}": n
+                                  for (rows, k, keys), n in sorted(self.replays_per_graph.items())},
+            "captured_keys": [key_label(size, k) for size, k in self.keys] if self.enabled else [],
+            "num_eager_uncaptured": {key_label(size, k): n for (size, k), n in sorted(self.num_eager_uncaptured.items())},
             "per_size": [vars(r) for r in self.records],
         }
 

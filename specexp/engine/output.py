@@ -15,7 +15,8 @@ class StepRecord:
     step's start to its verify (the device waiting for the host's scheduling and staging; ~0 while the host
     stages ahead of a device still busy with the step before), verify_ms, sample_ms (rejection sampler; 0 when
     the step replays a verify graph, which samples too: verify_ms then includes it), draft_ms (the draft's
-    prefill and decode steps). step_ms is the host's wall time spent in step()."""
+    prefill and decode steps). step_ms is the host's wall time spent in step(). num_speculative_tokens: the step's
+    k (`specexp.engine.depth`): its verify rows carried at most k drafts, and it proposed k per row."""
 
     step: int
     num_reqs: int
@@ -30,15 +31,18 @@ class StepRecord:
     sample_ms: float
     draft_ms: float
     step_ms: float
+    num_speculative_tokens: int = 0
 
 
 @dataclass
 class EngineOutput:
     """A `generate` call's requests (prompt order), its step records, its wall time in seconds, the bytes of
-    the engine's persistent buffers, and the graphs' capture/replay summary (None when the engine runs eager)."""
+    the engine's persistent buffers, the graphs' capture/replay summary (None when the engine runs eager), and the
+    step costs `adaptive: goodput` weighed (`StepCostTable.to_dict`; None in other depth modes)."""
 
     requests: list[Request]
     steps: list[StepRecord] = field(default_factory=list)
     total_s: float = 0.0
     persistent_buffer_bytes: int = 0
     graphs: dict | None = None
+    step_costs: dict | None = None

@@ -18,6 +18,8 @@ class Request:
     token is still on the device, in this row of the in-flight step's sampled tokens.
     num_accepted_tokens: tokens the last verify accepted, bonus included (1 after a prefill) — selects the
     conv window the next step reads.
+    acceptance_estimate: the adaptive depth policy's running acceptance of this request
+    (`specexp.engine.goodput.AcceptanceEstimate`; None until that policy first sees it).
     """
 
     request_id: int
@@ -42,6 +44,7 @@ class Request:
     verifies: list[tuple[int, int]] = field(default_factory=list)
     # Tokens emitted by each step that sampled for this request (Spec-Bench's accept_lengths).
     emitted_per_step: list[int] = field(default_factory=list)
+    acceptance_estimate: object | None = None
 
     def __post_init__(self) -> None:
         if not self.token_ids:

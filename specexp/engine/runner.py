@@ -20,6 +20,7 @@ progress callback receives).
 
 from __future__ import annotations
 
+import logging
 import time
 
 import torch
@@ -41,6 +42,8 @@ from specexp.engine.cudagraph import (
     default_capture_sizes,
     default_seq_len_buckets,
 )
+from specexp.engine.depth import StaticDepth, describe_graph_cost, depth_policy, graph_keys
+from specexp.engine.goodput import StepCostTable
 from specexp.engine.inputs import InputBuffers
 from specexp.engine.output import EngineOutput, StepRecord
 from specexp.engine.progress import ProgressCallback, RunReporter
@@ -65,6 +68,7 @@ from specexp.models.short_conv_ops import CONV_KERNELS, use_conv_kernel
 __all__ = ["DTYPES", "EngineOutput", "InFlightStep", "NativeEngine", "StepRecord", "check_pair"]
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+log = logging.getLogger("specexp.engine")
 
 
 def check_pair(target: torch.nn.Module, draft: torch.nn.Module | None) -> None:
@@ -82,7 +86,8 @@ class NativeEngine(TargetGraphs, TargetStepInputs):
     """Serves a list of prompts with the target model, optionally speculating with a draft model.
 
     eos_token_ids: tokens that end a request (unless sampling.ignore_eos). progress: receives the CUDA-graph
-    capture's events (`specexp.engine.progress`); `generate` takes its own for the run's.
+    capture's events (`specexp.engine.progress`); `generate` takes its own for the run's. step_costs: the step
+    costs `adaptive: goodput` weighs (`specexp.engine.goodput`); None = measured at start-up.
     """
 
     def __init__(
@@ -95,6 +100,7 @@ class NativeEngine(TargetGraphs, TargetStepInputs):
         eos_token_ids: list[int] | None = None,
         emulate_graphs_on_cpu: bool = False,
         progress: ProgressCallback | None = None,
+        step_costs: StepCostTable | None = None,
     ) -> None:
         engine.validate()
         speculator.validate(engine.max_model_len)
@@ -134,10 +140,12 @@ class NativeEngine(TargetGraphs, TargetStepInputs):
         num_blocks = engine.num_kv_blocks or engine.max_num_seqs * self.max_blocks_per_req
         self.block_pool = IdPool(num_blocks)
         self.slot_pool = IdPool(engine.max_num_seqs)
+        # Each step's k in 0..K (specexp.engine.depth); K = self.k sizes every buffer below.
+        self.depth = depth_policy(speculator, self.k) if self.k > 0 else StaticDepth(0)
         self.scheduler = Scheduler(
             max_num_seqs=engine.max_num_seqs, max_model_len=engine.max_model_len,
             token_budget=engine.token_budget, block_size=engine.block_size, num_spec_tokens=self.k,
-            block_pool=self.block_pool, slot_pool=self.slot_pool,
+            block_pool=self.block_pool, slot_pool=self.slot_pool, step_depth=self.depth.step_k,
         )
         self.max_num_tokens = self.scheduler.token_budget
         # +1: block id / conv slot 0 is the NULL entry.
@@ -164,17 +172,24 @@ class NativeEngine(TargetGraphs, TargetStepInputs):
         # One memory pool for every graph, target and draft (engine.cudagraph_shared_pool); None: a pool each.
         self.graph_pool = (torch.cuda.graph_pool_handle()
                            if self.use_graphs and self.device.type == "cuda" and engine.cudagraph_shared_pool else None)
-        # Target verify graphs: uniform batches of k+1 tokens a row (1 without speculation).
-        self.verify_graphs = CudaGraphManager("target_verify", self.capture_sizes, self.k + 1, self.device,
+        # The (size, k) keys the depth policy can produce; a static K's, to report what the policy costs.
+        captured_depths = speculator.cudagraph_num_speculative_tokens if self.k > 0 else None
+        self.graph_keys = graph_keys(self.depth.step_depths, self.capture_sizes, engine.max_num_seqs,
+                                     captured_depths)
+        self.static_graph_keys = graph_keys(StaticDepth(self.k).step_depths, self.capture_sizes, engine.max_num_seqs)
+        # Target verify graphs: uniform batches of v+1 tokens a row (v drafts; 1 token without speculation).
+        self.verify_graphs = CudaGraphManager("target_verify", self.capture_sizes, 1, self.device,
                                               enabled=self.use_graphs, seq_len_buckets=tuple(self.seq_len_buckets),
-                                              pool=self.graph_pool)
+                                              pool=self.graph_pool, tokens_per_draft=1,
+                                              capture_keys=self.graph_keys.verify)
         # Per row of a step, what the rejection sampler reads (filled by one host-to-device copy, padding rows
         # zero): logits rows [k+1], the row of the speculator's draft buffer holding its drafts, the count of
         # drafts it may accept, whether it samples, its conv slot (which also indexes its draft probs).
         self.row_inputs = torch.zeros(engine.max_num_seqs, self.k + 5, dtype=torch.int64, device=self.device)
-        # What the sampler emits per row, as read back: tokens [k+1] (left-aligned, -1 after) and their count.
-        self.step_out = torch.zeros(engine.max_num_seqs, self.k + 2, dtype=torch.int64, device=self.device)
-        self._verify_graph_ctx: dict[tuple[int, int], ForwardContext] = {}  # by (rows, key-length bucket)
+        # What the sampler emits per row, as read back: tokens [k+1] (left-aligned, -1 after), their count, and
+        # the drafts it verified (fewer than it carried when the confidence rule masked some).
+        self.step_out = torch.zeros(engine.max_num_seqs, self.k + 3, dtype=torch.int64, device=self.device)
+        self._verify_graph_ctx: dict[tuple[int, int, int], ForwardContext] = {}  # by (rows, v, key-length bucket)
         # One-request prompt prefills, one manager per token count (a "batch" of one row of that many tokens).
         prefill_tokens = engine.cudagraph_prefill_tokens if self.use_graphs else ()
         self.prefill_graphs = PromptGraphs("target_prefill", prefill_tokens, self.device,
@@ -197,6 +212,8 @@ class NativeEngine(TargetGraphs, TargetStepInputs):
                 capture_sizes=self.capture_sizes, seq_len_buckets=self.seq_len_buckets, graph_pool=self.graph_pool,
                 # a prompt chunk's draft region is its tokens + the sampled one
                 prompt_graph_tokens=tuple(n + 1 for n in self.prefill_graphs.managers),
+                prefill_graph_keys=self.graph_keys.verify, decode_graph_keys=self.graph_keys.decode,
+                confidence_threshold=speculator.draft_confidence_threshold,
             )
             if not sampling.greedy:
                 # Draft probabilities of each request's pending drafts, by conv slot (a request's stable id).
@@ -207,7 +224,7 @@ class NativeEngine(TargetGraphs, TargetStepInputs):
         # The steps' read-backs land here (page-locked on a GPU, so the copy is asynchronous): sampled tokens [k+1]
         # and their count per row. Two buffers and events, used by alternate steps: with plain_decode_lookahead a
         # step's read-back is queued before the last one is consumed.
-        self.host_out = [torch.zeros(engine.max_num_seqs, self.k + 2, dtype=torch.int64, pin_memory=self.pin_memory)
+        self.host_out = [torch.zeros(engine.max_num_seqs, self.k + 3, dtype=torch.int64, pin_memory=self.pin_memory)
                          for _ in range(2)]
         self.readback_done = [torch.cuda.Event() for _ in range(2)] if self.device.type == "cuda" else None
         self._read_back_slot = 0
@@ -220,6 +237,9 @@ class NativeEngine(TargetGraphs, TargetStepInputs):
         self._t0 = 0.0
         self.graph_capture: dict | None = None
         if self.use_graphs:
+            log.info(describe_graph_cost(self.graph_keys, self.static_graph_keys, len(self.seq_len_buckets),
+                                         set().union(*(self.depth.step_depths(n)
+                                                       for n in range(1, engine.max_num_seqs + 1)))))
             self.capture()
             if engine.compile_pointwise and self.device.type == "cuda":
                 # The graphs hold the fused kernels. Steps that run eagerly (prefills, mixed batches) call the
@@ -227,16 +247,30 @@ class NativeEngine(TargetGraphs, TargetStepInputs):
                 # the few kernel launches it saves, and an eager step is bound by the host.
                 for model in (target, draft) if self.k > 0 else (target,):
                     use_pointwise_ops(model, EAGER_POINTWISE)
+        # adaptive: goodput weighs each k by the step costs measured here, once (or those given).
+        self.step_costs: StepCostTable | None = None
+        if self.k > 0 and speculator.adaptive == "goodput":
+            self.step_costs = step_costs or self.measure_step_costs()
+            self.depth.costs = self.step_costs
 
     def _sample(self, logits: torch.Tensor, num_rows: int) -> None:
-        """Rejection-sample rows [0, num_rows) from logits fp32[num_rows, k+1, V] and the rows' inputs in
-        `row_inputs` (drafts gathered from the speculator's draft buffer); writes `step_out[:num_rows]`."""
-        k, rows = self.k, self.row_inputs[:num_rows]
-        drafts = self.speculator.draft_tokens[rows[:, k + 1]] if self.speculator is not None else rows[:, :0]
-        draft_probs = self.req_draft_probs[rows[:, k + 4]] if self.req_draft_probs is not None else None
-        verified = self.rejection(logits, drafts, rows[:, k + 2], draft_probs, rows[:, k + 3] != 0)
-        self.step_out[:num_rows, : k + 1].copy_(verified.sampled)
-        self.step_out[:num_rows, k + 1].copy_(verified.num_sampled)
+        """Rejection-sample rows [0, num_rows) from logits fp32[num_rows, v+1, V] (v: the most drafts a row
+        carries this step) and the rows' inputs in `row_inputs` (drafts gathered from the speculator's draft
+        buffer, masked by its `draft_lengths` under the confidence rule); writes `step_out[:num_rows]`."""
+        k, rows, v = self.k, self.row_inputs[:num_rows], logits.shape[1] - 1
+        spec = self.speculator
+        drafts = spec.draft_tokens[rows[:, k + 1], :v] if spec is not None else rows[:, :0]
+        draft_probs = self.req_draft_probs[rows[:, k + 4], :v] if self.req_draft_probs is not None else None
+        num_drafts = rows[:, k + 2]
+        if spec is not None and spec.confidence_threshold > 0:
+            num_drafts = torch.minimum(num_drafts, spec.draft_lengths[rows[:, k + 1]])
+        samples = rows[:, k + 3] != 0
+        verified = self.rejection(logits, drafts, num_drafts, draft_probs, samples)
+        out = self.step_out[:num_rows]
+        out[:, : v + 1].copy_(verified.sampled)
+        out[:, v + 1 : k + 1].fill_(-1)
+        out[:, k + 1].copy_(verified.num_sampled)
+        out[:, k + 2].copy_(torch.where(samples, num_drafts, 0))
 
     def persistent_buffer_bytes(self) -> int:
         total = self.buffers.nbytes() + sum(t.numel() * t.element_size() for t in (self.row_inputs, self.step_out))
@@ -281,7 +315,8 @@ class NativeEngine(TargetGraphs, TargetStepInputs):
         if reporter is not None:
             reporter.finish(output_tokens)
         return EngineOutput(requests, list(self.steps), time.perf_counter() - self._t0,
-                            self.persistent_buffer_bytes(), self.graph_summary())
+                            self.persistent_buffer_bytes(), self.graph_summary(),
+                            self.step_costs.to_dict() if self.step_costs is not None else None)
 
     def finish_timing(self) -> StepRecord | None:
         """Read the phase times of the last step (waiting for its draft); returns its record, or None if every
@@ -323,9 +358,10 @@ class NativeEngine(TargetGraphs, TargetStepInputs):
         host, done = self._start_read_back(num_reqs)
         timer.mark("draft")
         if self.speculator is not None:
-            _, probs = self.speculator.propose(self._verified_batch(batch, prep))
-            if probs is not None:
-                self.req_draft_probs[self.row_inputs[:num_reqs, self.k + 4]] = probs
+            step_k = batch.num_speculative_tokens
+            _, probs = self.speculator.propose(self._verified_batch(batch, prep), step_k)
+            if probs is not None and step_k > 0:
+                self.req_draft_probs[self.row_inputs[:num_reqs, self.k + 4], :step_k] = probs[:, :step_k]
         timer.mark("end")
         if self.lookahead:
             # Commit the previous step's tokens now that this one is queued, then this step's counts.
@@ -345,8 +381,8 @@ class NativeEngine(TargetGraphs, TargetStepInputs):
         return finished
 
     def _start_read_back(self, num_reqs: int) -> tuple[torch.Tensor, torch.cuda.Event | None]:
-        """Queue the step's one device-to-host copy: `step_out[:num_reqs]`, int64[R, k+2], the emitted tokens
-        [k+1] and their count per row. On a GPU the copy lands in page-locked memory (one of two buffers, used
+        """Queue the step's one device-to-host copy: `step_out[:num_reqs]`, int64[R, K+3], the emitted tokens
+        [K+1], their count and the drafts verified per row. On a GPU the copy lands in page-locked memory (one of two buffers, used
         by alternate steps) once the returned event has fired; on CPU it is done on return (event None)."""
         out = self.step_out[:num_reqs]
         if self.readback_done is None:
@@ -359,17 +395,20 @@ class NativeEngine(TargetGraphs, TargetStepInputs):
         return host, done
 
     def _verify(self, batch: ScheduledBatch, prep: dict) -> torch.Tensor:
-        """Target forward over the step; logits fp32[R, k+1, V] at the rows' scoring positions."""
+        """Target forward over the step; logits fp32[R, v+1, V] at the rows' scoring positions (v: the most
+        drafts a row carries)."""
         num_tokens = prep["cpu"].num_tokens
         ctx = ForwardContext(attn=prep["attn"], conv=prep["conv"], kv_caches=self.kv_caches,
                              conv_states=self.conv_states)
         hidden = self.target(self.buffers.input_ids[:num_tokens], self.buffers.positions[:num_tokens], ctx)
-        return self._logits_at_scoring_rows(hidden, batch.num_reqs)
+        v = max((r.num_query_tokens - 1 for r in batch.rows if not r.is_prefill), default=0)
+        return self._logits_at_scoring_rows(hidden, batch.num_reqs, v)
 
-    def _logits_at_scoring_rows(self, hidden: torch.Tensor, num_rows: int) -> torch.Tensor:
-        """hidden [T, H] -> logits fp32[num_rows, k+1, V] at each row's scoring positions (`row_inputs`)."""
-        idx = self.row_inputs[:num_rows, : self.k + 1]
-        return self.target.compute_logits(hidden[idx.reshape(-1)]).view(num_rows, self.k + 1, -1)
+    def _logits_at_scoring_rows(self, hidden: torch.Tensor, num_rows: int, v: int) -> torch.Tensor:
+        """hidden [T, H] -> logits fp32[num_rows, v+1, V] at each row's first v+1 scoring positions
+        (`row_inputs`; a row of fewer tokens repeats its last)."""
+        idx = self.row_inputs[:num_rows, : v + 1]
+        return self.target.compute_logits(hidden[idx.reshape(-1)]).view(num_rows, v + 1, -1)
 
     # ------------------------------------------------------------------ bookkeeping
     def _commit(self, batch: ScheduledBatch, host: torch.Tensor, t_start: float) -> StepRecord:

@@ -9,6 +9,7 @@ ever preempted; a request waits while the pool is short, and one that could neve
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from specexp.engine.cache_pool import IdPool, blocks_needed
@@ -41,7 +42,11 @@ class ScheduledRow:
 
 @dataclass
 class ScheduledBatch:
+    """A step's rows, and its k (`num_speculative_tokens`, `specexp.engine.depth`): its verify rows carry at
+    most k drafts and the speculator proposes k per row."""
+
     rows: list[ScheduledRow]
+    num_speculative_tokens: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -55,9 +60,10 @@ class ScheduledBatch:
 class Scheduler:
     """Admits waiting requests and splits each step's token budget.
 
-    num_spec_tokens: k. max_blocks_per_req: block-table width. Lookahead slots: with a draft, a step may
-    write draft KV up to 2k positions past the last committed token (k+2-slot draft prefill, then k-1
-    decode steps), so each request reserves 2k+1 extra positions.
+    num_spec_tokens: K, the most drafts a step may verify or propose. max_blocks_per_req: block-table width.
+    Lookahead slots: with a draft, a step may write draft KV up to 2K positions past the last committed token
+    (K+2-slot draft prefill, then K-1 decode steps), so each request reserves 2K+1 extra positions.
+    step_depth(rows): the step's k in 0..K once its rows are chosen (`specexp.engine.depth`); None = K.
     """
 
     def __init__(
@@ -70,6 +76,7 @@ class Scheduler:
         num_spec_tokens: int,
         block_pool: IdPool,
         slot_pool: IdPool,
+        step_depth: Callable[[list[ScheduledRow]], int] | None = None,
     ) -> None:
         self.max_num_seqs = max_num_seqs
         self.max_model_len = max_model_len
@@ -80,6 +87,7 @@ class Scheduler:
         self.token_budget = max(token_budget, max_num_seqs * (num_spec_tokens + 1))
         self.block_pool = block_pool
         self.slot_pool = slot_pool
+        self.step_depth = step_depth
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
 
@@ -147,7 +155,13 @@ class Scheduler:
             chunk = min(remaining, budget)
             prefill_rows.append(ScheduledRow(request, chunk, 0, is_prefill=True, samples=chunk == remaining))
             budget -= chunk
-        return ScheduledBatch(decode_rows + prefill_rows)
+        rows = decode_rows + prefill_rows
+        # The step's k, looked up by the rows scheduled (prefill chunks included): verify rows carry at most k.
+        k = self.step_depth(rows) if self.step_depth is not None else self.k
+        for row in decode_rows:
+            row.num_query_tokens = min(row.num_query_tokens, 1 + k)
+            row.num_draft_tokens = min(row.num_draft_tokens, k)
+        return ScheduledBatch(rows, k)
 
     def finish(self, request: Request) -> None:
         self.running.remove(request)

@@ -154,27 +154,32 @@ class ShortConvMetadataBuilder:
             state_indices_cpu, num_reqs_padded, num_tokens_padded, check=True, capture=False,
         )
 
-    def build_for_cudagraph_capture(self, *, num_reqs: int, num_tokens: int) -> ShortConvMetadata:
-        """A uniform pure-spec batch of `num_reqs` rows of k+1 tokens (up to `num_tokens` with padding), in
-        the persistent buffers a replay rewrites. Rows read the NULL slot from the farthest window
-        (num_accepted = k+1), so capture touches no request's state."""
+    def build_for_cudagraph_capture(self, *, num_reqs: int, num_tokens: int, query_len: int | None = None
+                                    ) -> ShortConvMetadata:
+        """A uniform pure-spec batch of `num_reqs` rows of `query_len` tokens (None: k+1; a graph specialised to a
+        step of fewer drafts verifies fewer), up to `num_tokens` with padding, in the persistent buffers a replay
+        rewrites. Rows read the NULL slot from the farthest window (num_accepted = k+1), so capture touches no
+        request's state."""
+        query_len = self.spec_query_len if query_len is None else query_len
+        if not 1 <= query_len <= self.spec_query_len:
+            raise AssertionError(f"a capture row verifies 1..k+1 = 1..{self.spec_query_len} tokens, got {query_len}")
         if not (num_reqs <= self.decode_cudagraph_max_bs and num_tokens <= self.decode_cudagraph_max_tokens):
             raise AssertionError(
                 "short-conv full CUDA graphs capture pure-spec batches only within the capture bounds: "
                 f"batch size ({num_reqs}) <= {self.decode_cudagraph_max_bs} and "
                 f"number of tokens ({num_tokens}) <= {self.decode_cudagraph_max_tokens}"
             )
-        if num_reqs * self.spec_query_len > num_tokens:
+        if num_reqs * query_len > num_tokens:
             raise AssertionError(
-                f"a capture batch of {num_reqs} rows x {self.spec_query_len} tokens needs "
-                f"{num_reqs * self.spec_query_len} tokens, got {num_tokens}"
+                f"a capture batch of {num_reqs} rows x {query_len} tokens needs "
+                f"{num_reqs * query_len} tokens, got {num_tokens}"
             )
-        query_lens = torch.full((num_reqs,), self.spec_query_len, dtype=torch.int32)
+        query_lens = torch.full((num_reqs,), query_len, dtype=torch.int32)
         return self._build(
             start_offsets(query_lens),
             num_computed_tokens_cpu=torch.ones(num_reqs, dtype=torch.int32),
-            num_decode_draft_tokens_cpu=torch.full((num_reqs,), self.num_spec_tokens, dtype=torch.int32),
-            num_accepted_tokens_cpu=query_lens,
+            num_decode_draft_tokens_cpu=query_lens - 1,
+            num_accepted_tokens_cpu=torch.full((num_reqs,), self.spec_query_len, dtype=torch.int32),
             state_indices_cpu=torch.full((num_reqs,), NULL_BLOCK_ID, dtype=torch.int32),
             num_reqs_padded=num_reqs,
             num_tokens_padded=num_tokens,
@@ -260,7 +265,8 @@ class ShortConvMetadataBuilder:
             "num_spec_decodes": groups.spec_rows.numel(),
             "num_spec_decode_tokens": int(ql[groups.spec_rows].sum()),
             "num_actual_tokens": num_tokens,
-            "spec_query_len": self.spec_query_len,
+            # the longest spec row's query: every row's q in a uniform step of fewer than k drafts (k+1: none)
+            "spec_query_len": int(ql[groups.spec_rows].max()) if groups.spec_rows.numel() else self.spec_query_len,
             "max_prefill_query_len": int(ql[groups.prefill_rows].max()) if groups.prefill_rows.numel() else 0,
         }
         non_spec = self._non_spec_fields(groups, num_computed_tokens_cpu, state_indices_cpu)
@@ -307,7 +313,8 @@ class ShortConvMetadataBuilder:
         counts = {
             "num_prefills": 0, "num_prefill_tokens": 0, "num_decodes": 0, "num_decode_tokens": 0,
             "num_spec_decodes": num_reqs, "num_spec_decode_tokens": num_tokens, "num_actual_tokens": num_tokens,
-            "spec_query_len": self.spec_query_len, "max_prefill_query_len": 0,
+            "spec_query_len": max((qsl[i + 1] - qsl[i] for i in range(num_reqs)), default=self.spec_query_len),
+            "max_prefill_query_len": 0,
         }
         padded = self._graph_rows(counts, num_reqs, num_tokens, num_reqs_padded, num_tokens_padded, capture)
         if (padded is None or num_reqs == 0 or min(num_decode_draft_tokens_cpu.tolist()) < 0

@@ -1,11 +1,12 @@
 """Autoregressive draft-model speculator (seed 000's `AutoRegressiveSpeculator`, standalone-draft flavour).
 
-Each engine step, after the target verified its rows, the speculator proposes k drafts per row:
+Each engine step, after the target verified its rows, the speculator proposes the step's k drafts per row
+(0..K, `specexp.engine.depth`; K sizes every buffer):
 
 1. **Draft prefill** over a region of `q + 1` slots per row, where q is the row's target query length
-   (k + 1 for a full verify row, a prompt chunk for a prefill row)::
+   (v + 1 for a verify row carrying v drafts, a prompt chunk for a prefill row)::
 
-       verify row, a drafts accepted:   [t_last, d_1 .. d_a, new, x .. x]      (q + 1 = k + 2 slots)
+       verify row, a drafts accepted:   [t_last, d_1 .. d_a, new, x .. x]      (q + 1 = v + 2 slots)
                                          \\_ accepted inputs _/  ^    ^ rejected slots (token 0), whose
                                                                  |      KV is overwritten later
                                         the target's newly sampled token (correction or bonus);
@@ -16,7 +17,13 @@ Each engine step, after the target verified its rows, the speculator proposes k 
    many drafts were accepted: the CPU builds it without reading anything back from the device; the
    accepted count enters only through device tensors (token ids, `last_token_indices`).
 2. **k - 1 draft decode steps**, one token per row, each advancing positions, seq_lens and slot mappings
-   on the device (`advance_draft_positions`).
+   on the device (`advance_draft_positions`). With k = 0 the prefill still runs (the draft's KV and conv state
+   follow the committed tokens) and its sample is never verified.
+
+Confidence rule (`draft_confidence_threshold` > 0): `draft_lengths[r]` is the number of row r's drafts up to and
+including its first one whose draft probability is below the threshold (transformers' rule: its stopping
+criterion looks at the token just drafted), K when there is none. The row keeps drafting (a fused decode has a
+fixed shape); the rejection sampler verifies only its first `draft_lengths[r]` drafts.
 
 Hybrid (short-conv) drafts: the region is verified like a target spec row (conv window at
 `num_accepted - 1`, all region inputs appended; prefill rows keep the new token as a one-column
@@ -24,10 +31,12 @@ lookahead), so the window the next step needs survives rejections with no copy. 
 *scratch* conv slots seeded with the window ending at the new token, so they never disturb the real
 state — the rollback vLLM 0.33 lacks for conv drafts.
 
-CUDA graphs: a batch of full verify rows gives a uniform prefill (k + 2 tokens a row), replayed from the
-`draft_prefill` manager; the k - 1 decode steps update positions, seq_lens and slot mappings in place on
-the device, so the whole loop is captured as ONE graph per batch size (`draft_decode`, FULL or eager —
-never piecewise). Inputs are written into the persistent buffers eagerly before each replay.
+CUDA graphs, specialised per k (vLLM's `specialize_spec_tokens`): a batch of verify rows of v drafts each gives a
+uniform prefill (v + 2 tokens a row), replayed from the `draft_prefill` graph of (size, v); the k - 1 decode
+steps update positions, seq_lens and slot mappings in place on the device, so the whole loop is captured as ONE
+graph per (batch size, k), k >= 2 (`draft_decode`, FULL or eager — never piecewise). Which keys are captured
+is the depth policy's (`depth.graph_keys`); a key left out runs eagerly and is counted. Inputs are written into
+the persistent buffers eagerly before each replay.
 """
 
 from __future__ import annotations
@@ -37,7 +46,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specexp.engine.cudagraph import FULL, BatchExecutionDescriptor, CudaGraphManager, PromptGraphs
+from specexp.engine.cudagraph import FULL, NONE, BatchExecutionDescriptor, CudaGraphManager, PromptGraphs, graph_key
 from specexp.engine.inputs import InputBuffers, StepInputsCPU, build_step_inputs, uniform_dummy_inputs
 from specexp.engine.sampling import logits_to_probs, sample_from_probs
 from specexp.engine.short_conv import ShortConvMetadataBuilder
@@ -98,8 +107,10 @@ class AutoRegressiveSpeculator:
 
     The draft shares the target's block ids (its own KV tensors, same block table). Conv slots: a request's
     slot s holds its real draft conv state, slot s + max_num_reqs its scratch state for decode steps.
-    capture_sizes: row counts of the graphs (used when use_cuda_graphs). graph_pool: the memory pool every draft
-    graph captures into (the engine's shared pool, `cudagraph` module docstring); None = a pool per manager.
+    capture_sizes: row counts of the graphs (used when use_cuda_graphs). prefill_graph_keys, decode_graph_keys:
+    the (size, v) / (size, k) keys to capture (`depth.graph_keys`; None: every size at K). graph_pool: the memory
+    pool every draft graph captures into (the engine's shared pool, `cudagraph` module docstring); None = a pool
+    per manager. confidence_threshold: the confidence rule's threshold (0 = off).
     """
 
     def __init__(
@@ -121,6 +132,9 @@ class AutoRegressiveSpeculator:
         seq_len_buckets: list[int] | None = None,
         prompt_graph_tokens: tuple[int, ...] = (),
         graph_pool: tuple | None = None,
+        prefill_graph_keys: tuple[tuple[int, int], ...] | None = None,
+        decode_graph_keys: tuple[tuple[int, int], ...] | None = None,
+        confidence_threshold: float = 0.0,
     ) -> None:
         self.model = draft_model
         self.k = num_speculative_tokens
@@ -156,22 +170,33 @@ class AutoRegressiveSpeculator:
             torch.zeros(max_num_reqs, self.k, vocab, dtype=torch.float32, device=device) if temperature > 0 else None
         )
         self.last_token_indices = torch.zeros(max_num_reqs, dtype=torch.int64, device=device)
+        self.confidence_threshold = confidence_threshold
+        # Per row of the last proposal: its drafts up to its first below the threshold (K: none below).
+        self.draft_lengths = torch.full((max_num_reqs,), self.k, dtype=torch.int64, device=device)
         sizes = capture_sizes or [max_num_reqs]
         buckets = tuple(seq_len_buckets or [self.max_graph_seq_len])
-        self.prefill_graphs = CudaGraphManager("draft_prefill", sizes, self.k + 2, device, enabled=use_cuda_graphs,
-                                               seq_len_buckets=buckets, pool=graph_pool)
-        self.decode_graphs = CudaGraphManager("draft_decode", sizes, 1, device, enabled=use_cuda_graphs and self.k > 1,
-                                              seq_len_buckets=buckets, pool=graph_pool)
+        if prefill_graph_keys is None:
+            prefill_graph_keys = tuple((size, self.k) for size in sizes)
+        if decode_graph_keys is None:
+            decode_graph_keys = tuple((size, self.k) for size in sizes if self.k >= 2)
+        # Verify rows of v drafts: regions of v + 2 slots; decode: one token a row, k - 1 steps.
+        self.prefill_graphs = CudaGraphManager("draft_prefill", sizes, 2, device, enabled=use_cuda_graphs,
+                                               seq_len_buckets=buckets, pool=graph_pool, tokens_per_draft=1,
+                                               capture_keys=prefill_graph_keys)
+        self.decode_graphs = CudaGraphManager("draft_decode", sizes, 1, device,
+                                              enabled=use_cuda_graphs and bool(decode_graph_keys),
+                                              seq_len_buckets=buckets, pool=graph_pool,
+                                              capture_keys=decode_graph_keys)
         # A lone prompt chunk's region (its tokens + the sampled one), one manager per slot count: as the target's
         # prompt-prefill graphs (engine.cudagraph_prefill_tokens).
         self.prompt_graphs = PromptGraphs("draft_prompt_prefill", prompt_graph_tokens if use_cuda_graphs else (),
                                           device, buckets, pool=graph_pool)
         # Forward contexts (views of the persistent buffers) of the captured graphs: the verify rows' prefill
-        # graphs by (rows, key-length bucket), the prompt regions' by (slots, key-length bucket); kept apart, as a
-        # one-row region of k + 2 slots has a verify-row graph's shape.
-        self._prefill_graph_ctx: dict[tuple[int, int], ForwardContext] = {}
+        # and the decode graphs by (rows, k, key-length bucket), the prompt regions' by (slots, key-length
+        # bucket); kept apart, as a one-row region of v + 2 slots has a verify-row graph's shape.
+        self._prefill_graph_ctx: dict[tuple[int, int, int], ForwardContext] = {}
         self._prompt_graph_ctx: dict[tuple[int, int], ForwardContext] = {}
-        self._decode_graph_ctx: dict[tuple[int, int], ForwardContext] = {}
+        self._decode_graph_ctx: dict[tuple[int, int, int], ForwardContext] = {}
         self._prefill_ctx: ForwardContext | None = None
         self._decode_ctx: ForwardContext | None = None
 
@@ -181,7 +206,7 @@ class AutoRegressiveSpeculator:
         return True
 
     def persistent_buffer_bytes(self) -> int:
-        tensors = [self.draft_tokens, self.last_token_indices, self.decode_writes]
+        tensors = [self.draft_tokens, self.last_token_indices, self.decode_writes, self.draft_lengths]
         if self.draft_probs is not None:
             tensors.append(self.draft_probs)
         own = sum(t.numel() * t.element_size() for t in tensors)
@@ -198,7 +223,7 @@ class AutoRegressiveSpeculator:
 
     # ------------------------------------------------------------------ capture
     def capture(self, progress=None) -> None:
-        """Capture the draft prefill graphs, then the fused multi-step decode graphs, for every size.
+        """Capture the draft prefill graphs, then the fused multi-step decode graphs, for every key.
 
         Capture runs on inert dummy batches (slots -1, NULL conv slots): no request state is touched."""
         self.last_token_indices.zero_()
@@ -206,7 +231,7 @@ class AutoRegressiveSpeculator:
         self.prefill_graphs.capture(self._prefill, self._prepare_prefill_capture, progress)
         self.prompt_graphs.capture(self._prefill, self._prepare_prompt_capture, progress)
         self.on_prefill_end(self.max_num_reqs)
-        if self.k == 1:
+        if not self.decode_graphs.keys:
             return
         self.on_multi_step_decode_begin(self.max_num_reqs)
         self.decode_graphs.capture(self._fused_multi_step_decode, self._prepare_decode_capture, progress)
@@ -214,14 +239,16 @@ class AutoRegressiveSpeculator:
 
     def _prepare_prefill_capture(self, desc: BatchExecutionDescriptor) -> None:
         num_reqs, num_tokens = desc.num_reqs, desc.num_tokens
-        cpu = uniform_dummy_inputs(num_reqs, self.k + 2, self.prefill_buffers.block_table.shape[1])
+        region = desc.num_speculative_tokens + 2
+        cpu = uniform_dummy_inputs(num_reqs, region, self.prefill_buffers.block_table.shape[1])
         self.prefill_buffers.load(cpu)
         self.last_token_indices[:num_reqs].copy_(cpu.query_start_loc[:-1].to(self.device))
-        attn = self.prefill_buffers.attention_metadata(num_reqs, num_tokens, desc.max_seq_len, self.k + 2, num_tokens)
+        attn = self.prefill_buffers.attention_metadata(num_reqs, num_tokens, desc.max_seq_len, region, num_tokens)
         conv = None
         if self.conv_states:
-            conv = self.prefill_conv_builder.build_for_cudagraph_capture(num_reqs=num_reqs, num_tokens=num_tokens)
-        self._prefill_graph_ctx[(num_reqs, desc.max_seq_len)] = self._prefill_ctx = self._ctx(attn, conv)
+            conv = self.prefill_conv_builder.build_for_cudagraph_capture(num_reqs=num_reqs, num_tokens=num_tokens,
+                                                                         query_len=region)
+        self._prefill_graph_ctx[graph_key(desc)] = self._prefill_ctx = self._ctx(attn, conv)
 
     def _prepare_prompt_capture(self, desc: BatchExecutionDescriptor) -> None:
         """An inert one-row region of desc.num_tokens slots (`InputBuffers.load_inert_prompt`)."""
@@ -239,15 +266,25 @@ class AutoRegressiveSpeculator:
         conv = None
         if self.conv_states:
             conv = self.decode_conv_builder.build_for_cudagraph_capture(num_reqs=num_reqs, num_tokens=num_reqs)
-        self._decode_graph_ctx[(num_reqs, desc.max_seq_len)] = self._decode_ctx = self._ctx(attn, conv)
+        self._decode_graph_ctx[graph_key(desc)] = self._decode_ctx = self._ctx(attn, conv)
+
+    def run_inert_decode(self, num_reqs: int, bucket: int) -> None:
+        """One draft decode step of num_reqs inert rows (as at capture), replayed when its (size, 2) graph was
+        captured, else eager: what the engine times as t_draft (`measure_step_costs`)."""
+        desc = self.decode_graphs.lookup(num_reqs, bucket, 2)
+        desc = desc or BatchExecutionDescriptor(num_reqs, num_reqs, NONE, bucket, 2)
+        self._prepare_decode_capture(desc)
+        self.decode_graphs.execute(desc, self._fused_multi_step_decode)
 
     # ------------------------------------------------------------------ propose
-    def propose(self, batch: VerifiedBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Draft k tokens per row. Returns (draft_tokens int64[R, k], draft_probs fp32[R, k, V] or None),
-        views of persistent buffers valid until the next call (the engine's next step gathers its drafts from
-        `draft_tokens` on the device before it calls again)."""
+    def propose(self, batch: VerifiedBatch, k: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Draft k tokens per row (the step's k, 0..K; None = K). Returns (draft_tokens int64[R, K], draft_probs
+        fp32[R, K, V] or None; columns k.. are stale), views of persistent buffers valid until the next call (the
+        engine's next step gathers its drafts from `draft_tokens` on the device before it calls again)."""
+        k = self.k if k is None else k
         num_reqs = batch.query_lens.numel()
-        uniform = bool(batch.is_spec.all()) and bool((batch.query_lens == self.k + 1).all())
+        query_lens = batch.query_lens.tolist()
+        uniform = bool(batch.is_spec.all()) and min(query_lens) == max(query_lens)
         # Keys of the longest row: the whole q+1-slot region (prefill); + k-1 decode steps past its new token.
         max_region_end = int((batch.start_positions + batch.query_lens).max()) + 1
         prefill_desc, graphs = self._dispatch_prefill(batch, uniform, max_region_end)
@@ -255,9 +292,9 @@ class AutoRegressiveSpeculator:
         self.on_prefill_begin(num_reqs)
         graphs.execute(prefill_desc, self._prefill)
         self.on_prefill_end(num_reqs)
-        if self.k > 1:
+        if k > 1:
             decode_desc = self.decode_graphs.dispatch(num_reqs, num_reqs, uniform=True,
-                                                      max_seq_len=max_region_end + self.k - 1)
+                                                      max_seq_len=max_region_end + k - 1, k=k)
             self._prepare_decode_inputs(batch, rows, decode_desc)
             self.on_multi_step_decode_begin(num_reqs)
             self.decode_graphs.execute(decode_desc, self._fused_multi_step_decode)
@@ -275,7 +312,8 @@ class AutoRegressiveSpeculator:
             prompt = self.prompt_graphs.dispatch(num_slots, max_region_end)
             if prompt is not None:
                 return prompt
-        return self.prefill_graphs.dispatch(num_reqs, num_slots, uniform, max_region_end), self.prefill_graphs
+        v = int(batch.query_lens[0]) - 1  # drafts each verify row carried (uniform batches)
+        return self.prefill_graphs.dispatch(num_reqs, num_slots, uniform, max_region_end, k=v), self.prefill_graphs
 
     def _prepare_prefill_inputs(self, batch: VerifiedBatch, desc: BatchExecutionDescriptor) -> StagedRows:
         """Fill the prefill buffers with the q+1-slot regions (padded to desc); returns the rows' device facts
@@ -329,7 +367,7 @@ class AutoRegressiveSpeculator:
                     num_computed_tokens=int(batch.start_positions[0]), state_index=int(batch.conv_slots[0]))
             return staged_rows
         if desc.cg_mode == FULL:
-            self._prefill_ctx = self._prefill_graph_ctx[(desc.num_reqs, desc.max_seq_len)]
+            self._prefill_ctx = self._prefill_graph_ctx[graph_key(desc)]
             if self.conv_states:  # refresh the persistent conv buffers the graph reads
                 self._build_prefill_conv(batch, cpu, desc.num_reqs)
             return staged_rows
@@ -355,13 +393,30 @@ class AutoRegressiveSpeculator:
 
     def _sample_draft(self, logits: torch.Tensor, num_reqs: int, step: int) -> None:
         """Draft token `step` of each row from logits fp32[R, V]: argmax when greedy, else a sample from
-        softmax(logits / T), whose probabilities the rejection sampler needs."""
+        softmax(logits / T), whose probabilities the rejection sampler needs. With the confidence rule on, the
+        token's draft probability updates the row's `draft_lengths`."""
         if self.draft_probs is None:
-            self.draft_tokens[:num_reqs, step] = logits.argmax(dim=-1)
+            tokens = logits.argmax(dim=-1)
+            self.draft_tokens[:num_reqs, step] = tokens
+            if self.confidence_threshold > 0:
+                self._update_draft_lengths(torch.softmax(logits, dim=-1).amax(dim=-1), num_reqs, step)
             return
         probs = logits_to_probs(logits, self.temperature)
         self.draft_probs[:num_reqs, step] = probs
-        self.draft_tokens[:num_reqs, step] = sample_from_probs(probs, self.generator)
+        tokens = sample_from_probs(probs, self.generator)
+        self.draft_tokens[:num_reqs, step] = tokens
+        if self.confidence_threshold > 0:
+            self._update_draft_lengths(probs.gather(1, tokens.view(-1, 1)).squeeze(1), num_reqs, step)
+
+    def _update_draft_lengths(self, token_probs: torch.Tensor, num_reqs: int, step: int) -> None:
+        """draft_lengths[r] = step + 1 when draft `step` of row r is its first below the threshold (token_probs:
+        fp32[R], each drafted token's draft probability); K until then. On the device, capturable."""
+        low = token_probs < self.confidence_threshold
+        lengths = self.draft_lengths[:num_reqs]
+        if step == 0:
+            lengths.copy_(torch.where(low, 1, self.k))
+        else:
+            lengths.copy_(torch.where(low & (lengths == self.k), step + 1, lengths))
 
     def _prefill(self, desc: BatchExecutionDescriptor) -> None:
         """Run the draft over all regions and sample draft token 0 at each row's new token."""
@@ -412,16 +467,16 @@ class AutoRegressiveSpeculator:
                 num_reqs_padded=desc.num_reqs if desc.cg_mode == FULL else None,
             )
         if desc.cg_mode == FULL:
-            self._decode_ctx = self._decode_graph_ctx[(desc.num_reqs, desc.max_seq_len)]
+            self._decode_ctx = self._decode_graph_ctx[graph_key(desc)]
             return
         # desc.max_seq_len: propose's CPU upper bound of the last decode step's seq_len (num_valid <= q).
         attn = self.decode_buffers.attention_metadata(num_reqs, num_reqs, desc.max_seq_len, 1, num_reqs)
         self._decode_ctx = self._ctx(attn, conv)
 
     def _fused_multi_step_decode(self, desc: BatchExecutionDescriptor) -> None:
-        """All k-1 decode steps; every per-step update happens in place on the device, so this whole
-        loop is capturable as one graph."""
-        for step in range(1, self.k):
+        """All k-1 decode steps (k = desc.num_speculative_tokens); every per-step update happens in place on the
+        device, so this whole loop is capturable as one graph per (size, k)."""
+        for step in range(1, desc.num_speculative_tokens):
             self._decode(desc.num_reqs, step)
 
     def _decode(self, num_reqs: int, step: int) -> None:

@@ -21,6 +21,9 @@ nothing. Metrics (names match vLLM where vLLM has one):
 - ``conditional_acceptance[i] = accepted_per_position[i] / accepted_per_position[i-1]`` (position 0:
   ``/ num_drafts``).
 - ``acceptance_histogram[j]``: drafts with exactly j accepted tokens (j = 0..k).
+- ``acceptance_histogram_by_draft_length[d][j]``: drafts of exactly d draft tokens with j of them accepted
+  (d = 0..k, j = 0..d; row 0 stays [0]): where the depth varies per step (``specexp.engine.depth``), the
+  acceptance of each draft length apart.
 
 A ratio whose denominator is 0 is ``None`` (JSON null), never 0.
 
@@ -50,6 +53,7 @@ class AcceptanceCounts:
     drafted_per_position: list[int] = field(default_factory=list)
     accepted_per_position: list[int] = field(default_factory=list)
     acceptance_histogram: list[int] = field(default_factory=list)
+    acceptance_histogram_by_draft_length: list[list[int]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         k = self.num_speculative_tokens
@@ -58,6 +62,8 @@ class AcceptanceCounts:
         self.drafted_per_position = self.drafted_per_position or [0] * k
         self.accepted_per_position = self.accepted_per_position or [0] * k
         self.acceptance_histogram = self.acceptance_histogram or [0] * (k + 1)
+        self.acceptance_histogram_by_draft_length = (self.acceptance_histogram_by_draft_length
+                                                     or [[0] * (d + 1) for d in range(k + 1)])
 
     def add(self, num_draft_tokens: int, num_accepted_tokens: int) -> None:
         """Count one verification that carried ``num_draft_tokens`` drafts, ``num_accepted_tokens`` accepted."""
@@ -78,6 +84,7 @@ class AcceptanceCounts:
         for i in range(num_accepted_tokens):
             self.accepted_per_position[i] += 1
         self.acceptance_histogram[num_accepted_tokens] += 1
+        self.acceptance_histogram_by_draft_length[num_draft_tokens][num_accepted_tokens] += 1
 
     def merge(self, other: AcceptanceCounts) -> None:
         """Add ``other``'s counts (same ``num_speculative_tokens``) into these."""
@@ -95,6 +102,10 @@ class AcceptanceCounts:
         ):
             for i, n in enumerate(theirs):
                 mine[i] += n
+        for mine, theirs in zip(self.acceptance_histogram_by_draft_length, other.acceptance_histogram_by_draft_length,
+                                strict=True):
+            for j, n in enumerate(theirs):
+                mine[j] += n
 
     def metrics(self) -> dict:
         """The §4 acceptance metrics of these counts (a JSON-ready dict; ratios ``None`` when undefined)."""
@@ -114,6 +125,7 @@ class AcceptanceCounts:
             "per_position_acceptance": [_ratio(a, drafts) for a in accepted],
             "conditional_acceptance": conditional,
             "acceptance_histogram": list(self.acceptance_histogram),
+            "acceptance_histogram_by_draft_length": [list(h) for h in self.acceptance_histogram_by_draft_length],
         }
 
 

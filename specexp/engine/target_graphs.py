@@ -2,8 +2,9 @@
 
 Two kinds, both sampling inside the graph (the rejection sampler's small ops would otherwise cost the host a
 launch each):
-- verify graphs (`verify_graphs`): uniform batches of k+1 tokens a row (1 without speculation), one per
-  (padded row count, key-length bucket);
+- verify graphs (`verify_graphs`): uniform batches of v+1 tokens a row (v drafts, 0 without speculation), one
+  per (padded row count, v, key-length bucket), for the (size, v) keys the depth policy can produce
+  (`specexp.engine.depth`);
 - prompt-prefill graphs (`prefill_graphs`, `engine.cudagraph_prefill_tokens`): a lone prompt chunk padded up
   to N tokens, one manager per N.
 The draft's graphs belong to the speculator (`AutoRegressiveSpeculator.capture`); `capture` here captures
@@ -16,7 +17,16 @@ import time
 
 import torch
 
-from specexp.engine.cudagraph import BatchExecutionDescriptor, CudaGraphManager, free_device_bytes, frozen_gc
+from specexp.engine.cudagraph import (
+    NONE,
+    BatchExecutionDescriptor,
+    CudaGraphManager,
+    default_capture_sizes,
+    free_device_bytes,
+    frozen_gc,
+    graph_key,
+)
+from specexp.engine.goodput import StepCostTable
 from specexp.engine.inputs import uniform_dummy_inputs
 from specexp.engine.progress import ProgressCallback, capture_reporter
 from specexp.engine.scheduler import ScheduledBatch
@@ -50,6 +60,42 @@ class TargetGraphs:
             "graph_capture_s": capture_s if cuda else None,
         }
 
+    @torch.inference_mode()
+    def measure_step_costs(self, reps: int = 5) -> StepCostTable:
+        """The step costs `adaptive: goodput` weighs: t_verify(v+1, size) for v = 0..K and t_draft(size) (one
+        draft decode step) at sizes 1, 2, 4, ... max_num_seqs, on inert batches at the smallest key-length bucket,
+        each run as a step of that shape runs: its graph's replay when its (size, k) was captured, else eagerly.
+        The median of `reps` runs after one warm-up, in ms. Touches no request's state (as capture)."""
+        bucket = self.seq_len_buckets[0]
+        verify_ms, draft_ms = {}, {}
+        for size in default_capture_sizes(self.cfg.max_num_seqs):
+            verify_ms[size] = [self._median_ms(lambda s=size, v=v: self._run_inert_verify(s, v, bucket), reps)
+                               for v in range(self.k + 1)]
+            draft_ms[size] = self._median_ms(lambda s=size: self.speculator.run_inert_decode(s, bucket), reps)
+        return StepCostTable(verify_ms, draft_ms)
+
+    def _run_inert_verify(self, num_reqs: int, v: int, bucket: int) -> None:
+        """One verify step (target forward + sampler) of num_reqs inert rows of v drafts, as dispatch would run it."""
+        desc = self.verify_graphs.lookup(num_reqs, bucket, v) if self.use_graphs else None
+        desc = desc or BatchExecutionDescriptor(num_reqs, num_reqs * (v + 1), NONE, bucket, v)
+        self._prepare_verify_capture(desc)
+        self.verify_graphs.execute(desc, self._verify_graph)
+
+    def _median_ms(self, run, reps: int) -> float:
+        """Median wall time of run() in ms over `reps` runs after one warm-up (device synchronised around each)."""
+        cuda = self.device.type == "cuda"
+        times = []
+        for i in range(reps + 1):
+            if cuda:
+                torch.cuda.synchronize(self.device)
+            start = time.perf_counter()
+            run()
+            if cuda:
+                torch.cuda.synchronize(self.device)
+            if i:
+                times.append((time.perf_counter() - start) * 1e3)
+        return sorted(times)[len(times) // 2]
+
     def graph_managers(self) -> list[CudaGraphManager]:
         """Every graph manager of the engine, target's then draft's."""
         managers = [self.verify_graphs, *self.prefill_graphs.managers.values()]
@@ -67,33 +113,40 @@ class TargetGraphs:
     def _dispatch(self, batch: ScheduledBatch) -> tuple[BatchExecutionDescriptor, CudaGraphManager]:
         """How the step runs, and the graph manager that counts it: a lone prompt chunk that fits a prefill
         graph's token count replays the smallest such graph; anything else goes to the verify graphs (uniform
-        batches of k+1 tokens a row) or runs eagerly."""
-        max_seq_len = max(r.request.num_computed_tokens + r.num_query_tokens for r in batch.rows)
-        if batch.num_reqs == 1 and batch.rows[0].is_prefill:
-            prompt = self.prefill_graphs.dispatch(batch.rows[0].num_query_tokens, max_seq_len)
+        batches of v+1 tokens a row, at the step's v) or runs eagerly."""
+        rows = batch.rows
+        max_seq_len = max(r.request.num_computed_tokens + r.num_query_tokens for r in rows)
+        if batch.num_reqs == 1 and rows[0].is_prefill:
+            prompt = self.prefill_graphs.dispatch(rows[0].num_query_tokens, max_seq_len)
             if prompt is not None:
                 return prompt
-        uniform = all(not r.is_prefill and r.num_query_tokens == self.k + 1 for r in batch.rows)
-        return self.verify_graphs.dispatch(batch.num_reqs, batch.num_tokens, uniform, max_seq_len), self.verify_graphs
+        q = rows[0].num_query_tokens
+        uniform = all(not r.is_prefill and r.num_query_tokens == q for r in rows)
+        desc = self.verify_graphs.dispatch(batch.num_reqs, batch.num_tokens, uniform, max_seq_len, k=q - 1)
+        return desc, self.verify_graphs
 
     def _prepare_verify_capture(self, desc: BatchExecutionDescriptor) -> None:
-        cpu = uniform_dummy_inputs(desc.num_reqs, self.k + 1, self.max_blocks_per_req)
+        """An inert uniform batch of desc.num_reqs rows of v+1 tokens (v = desc.num_speculative_tokens)."""
+        query_len = desc.num_speculative_tokens + 1
+        cpu = uniform_dummy_inputs(desc.num_reqs, query_len, self.max_blocks_per_req)
         self.buffers.load(cpu)
-        attn = self.buffers.attention_metadata(desc.num_reqs, desc.num_tokens, desc.max_seq_len, self.k + 1,
+        self.row_inputs[: desc.num_reqs].zero_()  # no drafts, no sampling: the sampler's rows are inert too
+        attn = self.buffers.attention_metadata(desc.num_reqs, desc.num_tokens, desc.max_seq_len, query_len,
                                                desc.num_tokens)
         conv = None
         if self.conv_states:
-            conv = self.conv_builder.build_for_cudagraph_capture(num_reqs=desc.num_reqs, num_tokens=desc.num_tokens)
-        self._verify_graph_ctx[(desc.num_reqs, desc.max_seq_len)] = ForwardContext(
+            conv = self.conv_builder.build_for_cudagraph_capture(num_reqs=desc.num_reqs, num_tokens=desc.num_tokens,
+                                                                 query_len=query_len)
+        self._verify_graph_ctx[graph_key(desc)] = ForwardContext(
             attn=attn, conv=conv, kv_caches=self.kv_caches, conv_states=self.conv_states)
 
     def _verify_graph(self, desc: BatchExecutionDescriptor) -> None:
-        """The captured step: the target scores every token of a uniform batch, and the rejection sampler turns
-        the logits into `step_out` (one graph, so sampling costs the host nothing)."""
+        """The captured step: the target scores every token of a uniform batch of v+1 tokens a row, and the
+        rejection sampler turns the logits into `step_out` (one graph, so sampling costs the host nothing)."""
         num_tokens = desc.num_tokens
         hidden = self.target(self.buffers.input_ids[:num_tokens], self.buffers.positions[:num_tokens],
-                             self._verify_graph_ctx[(desc.num_reqs, desc.max_seq_len)])
-        logits = self.target.compute_logits(hidden).view(desc.num_reqs, self.k + 1, -1)
+                             self._verify_graph_ctx[graph_key(desc)])
+        logits = self.target.compute_logits(hidden).view(desc.num_reqs, desc.num_speculative_tokens + 1, -1)
         self._sample(logits, desc.num_reqs)
 
     def _prepare_prefill_capture(self, desc: BatchExecutionDescriptor) -> None:
@@ -109,4 +162,4 @@ class TargetGraphs:
         ctx = self._prefill_graph_ctx[(desc.num_tokens, desc.max_seq_len)]
         hidden = self.target(self.buffers.input_ids[: desc.num_tokens], self.buffers.positions[: desc.num_tokens],
                              ctx)
-        self._sample(self._logits_at_scoring_rows(hidden, 1), 1)
+        self._sample(self._logits_at_scoring_rows(hidden, 1, 0), 1)

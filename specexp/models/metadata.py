@@ -58,7 +58,8 @@ class ShortConvMetadata:
     *decode* rows (1 token) and *prefill* rows (> 1 token). Non-spec rows are grouped `[decode | prefill]`.
 
     Counts (CPU ints): num_prefills, num_prefill_tokens, num_decodes, num_decode_tokens, num_spec_decodes,
-    num_spec_decode_tokens, num_actual_tokens, spec_query_len (k + 1), max_prefill_query_len.
+    num_spec_decode_tokens, num_actual_tokens, spec_query_len (the longest spec row's query, at most k + 1;
+    every spec row's in a uniform batch), max_prefill_query_len.
 
     Non-spec rows (decode then prefill):
       state_indices_tensor:     int32[n_ns]        conv-state slot of each non-spec row.

@@ -67,6 +67,12 @@ def format_summary(record: dict) -> str:
             ("acceptance_length", f"{_fmt(m.get('acceptance_length'))}  ({acceptance_meaning(k)})"),
             ("draft_acceptance_rate", _fmt(m.get("draft_acceptance_rate"))),
             ("per_position_acceptance", per_pos),
+        ]
+        hist = m.get("num_speculative_tokens_hist") or []
+        if sum(1 for n in hist if n) > 1:  # a dynamic depth: how many steps ran each k
+            rows.append(("steps per k (num_speculative_tokens_hist)",
+                         " ".join(f"k={j}:{n}" for j, n in enumerate(hist) if n)))
+        rows += [
             ("requests / output tokens", f"{m.get('num_requests')} / {m.get('num_output_tokens')}"),
             ("output_tokens_per_s", _fmt(m.get("output_tokens_per_s"), ".1f")),
         ]

@@ -79,7 +79,8 @@ def log_run(record: dict, run_dir: Path, mode: str, options: dict) -> str:
 
     ``options``: ``wandb.init`` keywords (project, entity, group, job_type, name, tags). Logged: the
     resolved config (flattened), every scalar metric as summary, per-position acceptance, the
-    acceptance histograms (run and per request) and the per-category / per-task metrics as tables,
+    acceptance histograms (run, per request and by draft length), the steps and acceptance length per step
+    depth k and the per-category / per-task metrics as tables,
     result.json as an artifact (staged inside ``run_dir``). ``record["wandb"]`` gains ``mode`` (the one
     used), ``run_id``, ``dir`` (the W&B run's directory) and ``url`` (online runs), and result.json is
     rewritten with them before it is logged.
@@ -146,6 +147,18 @@ def _tables(wandb, metrics: dict) -> dict:
         tables["acceptance_histogram_per_request"] = wandb.Table(
             columns=["request_id", "num_accepted", "drafts"],
             data=[[rid, j, n] for rid, hist in per_request.items() for j, n in enumerate(hist)],
+        )
+        by_length = metrics.get("acceptance_histogram_by_draft_length") or []
+        tables["acceptance_histogram_by_draft_length"] = wandb.Table(
+            columns=["num_draft_tokens", "num_accepted", "drafts"],
+            data=[[d, j, n] for d, hist in enumerate(by_length) for j, n in enumerate(hist) if d > 0],
+        )
+    hist = metrics.get("num_speculative_tokens_hist")
+    if hist:
+        lengths = metrics.get("acceptance_length_by_num_speculative_tokens") or [None] * len(hist)
+        tables["num_speculative_tokens_hist"] = wandb.Table(
+            columns=["num_speculative_tokens", "steps", "acceptance_length"],
+            data=[[k, n, lengths[k]] for k, n in enumerate(hist)],
         )
     for level in ("by_category", "by_task"):
         groups = metrics.get(level) or {}

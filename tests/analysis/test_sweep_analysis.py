@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 EXPECTED_FIGURES = {
     "01_acceptance.ipynb": {"acceptance_vs_k", "per_position", "per_request_acceptance", "acceptance_by_task"},
-    "02_latency.ipynb": {"latency_percentiles", "throughput_speedup", "step_time_breakdown"},
+    "02_latency.ipynb": {"latency_percentiles", "throughput_speedup", "dynamic_depth", "step_time_breakdown"},
     "03_graph_memory.ipynb": {"graph_memory"},
 }
 

@@ -64,8 +64,8 @@ def test_a_batch_replays_the_smallest_key_length_bucket_holding_its_longest_row(
     manager.capture(lambda desc: None, lambda desc: None)
     desc = manager.dispatch(3, 6, uniform=True, max_seq_len=max_seq_len)
     assert desc == BatchExecutionDescriptor(4, 8, FULL, bucket)
-    assert manager.replays_per_graph == {(4, bucket): 1}
-    assert manager.summary()["replays_per_graph"] == {f"4x{bucket}": 1}
+    assert manager.replays_per_graph == {(4, 0, bucket): 1}
+    assert manager.summary()["replays_per_graph"] == {f"4x{bucket}@k0": 1}
 
 
 def test_a_row_longer_than_every_bucket_runs_eager():
@@ -80,7 +80,7 @@ def test_every_size_is_captured_at_every_bucket_largest_first():
     manager = CudaGraphManager("decode", [1, 2], 1, torch.device("cpu"), seq_len_buckets=(32, 8))
     manager.capture(lambda desc: seen.append((desc.num_reqs, desc.max_seq_len)), lambda desc: None)
     assert seen == [(2, 32), (2, 8), (1, 32), (1, 8)]
-    assert set(manager.graphs) == {(2, 32), (2, 8), (1, 32), (1, 8)}
+    assert set(manager.graphs) == {(2, 0, 32), (2, 0, 8), (1, 0, 32), (1, 0, 8)}
 
 
 @pytest.mark.parametrize("max_seq_len, block_size, buckets", [

@@ -226,7 +226,7 @@ def test_padded_graph_execution_matches_eager(pair_dirs, prompts, pair, k):
     if k > 1:
         assert engine.speculator.decode_graphs.num_replays > 0
         managers.append(engine.speculator.decode_graphs)
-    replayed_buckets = {keys for m in managers for _, keys in m.replays_per_graph}
+    replayed_buckets = {keys for m in managers for _, _, keys in m.replays_per_graph}
     assert len(replayed_buckets) >= 2, f"only buckets {replayed_buckets} were replayed"
 
 

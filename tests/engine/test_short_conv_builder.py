@@ -132,7 +132,8 @@ def test_counts_add_up(b: Batch):
     assert meta.num_spec_decode_tokens + meta.num_decode_tokens + meta.num_prefill_tokens == b.num_tokens
     assert meta.num_actual_tokens == b.num_tokens
     assert meta.max_prefill_query_len == max([b.query_lens[r] for r in pre], default=0)
-    assert meta.spec_query_len == b.k + 1
+    # the longest spec row's query (every spec row's in a uniform batch), k + 1 without spec rows
+    assert meta.spec_query_len == max([b.query_lens[r] for r in spec], default=b.k + 1)
     assert meta.query_start_loc.tolist() == b.qsl().tolist()
 
 

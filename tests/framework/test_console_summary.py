@@ -76,3 +76,11 @@ def test_graph_lines_only_for_cuda_runs(device, shown):
     rows = summary_rows(format_summary(record))
     assert (rows.get("graph_capture_bytes / _s") == "2.0 MiB / 1.50") == shown
     assert (rows.get("persistent_buffer_bytes") == "1.0 MiB") == shown
+
+
+def test_a_dynamic_depth_run_says_how_many_steps_ran_each_k():
+    record = {"status": "ok", "run_dir": "r", "env": {"device": "cpu"}, "wandb": {"mode": "disabled"},
+              "metrics": {"num_speculative_tokens": 4, "num_speculative_tokens_hist": [2, 0, 5, 0, 1]}}
+    assert summary_rows(format_summary(record))["steps per k (num_speculative_tokens_hist)"] == "k=0:2 k=2:5 k=4:1"
+    static = {**record, "metrics": {"num_speculative_tokens": 4, "num_speculative_tokens_hist": [0, 0, 0, 0, 9]}}
+    assert "steps per k (num_speculative_tokens_hist)" not in summary_rows(format_summary(static))

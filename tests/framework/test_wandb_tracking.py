@@ -59,3 +59,23 @@ def test_online_without_credentials_falls_back_to_offline_with_one_warning(tmp_p
 def test_disabled_writes_nothing(tmp_path):
     assert log_run(record_in(tmp_path), tmp_path, "disabled", {}) == "disabled"
     assert not (tmp_path / "wandb").exists()
+
+
+def test_steps_per_k_and_the_histogram_by_draft_length_are_logged_as_tables():
+    import wandb
+
+    from specexp.tracking.wandb_run import _tables
+
+    metrics = {**record_in_metrics(), "num_speculative_tokens_hist": [1, 3, 2],
+               "acceptance_length_by_num_speculative_tokens": [None, 1.5, 2.0],
+               "acceptance_histogram_by_draft_length": [[0], [1, 1], [0, 1, 1]]}
+    tables = _tables(wandb, metrics)
+    assert tables["num_speculative_tokens_hist"].data == [[0, 1, None], [1, 3, 1.5], [2, 2, 2.0]]
+    assert tables["acceptance_histogram_by_draft_length"].data == [[1, 0, 1], [1, 1, 1], [2, 0, 0], [2, 1, 1],
+                                                                   [2, 2, 1]]
+
+
+def record_in_metrics() -> dict:
+    return {"num_drafts": 4, "accepted_per_position": [3, 1], "drafted_per_position": [4, 2],
+            "per_position_acceptance": [0.75, 0.25], "conditional_acceptance": [0.75, 0.33],
+            "acceptance_histogram": [1, 2, 1], "acceptance_histogram_per_request": {"a": [1, 2, 1]}}

@@ -1,0 +1,158 @@
+"""Dynamic speculation depth in analysis: which depth mode a run used, and, per batch size, how each dynamic mode
+compares with the best static k (``+exp=dynamic_depth``; the report's "Dynamic depth" section and figure).
+
+A run's *depth mode* (:func:`depth_mode`) is ``static`` (one k every step), ``schedule``
+(``speculator.num_speculative_tokens_per_batch_size``), ``confidence`` (``speculator.draft_confidence_threshold``
+> 0) or ``goodput`` (``speculator.adaptive=goodput``). Runs are compared within a *depth group*: the same sweep and
+the same config except k, the depth settings and ``engine.max_num_seqs`` (the batch size, a row of the table).
+:func:`dynamic_depth_table` gives per (depth group, batch size) the static k with the most output tokens/s, its
+tokens/s, and each dynamic mode's tokens/s, mean k (from ``num_speculative_tokens_hist``) and ratio to that best.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from specexp.analysis.groups import _hashable, comparison_columns
+
+DEPTH_KEYS = ("speculator.num_speculative_tokens_per_batch_size", "speculator.draft_confidence_threshold",
+              "speculator.adaptive", "speculator.cudagraph_num_speculative_tokens")
+BATCH_COLUMN = "engine.max_num_seqs"
+DYNAMIC_MODES = ("schedule", "confidence", "goodput")
+TOKENS = "output_tokens_per_s"
+
+
+def _present(value) -> bool:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return False
+    return not (isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0)
+
+
+def depth_mode(run: pd.Series | dict) -> str:
+    """``static``, ``schedule``, ``confidence`` or ``goodput`` (see the module docstring)."""
+    get = run.get
+    if _present(get("speculator.num_speculative_tokens_per_batch_size")):
+        return "schedule"
+    if _present(get("speculator.draft_confidence_threshold")):
+        return "confidence"
+    if get("speculator.adaptive") not in (None, "off") and _present(get("speculator.adaptive")):
+        return "goodput"
+    return "static"
+
+
+def mean_depth(hist) -> float | None:
+    """The mean k of a run's steps from ``num_speculative_tokens_hist`` (None without one)."""
+    if not isinstance(hist, (list, tuple)) or not sum(hist):
+        return None
+    return sum(k * n for k, n in enumerate(hist)) / sum(hist)
+
+
+def with_depth_modes(runs: pd.DataFrame) -> pd.DataFrame:
+    """``runs`` (ok runs only) with ``depth_mode``, ``mean_k`` and ``depth_group`` (the group key) columns."""
+    ok = runs[runs["status"] == "ok"].copy() if "status" in runs else runs.copy()
+    if ok.empty:
+        return ok.assign(depth_mode=[], mean_k=[], depth_group=[])
+    ok["depth_mode"] = [depth_mode(row) for _, row in ok.iterrows()]
+    hist = ok["num_speculative_tokens_hist"] if "num_speculative_tokens_hist" in ok else [None] * len(ok)
+    ok["mean_k"] = [mean_depth(h) for h in hist]
+    keys = [c for c in comparison_columns(ok) if c in ok and c not in DEPTH_KEYS and c != BATCH_COLUMN]
+    ok["depth_group"] = ok[keys].map(_hashable).astype(str).agg("|".join, axis=1) if keys else ""
+    return ok
+
+
+def has_dynamic_runs(runs: pd.DataFrame) -> bool:
+    """Whether any ok run used a dynamic depth mode."""
+    return bool((with_depth_modes(runs)["depth_mode"] != "static").any()) if len(runs) else False
+
+
+def _label(cell: pd.DataFrame) -> str:
+    """A depth group's label: its pair and workload, and its sweep when there is one."""
+    first = cell.iloc[0]
+    parts = [first.get(c) for c in ("pair.name", "workload.name", "sweep_group")]
+    return " · ".join(str(p) for p in parts if _present(p) and isinstance(p, str)) or "runs"
+
+
+def dynamic_depth_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """One row per (depth group, batch size) with a dynamic run: ``group`` (pair · workload · sweep),
+    ``batch_size``, ``best_static_k``, ``best_static_tokens_per_s`` and per dynamic mode
+    ``<mode>_tokens_per_s``, ``<mode>_mean_k`` and ``<mode>_ratio`` (÷ the best static; None without a static
+    run). Groups in first-appearance order, batch sizes ascending."""
+    runs = with_depth_modes(runs)
+    rows = []
+    if runs.empty or TOKENS not in runs:
+        return pd.DataFrame(rows)
+    batch = runs[BATCH_COLUMN] if BATCH_COLUMN in runs else pd.Series([None] * len(runs), index=runs.index)
+    for (group, size), cell in runs.groupby([runs["depth_group"], batch], sort=False, dropna=False):
+        dynamic = cell[cell["depth_mode"] != "static"]
+        if dynamic.empty:
+            continue
+        static = cell[(cell["depth_mode"] == "static") & cell[TOKENS].notna()]
+        best = static.loc[static[TOKENS].idxmax()] if len(static) else None
+        best_tps = float(best[TOKENS]) if best is not None else None
+        row = {"group": _label(cell), "batch_size": size,
+               "best_static_k": int(best["k"]) if best is not None else None, "best_static_tokens_per_s": best_tps}
+        for mode in DYNAMIC_MODES:
+            runs_of_mode = dynamic[dynamic["depth_mode"] == mode]
+            if runs_of_mode.empty:
+                continue
+            run = runs_of_mode.iloc[0]
+            tps = run[TOKENS]
+            row[f"{mode}_tokens_per_s"] = tps
+            row[f"{mode}_mean_k"] = run["mean_k"]
+            row[f"{mode}_ratio"] = tps / best_tps if best_tps and pd.notna(tps) else None
+        rows.append(row)
+    table = pd.DataFrame(rows)
+    if not table.empty:
+        order = {g: i for i, g in enumerate(dict.fromkeys(table["group"]))}
+        table = table.assign(_o=table["group"].map(order)).sort_values(["_o", "batch_size"], kind="stable")
+        table = table.drop(columns="_o").reset_index(drop=True)
+    return table
+
+
+def dynamic_depth_markdown(table: pd.DataFrame) -> str:
+    """The table as markdown: per batch size, the best static k and its tokens/s, then each mode's tokens/s,
+    mean k and ratio to the best static k."""
+    from specexp.analysis.report_sections import fmt, markdown_table
+
+    modes = [m for m in DYNAMIC_MODES if f"{m}_tokens_per_s" in table]
+    header = ["group", "batch size", "best static k", "tokens/s"]
+    header += [f"{m} {what}" for m in modes for what in ("tokens/s", "mean k", "÷ best static")]
+    rows = []
+    for _, r in table.iterrows():
+        cells = [str(r["group"]), fmt(r["batch_size"]), fmt(r["best_static_k"]), fmt(r["best_static_tokens_per_s"], 1)]
+        for m in modes:
+            cells += [fmt(r.get(f"{m}_tokens_per_s"), 1), fmt(r.get(f"{m}_mean_k")), fmt(r.get(f"{m}_ratio"), 3)]
+        rows.append(cells)
+    return markdown_table(rows, header)
+
+
+def dynamic_depth_figure(runs: pd.DataFrame):
+    """Output tokens/s vs batch size: the best static k (its k labelled at each point) and each dynamic mode, one
+    panel per depth group."""
+    from specexp.analysis.plot_style import grid, note
+
+    table = dynamic_depth_table(runs)
+    if table.empty:
+        return note("Dynamic depth vs the best static k", "no runs with a dynamic depth mode")
+    groups = list(dict.fromkeys(table["group"]))
+    fig, axes = grid(len(groups), min(len(groups), 3), 5.0, 3.5)
+    for ax, group in zip(axes, groups, strict=False):
+        part = table[table["group"] == group]
+        x = part["batch_size"].astype(float)
+        ax.plot(x, part["best_static_tokens_per_s"], "k-o", label="best static k")
+        for xi, yi, k in zip(x, part["best_static_tokens_per_s"], part["best_static_k"], strict=True):
+            if pd.notna(yi) and pd.notna(k):
+                ax.annotate(f"k={int(k)}", (xi, yi), textcoords="offset points", xytext=(0, 6), ha="center",
+                            fontsize=7)
+        for mode in DYNAMIC_MODES:
+            if f"{mode}_tokens_per_s" in part:
+                ax.plot(x, part[f"{mode}_tokens_per_s"], "--s", label=mode)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("batch size (engine.max_num_seqs)")
+        ax.set_ylabel("output tokens/s")
+        ax.set_title(str(group)[:60], fontsize=9)
+        ax.legend(fontsize=7)
+    fig.suptitle("Dynamic depth vs the best static k")
+    return fig

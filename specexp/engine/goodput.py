@@ -1,0 +1,140 @@
+"""`speculator.adaptive: goodput`: each step, each request drafts the k that maximises its expected emitted tokens
+per unit of step time.
+
+For a request whose conditional per-position acceptance is alpha_1..alpha_K (alpha_i: the chance draft i is
+accepted given drafts 1..i-1 were), a step of depth k emits in expectation (Leviathan et al. 2023, with
+per-position rates)
+
+    E(k) = 1 + sum_{i <= k} prod_{j <= i} alpha_j            (E(0) = 1: the target's own token)
+
+and costs t(k) = t_verify(k + 1, n) + k * t_draft(n) at the step's batch size n, from the engine's step costs
+measured at start-up (`StepCostTable`: a verify of k + 1 tokens a row and one draft decode step, each timed as
+the engine runs it, graph replay or eager, at every batch size it pads to). The request's k is
+argmax_k E(min(k, c)) / t(k) over k = 0..K, where c is the drafts it can still use (tokens left - 1); ties go to
+the smaller k. The step runs the largest k its sampling rows chose: the draft's decode loop and the verify are
+shared by the batch, so a request's drafts past its own k cost the step nothing more and are verified too.
+
+The estimator (`AcceptanceEstimate`, one per request): every alpha_j starts at the run's running estimate
+(itself starting at the prior `prior_acceptance`, default 0.7, at every position). After each verification of
+d drafts with a accepted, the positions it observed move by an exponential moving average of weight
+`ema_weight` (default 0.25): alpha_j <- (1 - w) alpha_j + w x_j with x_j = 1 for j <= a and x_{a+1} = 0 (if
+a < d); positions past a + 1 were not observed (conditional on a rejection) and stay. When all d drafts were
+accepted, positions past d relax the same way towards alpha_d, so a request whose k fell can find its way back
+up. The run's estimate takes the same updates from every request. Everything is a function of the verifies in
+step order and the cost table, so a fixed seed (and table: `metrics.adaptive_step_costs`) gives the same ks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class GoodputSettings:
+    """The estimator's prior (per-position conditional acceptance before any verify) and EMA weight."""
+
+    prior_acceptance: float = 0.7
+    ema_weight: float = 0.25
+
+
+@dataclass
+class StepCostTable:
+    """Step costs in ms by batch size: verify_ms[size][q - 1] (a verify of q tokens a row, q = 1..K+1) and
+    draft_ms[size] (one draft decode step). A batch of n rows costs what the smallest size >= n costs (the
+    largest size's beyond it)."""
+
+    verify_ms: dict[int, list[float]]
+    draft_ms: dict[int, float]
+
+    def size_for(self, num_reqs: int) -> int:
+        sizes = sorted(self.verify_ms)
+        return next((s for s in sizes if s >= num_reqs), sizes[-1])
+
+    def step_ms(self, k: int, num_reqs: int) -> float:
+        """t(k) = t_verify(k + 1, n) + k * t_draft(n) at batch size n = num_reqs."""
+        size = self.size_for(num_reqs)
+        return self.verify_ms[size][k] + k * self.draft_ms[size]
+
+    def to_dict(self) -> dict:
+        """JSON-ready: {"verify_ms": {"SIZE": [q=1..]}, "draft_ms": {"SIZE": ms}}."""
+        return {"verify_ms": {str(s): list(v) for s, v in sorted(self.verify_ms.items())},
+                "draft_ms": {str(s): v for s, v in sorted(self.draft_ms.items())}}
+
+
+@dataclass
+class AcceptanceEstimate:
+    """A running per-position conditional acceptance (alpha_1..alpha_K); `seen`: verifies already folded in."""
+
+    conditional: list[float]
+    seen: int = 0
+
+    def update(self, num_drafts: int, num_accepted: int, weight: float) -> None:
+        """Fold in one verification of num_drafts drafts, num_accepted of them accepted (the module docstring)."""
+        if num_drafts <= 0:
+            return
+        alpha = self.conditional
+        observed = min(num_accepted + 1, num_drafts)
+        for j in range(observed):
+            x = 1.0 if j < num_accepted else 0.0
+            alpha[j] += weight * (x - alpha[j])
+        if num_accepted == num_drafts:
+            for j in range(num_drafts, len(alpha)):
+                alpha[j] += weight * (alpha[num_drafts - 1] - alpha[j])
+
+
+def expected_tokens(conditional: list[float], k: int) -> float:
+    """E(k) = 1 + sum_{i <= k} prod_{j <= i} alpha_j: tokens a verify of k drafts emits, bonus included."""
+    total, run = 1.0, 1.0
+    for alpha in conditional[:k]:
+        run *= alpha
+        total += run
+    return total
+
+
+def best_depth(conditional: list[float], usable: int, costs: StepCostTable, num_reqs: int, max_k: int) -> int:
+    """argmax_{k in 0..max_k} E(min(k, usable)) / t(k) (smallest k on ties)."""
+    best_k, best_rate = 0, -1.0
+    for k in range(max_k + 1):
+        rate = expected_tokens(conditional, min(k, max(usable, 0))) / costs.step_ms(k, num_reqs)
+        if rate > best_rate * (1 + 1e-9):
+            best_k, best_rate = k, rate
+    return best_k
+
+
+@dataclass
+class GoodputDepth:
+    """The adaptive policy: `step_k(rows)` reads each row's new verifies (`Request.verifies`) into its estimate
+    and returns the largest k its sampling rows choose. The estimates live on the requests
+    (`Request.acceptance_estimate`); the run's estimate, the prior of every new request, lives here."""
+
+    max_k: int
+    costs: StepCostTable | None  # set before the first step (the engine measures it at start-up)
+    settings: GoodputSettings = field(default_factory=GoodputSettings)
+
+    def __post_init__(self) -> None:
+        self.run_estimate = AcceptanceEstimate([self.settings.prior_acceptance] * self.max_k)
+
+    def step_depths(self, num_reqs: int) -> frozenset[int]:
+        return frozenset(range(self.max_k + 1))
+
+    def estimate_of(self, request) -> AcceptanceEstimate:
+        """The request's estimate with every verify it has had folded in (into the run's estimate too)."""
+        estimate = request.acceptance_estimate
+        if estimate is None:
+            estimate = request.acceptance_estimate = AcceptanceEstimate(list(self.run_estimate.conditional))
+        weight = self.settings.ema_weight
+        for num_drafts, num_accepted in request.verifies[estimate.seen:]:
+            estimate.update(num_drafts, num_accepted, weight)
+            self.run_estimate.update(num_drafts, num_accepted, weight)
+        estimate.seen = len(request.verifies)
+        return estimate
+
+    def step_k(self, rows) -> int:
+        k = 0
+        for row in rows:
+            estimate = self.estimate_of(row.request)
+            if row.samples:
+                request = row.request
+                usable = request.max_new_tokens - request.num_output_tokens - 1
+                k = max(k, best_depth(estimate.conditional, usable, self.costs, len(rows), self.max_k))
+        return k

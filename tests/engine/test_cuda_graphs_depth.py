@@ -1,0 +1,108 @@
+"""CUDA graphs specialised per k (run on a GPU machine: `pytest -m cuda`): under every depth mode the replays give
+the eager engine's greedy tokens, every k the run visits replays a graph captured at start-up, nothing is
+captured after it, and graph memory and time are recorded per (manager, size, k). The CPU twin, on emulated
+graphs, is test_dynamic_depth.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from pairs import VOCAB, build_pairs
+
+from specexp.engine.config import EngineConfig, SamplingConfig, SpeculatorConfig
+from specexp.engine.goodput import StepCostTable
+from specexp.engine.runner import NativeEngine
+from specexp.models import load_model
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+MAX_NUM_SEQS = 32
+# k = (n - 1) % 6 at batch size n: a batch that grows and shrinks visits every k in 0..5.
+EVERY_K = dict(num_speculative_tokens=5, num_speculative_tokens_per_batch_size=tuple(
+    (n, n, (n - 1) % 6) for n in range(1, MAX_NUM_SEQS + 1)))
+SIZES = (1, 2, 4, 8, 16, 32)
+COSTS = StepCostTable({s: [1.0 + 0.02 * s * q for q in range(1, 7)] for s in SIZES}, {s: 0.1 for s in SIZES})
+MODES = {
+    "schedule": EVERY_K,
+    "confidence": dict(num_speculative_tokens=4, draft_confidence_threshold=0.5),
+    "goodput": dict(num_speculative_tokens=5, adaptive="goodput"),
+}
+
+
+@pytest.fixture(scope="module")
+def pairs(tmp_path_factory):
+    return build_pairs(tmp_path_factory.mktemp("gpu-depth-pairs"))
+
+
+def _prompts(n, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    lens = torch.randint(1, 24, (n,), generator=gen).tolist()
+    return [torch.randint(3, VOCAB, (m,), generator=gen).tolist() for m in lens]
+
+
+def _engine(target, draft, spec: dict, graphs: bool, captured_depths=None):
+    mode = "full" if graphs else "none"
+    return NativeEngine(
+        target, draft,
+        EngineConfig(device="cuda", max_num_seqs=MAX_NUM_SEQS, max_model_len=96, block_size=8,
+                     max_num_batched_tokens=64, cudagraph_mode=mode, seed=0),
+        SpeculatorConfig(cudagraph_mode=mode, cudagraph_num_speculative_tokens=captured_depths, **spec),
+        # EOS (id 2) is honoured: requests finish at different steps, so batches change every step.
+        SamplingConfig(max_new_tokens=24, ignore_eos=False), eos_token_ids=[2], step_costs=COSTS,
+    )
+
+
+def _captured(engine):
+    return {m.name: set(m.graphs) for m in engine.graph_managers()}
+
+
+@pytest.mark.parametrize("pair", ["lfm2+llama", "lfm2+lfm2", "llama+llama"])
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_graphs_of_every_k_replay_the_eager_tokens_and_none_is_captured_later(pairs, pair, mode):
+    target_dir, draft_dir = pairs[pair]
+    target, draft = load_model(target_dir, device="cuda"), load_model(draft_dir, device="cuda")
+    prompts = _prompts(60, seed=3)
+    eager = _engine(target, draft, MODES[mode], graphs=False).generate(prompts)
+    engine = _engine(target, draft, MODES[mode], graphs=True)
+    before = _captured(engine)
+    graphed = engine.generate(prompts)
+    assert [r.output_token_ids for r in graphed.requests] == [r.output_token_ids for r in eager.requests]
+    assert _captured(engine) == before, "no capture after start-up"
+    assert all(not m.num_eager_uncaptured for m in engine.graph_managers())
+    visited = {s.num_speculative_tokens for s in graphed.steps}
+    decode = engine.speculator.decode_graphs
+    assert {k for _, k, _ in decode.replays_per_graph} == {k for k in visited if k >= 2}
+    if mode == "schedule":
+        assert visited == set(range(6))
+    uniform_verifies = sum(1 for s in graphed.steps if s.num_prefill_tokens == 0)
+    assert engine.verify_graphs.num_replays == uniform_verifies
+
+
+def test_left_out_depths_run_eager_and_are_counted(pairs):
+    target_dir, draft_dir = pairs["lfm2+lfm2"]
+    target, draft = load_model(target_dir, device="cuda"), load_model(draft_dir, device="cuda")
+    prompts = _prompts(60, seed=4)
+    eager = _engine(target, draft, EVERY_K, graphs=False).generate(prompts)
+    engine = _engine(target, draft, EVERY_K, graphs=True, captured_depths=(0, 2, 5))
+    out = engine.generate(prompts)
+    assert [r.output_token_ids for r in out.requests] == [r.output_token_ids for r in eager.requests]
+    decode_left_out = sum(1 for s in out.steps if s.num_speculative_tokens in (3, 4))
+    assert sum(engine.speculator.decode_graphs.num_eager_uncaptured.values()) == decode_left_out > 0
+    assert all(k in (0, 2, 5) for m in engine.graph_managers() if m.per_k for _, k, _ in m.graphs)
+
+
+def test_graph_memory_and_time_are_recorded_per_manager_size_and_k(pairs):
+    target_dir, draft_dir = pairs["llama+llama"]
+    target, draft = load_model(target_dir, device="cuda"), load_model(draft_dir, device="cuda")
+    engine = _engine(target, draft, EVERY_K, graphs=True)
+    managers = engine.graph_summary()["managers"]
+    expected = {"target_verify": engine.graph_keys.verify, "draft_prefill": engine.graph_keys.verify,
+                "draft_decode": engine.graph_keys.decode}
+    for name, keys in expected.items():
+        records = managers[name]["per_size"]
+        assert {(r["num_reqs"], r["num_speculative_tokens"]) for r in records} == set(keys)
+        assert all(r["capture_s"] > 0 for r in records)
+    assert engine.graph_summary()["graph_capture_bytes"] > 0
