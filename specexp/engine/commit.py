@@ -122,7 +122,8 @@ def commit_provisional(step: InFlightStep, stop: StopRule, finish: Finish, step_
     for r, row in enumerate(step.batch.rows):
         req = row.request
         step.committed_rows.append(not req.finished)
-        if req.finished:
+        if req.finished:  # the step ran its row all the same: it emits nothing
+            req.trace.append(RowTrace(step_index, row.num_query_tokens, row.is_prefill, 0, 0, 0))
             continue
         req.num_computed_tokens += row.num_query_tokens  # one token a decode row
         if not row.samples:
