@@ -100,7 +100,7 @@ def test_every_figure_has_a_command_that_draws_it(report, tmp_path):
         assert (report / figure).is_file(), f"{report.name}: {figure} is not in the folder"
     drawn = {}
     for argv, _ in _commands(report / "README.md"):
-        if argv[0] == "benchmarks/cudagraphs_figures.py":
+        if argv[0] in FIGURE_SCRIPTS:
             drawn[Path(argv[2]).name] = argv
     if "specexp report" in readme:  # the CLI's report draws its figures (tested with specexp.analysis)
         return
