@@ -80,8 +80,9 @@ def _steps(run_dir: str) -> pd.DataFrame:
     return pd.read_parquet(Path(run_dir) / "steps.parquet")
 
 
-def _filled_matches(traces: pd.DataFrame, run_dir: str, draft_pair) -> dict:
-    """The run's observed matches, completed by one draft forward over each request's outputs."""
+def _filled_matches(traces: pd.DataFrame, run_dir: str, draft_pair, cache: dict) -> dict:
+    """The run's observed matches, completed by one draft forward over each request's outputs (``cache``:
+    the forwards already made, by prompt and output tokens: greedy runs of one pair share their outputs)."""
     import json
 
     from specexp.analysis.acceptance_replay import draft_matches
@@ -89,9 +90,14 @@ def _filled_matches(traces: pd.DataFrame, run_dir: str, draft_pair) -> dict:
 
     lines = (Path(run_dir) / "outputs.jsonl").read_text().splitlines()
     outputs = {row["prompt_id"]: row for row in map(json.loads, lines)}
-    return {pid: fill_matches(seen, draft_matches(*draft_pair, outputs[pid]["prompt_token_ids"],
-                                                  outputs[pid]["output_token_ids"], extra_tokens=0))
-            for pid, seen in request_matches(traces).items()}
+    filled = {}
+    for pid, seen in request_matches(traces).items():
+        prompt, output = outputs[pid]["prompt_token_ids"], outputs[pid]["output_token_ids"]
+        key = (tuple(prompt), tuple(output))
+        if key not in cache:
+            cache[key] = draft_matches(*draft_pair, prompt, output, extra_tokens=0)
+        filled[pid] = fill_matches(seen, cache[key])
+    return filled
 
 
 def oracle_table(runs: pd.DataFrame, draft_pair=None) -> pd.DataFrame:
@@ -104,7 +110,7 @@ def oracle_table(runs: pd.DataFrame, draft_pair=None) -> pd.DataFrame:
     draft forward a request, which makes every replay exact. Loads without a k = 0 run or without traces are
     left out."""
     table = with_series(runs)
-    rows = []
+    rows, forwards = [], {}
     if table.empty:
         return pd.DataFrame(rows)
     axis = load_axis(table)
@@ -127,7 +133,7 @@ def oracle_table(runs: pd.DataFrame, draft_pair=None) -> pd.DataFrame:
         greedy = group["sampling.temperature"].fillna(0).eq(0).all() if "sampling.temperature" in group else True
         standard = (group.get("speculator.rejection", pd.Series(["standard"])).fillna("standard") == "standard").all()
         if greedy and standard:
-            matches = (_filled_matches(traces, deepest["run_dir"], draft_pair) if draft_pair is not None
+            matches = (_filled_matches(traces, deepest["run_dir"], draft_pair, forwards) if draft_pair is not None
                        else request_matches(traces))
             replay = static_k_table(matches, sorted(int(k) for k in group["k"]))
             row["replay_exact"] = bool(replay["exact"].all())
