@@ -23,6 +23,7 @@ from typing import Any
 
 from specexp.errors import ConfigError
 from specexp.specs import CUDAGRAPH_MODES, DEVICES, DTYPES, WEIGHTS
+from specexp.workloads.arrivals import ARRIVALS
 
 WANDB_MODES = ("offline", "online", "disabled")
 REJECTIONS = ("standard", "synthetic")
@@ -31,8 +32,9 @@ FREE_FORM_GROUP = "extra"
 
 @dataclass(frozen=True)
 class Key:
-    """What one config value may be. ``kind``: ``int``, ``float``, ``bool``, ``str``, ``int_list``, ``str_list``
-    or ``dict`` (free-form below it). ``minimum``/``maximum`` bound numbers (and each entry of an ``int_list``);
+    """What one config value may be. ``kind``: ``int``, ``float``, ``bool``, ``str``, ``int_list``,
+    ``float_list``, ``str_list`` or ``dict`` (free-form below it). ``minimum``/``maximum`` bound numbers (and
+    each entry of a number list);
     ``words``: strings also accepted (``all``); ``note``: what special values mean, shown in messages."""
 
     kind: str
@@ -50,7 +52,8 @@ class Key:
             text = "one of " + ", ".join(str(c) for c in self.choices)
         else:
             text = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string",
-                    "int_list": "a list of integers", "str_list": "a list of strings", "dict": "a mapping"}[self.kind]
+                    "int_list": "a list of integers", "float_list": "a list of numbers",
+                    "str_list": "a list of strings", "dict": "a mapping"}[self.kind]
             text += self._range()
         if self.words:
             text = " or ".join([*self.words, text])
@@ -88,6 +91,8 @@ class Key:
             return isinstance(value, list) and all(isinstance(v, str) for v in value)
         if self.kind == "int_list":
             return isinstance(value, list) and all(_is_int(v) and self._in_range(v) for v in value)
+        if self.kind == "float_list":
+            return isinstance(value, list) and all(_is_number(v) and self._in_range(v) for v in value)
         number = _is_int(value) if self.kind == "int" else _is_number(value)
         return number and self._in_range(value)
 
@@ -145,6 +150,9 @@ SCHEMA: dict[str, dict[str, Any]] = {
         "adaptive": Key("str", choices=("off", "goodput")),
         "cudagraph_num_speculative_tokens": Key("int_list", nullable=True, minimum=0,
                                                 note="null = every k the depth mode takes"),
+        "synthetic_acceptance_rates": Key("float_list", nullable=True, minimum=0, maximum=1,
+                                          note="one per draft position, non-increasing"),
+        "synthetic_acceptance_length": Key("float", nullable=True, minimum=1, note="at most k + 1"),
     },
     "short_conv": {"use_full_cuda_graph": Key("bool")},
     "engine": {
@@ -183,6 +191,10 @@ SCHEMA: dict[str, dict[str, Any]] = {
         "input_len": OPTIONAL_POSITIVE_INT,
         "output_len": OPTIONAL_POSITIVE_INT,
         "seed": Key("int"),
+        "arrival": Key("str", choices=ARRIVALS),
+        "request_rate": Key("float", nullable=True, minimum=0, above_minimum=True, note="requests/s, poisson"),
+        "max_concurrency": Key("int", nullable=True, minimum=1, note="requests in flight at most; null = no cap"),
+        "arrival_path": Key("str", nullable=True),
     },
     "backend": {"name": Key("str")},  # the registered backends are checked by specexp.backends
     "tracking": {
@@ -205,6 +217,10 @@ OPTION_SCHEMA: dict[tuple[str, str], dict[str, Any]] = {
 }
 TOP_LEVEL: dict[str, Any] = {
     "name": Key("str", note="a plain directory name: the run directory starts with it"),
+    "slo": {
+        "ttft_ms": Key("float", nullable=True, minimum=0, above_minimum=True, note="null = no objective"),
+        "tpot_ms": Key("float", nullable=True, minimum=0, above_minimum=True, note="null = no objective"),
+    },
     "isolate_sweep_jobs": Key("bool"),
     FREE_FORM_GROUP: FREE,
 }

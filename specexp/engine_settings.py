@@ -18,6 +18,13 @@ def _int_tuple(values) -> tuple | None:
     return tuple(values) if isinstance(values, (list, tuple)) else (values,)
 
 
+def _float_tuple(values) -> tuple | None:
+    """A config list of numbers as a tuple (None stays None; entries are checked by the engine)."""
+    if values is None:
+        return None
+    return tuple(values) if isinstance(values, (list, tuple)) else (values,)
+
+
 def engine_configs(spec):
     """``(EngineConfig, SpeculatorConfig, SamplingConfig)`` of a :class:`specexp.specs.RunSpec` (keys that are
     not spec fields come through each group's ``options``)."""
@@ -38,6 +45,8 @@ def engine_configs(spec):
     speculator = SpeculatorConfig(
         num_speculative_tokens=s.num_speculative_tokens, rejection=s.options.get("rejection", "standard"),
         synthetic_acceptance_rate=float(s.options.get("synthetic_acceptance_rate", 0.7)),
+        synthetic_acceptance_rates=_float_tuple(s.options.get("synthetic_acceptance_rates")),
+        synthetic_acceptance_length=s.options.get("synthetic_acceptance_length"),
         cudagraph_mode=s.draft_graph_mode(e.cudagraph_mode),
         # the depth of each step (specexp.engine.depth): the engine's validation names a bad entry
         num_speculative_tokens_per_batch_size=s.options.get("num_speculative_tokens_per_batch_size"),

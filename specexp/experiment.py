@@ -1,5 +1,5 @@
 """Run lifecycle: resolved config -> validate -> RunSpec -> ``backend.run(spec)`` -> RunResult -> run record
-(result.json, outputs.jsonl, steps.parquet, answers.jsonl) -> W&B -> summary table.
+(result.json, outputs.jsonl, steps.parquet, traces.parquet, answers.jsonl) -> W&B -> summary table.
 
 :func:`execute` is Hydra-free (a notebook can call it with a config from Hydra's compose API);
 :func:`hydra_task` is the Hydra entry point. In a sweep (``-m``) every job runs in a fresh spawned process
@@ -109,6 +109,8 @@ def _write_outputs(run_dir: Path, result, spec) -> None:
 
     records.write_jsonl(run_dir / records.OUTPUTS_FILE, [r.to_row() for r in result.requests])
     records.write_steps(run_dir / records.STEPS_FILE, result.steps)
+    if result.traces:  # one row per (request, step), where the backend sees its steps
+        records.write_steps(run_dir / records.TRACES_FILE, result.traces)
     records.write_jsonl(run_dir / records.ANSWERS_FILE,
                         spec_bench.answers(result.requests, spec_bench.model_id(spec.config)))
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from specexp.engine.stats import LATENCY_KEYS, AcceptanceStats, distribution, latency_summary
 from specexp.group_metrics import grouped_metrics, mean_accepted_tokens
+from specexp.load_metrics import LoadSettings, load_metrics
 from specexp.workloads.prompt import Prompt
 
 # Graph-capture metrics (§4) are None, never 0, where nothing was captured (CPU, or the hf backend).
@@ -61,6 +62,8 @@ class StepRecord:
     verify graph sample inside it: their ``sample_ms`` is 0 and ``verify_ms`` includes the sampling.
     ``num_speculative_tokens``: the step's k (native: its verify rows carried at most k drafts and it proposed
     k per row, ``specexp.engine.depth``); ``None`` where a backend does not say.
+    ``num_in_flight``: requests arrived and not finished when the step began; ``num_waiting``: those of them
+    queued for a batch slot (native; ``None`` elsewhere).
     """
 
     step: int
@@ -77,17 +80,46 @@ class StepRecord:
     step_ms: float | None = None
     request_id: str | None = None
     num_speculative_tokens: int | None = None
+    num_in_flight: int | None = None
+    num_waiting: int | None = None
+
+
+@dataclass
+class TraceRow:
+    """What one step did for one request (one row of traces.parquet), from which every acceptance counter of
+    the run can be recomputed (:func:`specexp.analysis.traces.acceptance_from_traces`).
+
+    ``step``: the run's step (``steps.parquet``'s ``step``); ``k``: the step's speculation depth;
+    ``num_query_tokens``: tokens the target ran for the request; ``is_prefill``: a prompt chunk;
+    ``num_draft_tokens``: drafts it could accept (0: not a draft); ``num_accepted_tokens``: accepted of them
+    (bonus/correction excluded); ``num_emitted_tokens``: output tokens the step added (0 for a prompt chunk
+    that does not end the prompt); ``num_reqs``: rows of the step (its batch size); ``step_ms``: the step's
+    wall time on the host.
+    """
+
+    step: int
+    prompt_id: str
+    k: int
+    num_query_tokens: int
+    is_prefill: bool
+    num_draft_tokens: int
+    num_accepted_tokens: int
+    num_emitted_tokens: int
+    num_reqs: int
+    step_ms: float | None = None
 
 
 @dataclass
 class RunResult:
     """Everything a backend measured. ``metrics`` holds the §4 metrics (see :func:`run_metrics`);
-    ``env`` holds backend facts worth recording (e.g. ``{"device": "cuda:0", "gpu": "NVIDIA H200"}``)."""
+    ``env`` holds backend facts worth recording (e.g. ``{"device": "cuda:0", "gpu": "NVIDIA H200"}``);
+    ``traces`` one row per (request, step) where the backend sees its steps (empty for vLLM)."""
 
     requests: list[RequestOutput]
     steps: list[StepRecord]
     metrics: dict
     env: dict = field(default_factory=dict)
+    traces: list[TraceRow] = field(default_factory=list)
 
 
 def run_metrics(
@@ -96,12 +128,14 @@ def run_metrics(
     steps: list[StepRecord],
     duration_s: float,
     graph: dict | None = None,
+    load: LoadSettings | None = None,
 ) -> dict:
     """All §4 metrics of a run as one JSON-ready dict.
 
     ``duration_s``: wall time of the generation phase (model loading and warm-up excluded), used for
     ``output_tokens_per_s``. ``graph``: graph-capture metrics (keys of ``GRAPH_METRIC_KEYS``); missing ones
-    are ``None``. Step timings are summarised per step as ``{"mean","p50","p90","p99"}``. The same metrics per
+    are ``None``. ``load``: the batch limit and SLOs of the load metrics (:mod:`specexp.load_metrics`; default:
+    batch 1, no SLO). Step timings are summarised per step as ``{"mean","p50","p90","p99"}``. The same metrics per
     category and per task are in ``by_category`` / ``by_task`` (:mod:`specexp.group_metrics`), and
     ``spec_bench_mean_accepted_tokens`` is Spec-Bench's "#Mean accepted tokens".
     """
@@ -118,6 +152,7 @@ def run_metrics(
         "duration_s": duration_s,
         **latency_summary(latencies, num_output_tokens, duration_s),
         **{key: distribution([getattr(s, key) for s in steps]) for key in STEP_TIME_KEYS},
+        **load_metrics(requests, steps, duration_s, load or LoadSettings(max_num_seqs=1)),
     }
     metrics.update(depth_metrics(steps, acceptance.num_speculative_tokens))
     metrics.update({key: (graph or {}).get(key) for key in GRAPH_METRIC_KEYS})

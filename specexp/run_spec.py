@@ -28,19 +28,25 @@ def _check_device(device: str) -> None:
 
 
 DEPTH_MODE_KEYS = ("num_speculative_tokens_per_batch_size", "draft_confidence_threshold", "adaptive")
+# The arrival processes (workload.arrival) each backend serves: hf serves one request at a time from a list,
+# vllm.LLM takes every request at once (a closed loop through its max_num_seqs).
+BACKEND_ARRIVALS = {"native": ("burst", "poisson", "concurrency", "trace"), "hf": ("burst",),
+                    "vllm": ("burst", "concurrency")}
+SYNTHETIC_BACKENDS = ("native", "vllm")
 
 
 def _check_backend_support(backend: str, speculator, engine) -> None:
     """Settings only some backends implement, refused where the chosen one would ignore them."""
     rejection = speculator.options.get("rejection", "standard")
-    if rejection != "standard" and backend != "native":
-        raise ConfigError(f"speculator.rejection={rejection!r} is implemented by backend native only"
-                          f" (backend={backend}): use backend=native, or speculator.rejection=standard")
     depth = [f"speculator.{name}={speculator.options[name]!r}" for name in DEPTH_MODE_KEYS
              if speculator.options.get(name) not in (None, 0, 0.0, "off")]
     if depth and backend != "native":
         raise ConfigError(f"{depth[0]} (a per-step depth mode) is implemented by backend native only (backend="
                           f"{backend}): use backend=native, or a fixed speculator.num_speculative_tokens")
+    if rejection != "standard" and backend not in SYNTHETIC_BACKENDS:
+        raise ConfigError(f"speculator.rejection={rejection!r} is implemented by backends"
+                          f" {', '.join(SYNTHETIC_BACKENDS)} only (backend={backend}): use backend=native, or"
+                          " speculator.rejection=standard")
     if backend == "vllm":
         if engine.device != "cuda":
             raise ConfigError(f"backend vllm runs on CUDA only, engine.device={engine.device}: use engine=cuda")
@@ -227,4 +233,26 @@ def build_run_spec(cfg: dict, ctx, choices: dict | None = None, prompt_cache: di
     spec.warnings = _check_positions(pair, k, spec.prompts, sampling.max_new_tokens, engine)
     _check_prompt_lengths(spec.prompts, sampling.max_new_tokens, engine.max_model_len)
     _check_kv_blocks(spec.prompts, sampling.max_new_tokens, engine, k)
+    spec.arrivals = _arrivals(spec)
+    slo = cfg.get("slo") or {}
+    spec.slo = specs.SloSpec(ttft_ms=slo.get("ttft_ms"), tpot_ms=slo.get("tpot_ms"))
     return spec
+
+
+def _arrivals(spec):
+    """The run's arrival schedule (:mod:`specexp.workloads.arrivals`), checked against the backend and the
+    workload: arrivals other than a burst need single-turn prompts served together."""
+    from specexp.workloads.arrivals import arrival_schedule, check_backend_arrivals
+
+    schedule = arrival_schedule(spec.workload, len(spec.prompts))
+    check_backend_arrivals(spec.backend, schedule, BACKEND_ARRIVALS.get(spec.backend, ("burst",)))
+    if not schedule.is_burst:
+        multi_turn = next((p for p in spec.prompts if p.num_turns > 1), None)
+        if multi_turn is not None:
+            raise ConfigError(f"workload.arrival={schedule.kind} needs single-turn prompts, and '{multi_turn.id}'"
+                              f" has {multi_turn.num_turns} turns (a later turn starts when the one before ends):"
+                              " use workload.arrival=burst")
+        if spec.workload.options.get("one_at_a_time", False):
+            raise ConfigError(f"workload.arrival={schedule.kind} and workload.one_at_a_time=true both set when"
+                              " requests arrive: drop one of them")
+    return schedule

@@ -106,7 +106,9 @@ class SamplingSpec:
 
 @dataclass
 class WorkloadSpec:
-    """Where the prompts came from (the prompts themselves are ``RunSpec.prompts``)."""
+    """Where the prompts came from (the prompts themselves are ``RunSpec.prompts``) and how they arrive
+    (``arrival``, ``request_rate``, ``max_concurrency``, ``arrival_path``: :mod:`specexp.workloads.arrivals`,
+    resolved into ``RunSpec.arrivals``)."""
 
     name: str
     path: str | None = None
@@ -114,7 +116,20 @@ class WorkloadSpec:
     input_len: int | None = None
     output_len: int | None = None
     seed: int = 0
+    arrival: str = "burst"
+    request_rate: float | None = None
+    max_concurrency: int | None = None
+    arrival_path: str | None = None
     options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SloSpec:
+    """Service-level objectives a request must meet to count towards goodput (``slo.*``): time to first token
+    and time per output token, in ms; ``None`` = no objective on that latency."""
+
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
 
 
 @dataclass
@@ -138,6 +153,9 @@ class RunSpec:
     config: dict[str, Any] = field(default_factory=dict)
     backend_options: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)  # one line each, printed when the run starts
+    # When the prompts arrive (a specexp.workloads.arrivals.ArrivalSchedule; None = all at once).
+    arrivals: Any = None
+    slo: SloSpec = field(default_factory=SloSpec)
 
 
 def group_spec(cls: type, values: dict[str, Any] | None, **overrides: Any):

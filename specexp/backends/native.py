@@ -1,10 +1,11 @@
 """Backend `native`: specexp's own engine (continuous batching, draft-model speculation, paged caches).
 
 Turns a RunSpec into engine configs, loads the pair natively (torch + safetensors), warms up on the first
-prompt, serves every prompt (all arriving together; a conversation's later turns once its earlier turns are
-answered: :mod:`specexp.backends.turns`), and maps the engine's counters onto docs/design.md §4.
-Latencies count from arrival; ``queue_ms`` is arrival -> the first step that runs the request (with more
-requests than ``engine.max_num_seqs``, the wait for a batch slot).
+prompt, serves every prompt as its arrival process says (``workload.arrival``: all together, Poisson, a
+closed loop or a trace, :mod:`specexp.workloads.arrivals`; a conversation's later turns once its earlier
+turns are answered: :mod:`specexp.backends.turns`), and maps the engine's counters onto docs/design.md §4
+and its per-row records onto traces.parquet. Latencies count from arrival; ``queue_ms`` is arrival -> the
+first step that runs the request (the wait for the next step, for a batch slot or for KV blocks).
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ from specexp.engine.runner import EngineOutput, NativeEngine
 from specexp.engine.stats import AcceptanceStats, request_latency
 from specexp.engine_settings import engine_configs
 from specexp.errors import ConfigError
+from specexp.load_metrics import LoadSettings
 from specexp.models import load_model
-from specexp.result import RequestOutput, RunResult, StepRecord, prompt_fields, run_metrics
+from specexp.result import RequestOutput, RunResult, StepRecord, TraceRow, prompt_fields, run_metrics
 from specexp.specs import RunSpec
 from specexp.startup import PhaseClock, process_age_s, startup_record
 from specexp.workloads.conversation import answer_text
@@ -63,9 +65,14 @@ def run(spec: RunSpec, progress: ProgressCallback | None = None) -> RunResult:
     tokenizer = Tokenizer.from_file(tokenizer_path) if tokenizer_path else None
     waves: list[EngineOutput] = []
     run_progress = TurnProgress(progress, spec.prompts)
+    arrivals = spec.arrivals
 
     def serve_wave(prompts: list[Prompt]) -> list[Request]:
-        out = engine.generate([p.token_ids for p in prompts], progress=run_progress.wave())
+        # arrivals other than a burst are single-turn (checked by run_spec): the one wave is the whole run
+        offsets = arrivals.offsets_s if arrivals is not None else None
+        cap = arrivals.max_concurrency if arrivals is not None else None
+        out = engine.generate([p.token_ids for p in prompts], progress=run_progress.wave(), arrival_s=offsets,
+                              max_concurrency=cap)
         waves.append(out)
         run_progress.served(len(out.requests), sum(r.num_output_tokens for r in out.requests))
         return out.requests
@@ -74,16 +81,23 @@ def run(spec: RunSpec, progress: ProgressCallback | None = None) -> RunResult:
                            engine_cfg.max_model_len, sampling_cfg.max_new_tokens,
                            bool(spec.workload.options.get("one_at_a_time", False)))
     run_progress.finish()
-    result = to_run_result(served, waves, k, tokenizer, device)
+    result = to_run_result(served, waves, k, tokenizer, device, LoadSettings.of(spec))
     result.metrics["startup_s"] = startup_record(clock.phases_s, import_s, result.metrics.get("graph_capture_s"))
     return result
 
 
+def step_depth(step, static_k: int) -> int:
+    """The speculation depth a step ran at: its own k (``EngineStep.num_speculative_tokens``), the run's static k
+    where a step does not say."""
+    k = getattr(step, "num_speculative_tokens", None)
+    return static_k if k is None else k
+
+
 def to_run_result(served: list[tuple[Prompt, Request]], waves: list[EngineOutput], k: int, tokenizer,
-                  device: torch.device) -> RunResult:
-    """Map engine requests/steps onto RequestOutput/StepRecord and the §4 metrics. ``served``: every request
-    with its prompt; ``waves``: the engine's output of each ``generate`` call, in order (steps are numbered
-    across them; the run's duration is their sum)."""
+                  device: torch.device, load: LoadSettings | None = None) -> RunResult:
+    """Map engine requests/steps onto RequestOutput/StepRecord/TraceRow and the §4 metrics. ``served``: every
+    request with its prompt; ``waves``: the engine's output of each ``generate`` call, in order (steps are
+    numbered across them; the run's duration is their sum); ``load``: the load metrics' settings."""
     acceptance = AcceptanceStats(k)
     requests = []
     end_of_wave = {id(req): out.total_s for out in waves for req in out.requests}
@@ -100,18 +114,19 @@ def to_run_result(served: list[tuple[Prompt, Request]], waves: list[EngineOutput
                               end_s, len(output_ids), scheduled_s=req.scheduled_s),
         ))
     out = waves[-1]
+    engine_steps = [s for wave in waves for s in wave.steps]
     steps = [
         StepRecord(
-            step=s.step, num_reqs=s.num_reqs, num_tokens=s.num_tokens, num_drafts=s.num_drafts,
+            step=number, num_reqs=s.num_reqs, num_tokens=s.num_tokens, num_drafts=s.num_drafts,
             num_draft_tokens=s.num_draft_tokens, num_accepted_tokens=s.num_accepted_tokens,
             num_output_tokens=s.num_output_tokens, draft_ms=s.draft_ms, verify_ms=s.verify_ms,
             sample_ms=s.sample_ms, schedule_ms=s.schedule_ms, step_ms=s.step_ms,
             num_speculative_tokens=s.num_speculative_tokens,
+            num_in_flight=s.num_in_flight, num_waiting=s.num_waiting,
         )
-        for wave in waves for s in wave.steps
+        for number, s in enumerate(engine_steps)
     ]
-    for number, step in enumerate(steps):
-        step.step = number
+    traces = trace_rows(served, waves, engine_steps, k)
     graph = {}
     if device.type == "cuda":
         graph["persistent_buffer_bytes"] = out.persistent_buffer_bytes
@@ -124,7 +139,7 @@ def to_run_result(served: list[tuple[Prompt, Request]], waves: list[EngineOutput
     env = {"device": str(device)}
     if device.type == "cuda":
         env["gpu"] = torch.cuda.get_device_name(device)
-    metrics = run_metrics(acceptance, requests, steps, sum(w.total_s for w in waves), graph)
+    metrics = run_metrics(acceptance, requests, steps, sum(w.total_s for w in waves), graph, load)
     metrics["end_of_request_rule"] = END_OF_REQUEST_RULE
     metrics["adaptive_step_costs"] = out.step_costs
     if out.graphs is not None:
@@ -133,4 +148,27 @@ def to_run_result(served: list[tuple[Prompt, Request]], waves: list[EngineOutput
                    "num_eager_uncaptured": m["num_eager_uncaptured"]}
             for name, m in out.graphs["managers"].items()
         }
-    return RunResult(requests, steps, metrics, env)
+    return RunResult(requests, steps, metrics, env, traces)
+
+
+def trace_rows(served: list[tuple[Prompt, Request]], waves: list[EngineOutput], engine_steps: list, k: int,
+               ) -> list[TraceRow]:
+    """One TraceRow per (request, step) that ran it, in request then step order; a wave's step indices are
+    offset by the steps of the waves before it, as steps.parquet numbers them."""
+    first_step, offset = {}, 0
+    for wave in waves:
+        for req in wave.requests:
+            first_step[id(req)] = offset
+        offset += len(wave.steps)
+    rows = []
+    for prompt, req in served:
+        base = first_step[id(req)]
+        for t in req.trace:
+            step = engine_steps[base + t.step]
+            rows.append(TraceRow(
+                step=base + t.step, prompt_id=prompt.request_id, k=step_depth(step, k),
+                num_query_tokens=t.num_query_tokens, is_prefill=t.is_prefill, num_draft_tokens=t.num_draft_tokens,
+                num_accepted_tokens=t.num_accepted_tokens, num_emitted_tokens=t.num_emitted_tokens,
+                num_reqs=step.num_reqs, step_ms=step.step_ms,
+            ))
+    return rows

@@ -18,7 +18,9 @@ What maps where:
   prefix acceptance ``histogram[j] = accepted_per_position[j-1] - accepted_per_position[j]`` is exact.
   Per-request acceptance (``acceptance_histogram_per_request`` is ``{}``), per-step rows (``steps`` is
   empty) and ``accept_lengths`` are not observable from outside vLLM.
-- Latency from each request's ``RequestOutput.metrics`` (:func:`request_latency_from_vllm`).
+- Latency from each request's ``RequestOutput.metrics`` (:func:`request_latency_from_vllm`; a closed loop's
+  from its first scheduling, :mod:`specexp.backends.vllm_load`, which also maps arrivals and synthetic
+  acceptance onto vLLM's keywords).
 - Graph capture: vLLM logs ``Graph capturing finished in 1 secs, took 0.07 GiB`` (free device memory before
   vs after, to 0.01 GiB); :func:`parse_graph_capture_log` reads it from the ``vllm`` logger. Per-size
   figures are ``None``: vLLM logs only the total. The engine core runs in this process
@@ -52,10 +54,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from specexp.backends import vllm_load
 from specexp.backends.turns import TurnProgress, serve_by_turn
 from specexp.engine.progress import ProgressCallback
 from specexp.engine.stats import AcceptanceCounts, AcceptanceStats, request_latency
 from specexp.errors import ConfigError
+from specexp.load_metrics import LoadSettings
 from specexp.result import RequestOutput, RunResult, prompt_fields, run_metrics
 from specexp.specs import ModelSpec, RunSpec
 from specexp.startup import PhaseClock, process_age_s, startup_record
@@ -95,7 +99,7 @@ def llm_kwargs(spec: RunSpec, target_dir: str | None = None, draft_dir: str | No
         "skip_tokenizer_init": True,
         "dtype": spec.pair.dtype,
         "seed": e.seed,
-        "max_num_seqs": e.max_num_seqs,
+        "max_num_seqs": vllm_load.max_num_seqs(spec),
         "max_model_len": min(e.max_model_len, max_positions) if max_positions else e.max_model_len,
         "enforce_eager": e.cudagraph_mode == "none",
         "gpu_memory_utilization": float(options.get("gpu_memory_utilization", DEFAULT_GPU_MEMORY_UTILIZATION)),
@@ -111,6 +115,7 @@ def llm_kwargs(spec: RunSpec, target_dir: str | None = None, draft_dir: str | No
             "num_speculative_tokens": k,
             # the draft is eager when its own mode says so, or when the whole engine is eager
             "enforce_eager": s.draft_graph_mode(e.cudagraph_mode) == "none",
+            **vllm_load.synthetic_speculative_config(spec),
         }
     kwargs.update(options.get("llm_kwargs") or {})
     return kwargs
@@ -424,19 +429,21 @@ def run(spec: RunSpec, progress: ProgressCallback | None = None) -> RunResult:
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
 
+    latency_of = vllm_load.closed_loop_latency if vllm_load.closed_loop(spec) else request_latency_from_vllm
     requests = []
     for prompt, out in served:
         output_ids = list(out.outputs[0].token_ids)
         requests.append(RequestOutput(
             **prompt_fields(prompt),
             output_token_ids=output_ids, output_text=tokenizer.decode(output_ids) if tokenizer else "",
-            **request_latency_from_vllm(getattr(out, "metrics", None), len(output_ids)),
+            **latency_of(getattr(out, "metrics", None), len(output_ids)),
         ))
     acceptance = AcceptanceStats(k)
     acceptance.total = acceptance_counts_from_vllm(after, k, before)
     capture = parse_graph_capture_log(log.text)
     graph = {"graph_capture_s": capture[0], "graph_capture_bytes": capture[1]} if capture else {}
-    metrics = run_metrics(acceptance, requests, [], duration_s, graph)
+    metrics = run_metrics(acceptance, requests, [], duration_s, graph,
+                          LoadSettings.of(spec, max_num_seqs=vllm_load.max_num_seqs(spec)))
     metrics.update(acceptance_from_vllm_metrics(after, k, before))  # acceptance_histogram_per_request: {}
     metrics["end_of_request_rule"] = END_OF_REQUEST_RULE
     metrics["startup_s"] = startup_record(clock.phases_s, import_s, graph.get("graph_capture_s"))

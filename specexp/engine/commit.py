@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specexp.engine.output import StepRecord
-from specexp.engine.request import Request
+from specexp.engine.request import Request, RowTrace
 from specexp.engine.scheduler import ScheduledBatch
 
 Finish = Callable[[Request], None]
@@ -78,10 +78,11 @@ def append_tokens(req: Request, tokens: list[int], stop: StopRule) -> int:
 
 
 def commit_step(batch: ScheduledBatch, host_rows: list[list[int]], k: int, now_s: float, stop: StopRule,
-                finish: Finish) -> StepCounts:
+                finish: Finish, step_index: int) -> StepCounts:
     """Commit a step's emitted tokens (host_rows: per row, tokens [K+1], their count, the drafts it verified;
     k = K, the buffers' depth) to its requests; each request then has the step's k drafts pending
-    (batch.num_speculative_tokens). now_s: seconds since the run started (first-token and finish times)."""
+    (batch.num_speculative_tokens). now_s: seconds since the run started (first-token and finish times);
+    step_index: the step's number in its `generate` call (each request's `trace`)."""
     counts = StepCounts()
     for r, row in enumerate(batch.rows):
         req = row.request
@@ -92,6 +93,7 @@ def commit_step(batch: ScheduledBatch, host_rows: list[list[int]], k: int, now_s
         else:
             req.num_computed_tokens += n_sampled  # t_last + accepted drafts are now in the cache
         if not row.samples:
+            req.trace.append(RowTrace(step_index, row.num_query_tokens, row.is_prefill, 0, 0, 0))
             continue
         accepted = n_sampled - 1
         if num_verified > 0:
@@ -102,6 +104,8 @@ def commit_step(batch: ScheduledBatch, host_rows: list[list[int]], k: int, now_s
         req.num_accepted_tokens = n_sampled
         emitted = append_tokens(req, host_rows[r][:n_sampled], stop)
         req.emitted_per_step.append(emitted)
+        req.trace.append(RowTrace(step_index, row.num_query_tokens, row.is_prefill, num_verified, accepted,
+                                  emitted))
         counts.num_output += emitted
         if emitted and req.first_token_s is None:
             req.first_token_s = now_s
@@ -115,24 +119,27 @@ def commit_step(batch: ScheduledBatch, host_rows: list[list[int]], k: int, now_s
     return counts
 
 
-def commit_provisional(step: InFlightStep, stop: StopRule, finish: Finish) -> StepCounts:
+def commit_provisional(step: InFlightStep, stop: StopRule, finish: Finish, step_index: int) -> StepCounts:
     """Plain-decoding lookahead: commit a queued step's counts before its tokens are read back. Each row that
     samples emits exactly one token: a placeholder in token_ids until `commit_read_back`, which the next step's
     input gathers from the device. Rows of requests that stopped at EOS in the step before are discarded.
-    Requests that reach max_new_tokens or max_model_len stop here."""
+    Requests that reach max_new_tokens or max_model_len stop here. step_index: as `commit_step`'s."""
     counts = StepCounts()
     for r, row in enumerate(step.batch.rows):
         req = row.request
         step.committed_rows.append(not req.finished)
-        if req.finished:
+        if req.finished:  # the step ran its row all the same: it emits nothing
+            req.trace.append(RowTrace(step_index, row.num_query_tokens, row.is_prefill, 0, 0, 0))
             continue
         req.num_computed_tokens += row.num_query_tokens  # one token a decode row
         if not row.samples:
+            req.trace.append(RowTrace(step_index, row.num_query_tokens, row.is_prefill, 0, 0, 0))
             continue
         req.token_ids.append(0)
         req.pending_token_row = r
         req.num_accepted_tokens = 1
         req.emitted_per_step.append(1)
+        req.trace.append(RowTrace(step_index, row.num_query_tokens, row.is_prefill, 0, 0, 1))
         counts.num_output += 1
         if req.num_output_tokens >= req.max_new_tokens:
             req.finished, req.finish_reason = True, "length"

@@ -135,8 +135,10 @@ ADAPTIVE_MODES = ("off", "goodput")
 @dataclass(frozen=True)
 class SpeculatorConfig:
     """num_speculative_tokens: K, the most drafts per verify (0 = no speculation); it sizes every buffer.
-    rejection: "standard" (greedy / Leviathan-Chen sampling) | "synthetic" (accept each draft with
-    probability synthetic_acceptance_rate, whatever the tokens: measures system cost apart from draft quality).
+    rejection: "standard" (greedy / Leviathan-Chen sampling) | "synthetic" (accept drafts at a set rate,
+    whatever the tokens: measures system cost apart from draft quality). synthetic_acceptance_rate: each
+    position's acceptance given the ones before; synthetic_acceptance_rates (unconditional, per position) or
+    synthetic_acceptance_length (tokens per verification) replace it (`specexp.engine.synthetic`).
     cudagraph_mode: "none" | "full" for the draft prefill and decode graphs.
     The depth of each step (`specexp.engine.depth`), at most one of: num_speculative_tokens_per_batch_size
     (inclusive [start_bs, end_bs, k] ranges, vLLM 0.33's schedule), draft_confidence_threshold (> 0: a row's
@@ -161,6 +163,23 @@ class SpeculatorConfig:
               "draft_confidence_threshold": self.draft_confidence_threshold != 0,
               "adaptive": self.adaptive != "off"}
         return [name for name, is_on in on.items() if is_on]
+    synthetic_acceptance_rates: tuple[float, ...] | None = None
+    synthetic_acceptance_length: float | None = None
+
+    def synthetic_rates(self) -> list[float]:
+        """Unconditional per-position acceptance float[k] of the synthetic sampler (`specexp.engine.synthetic`)."""
+        from specexp.engine.synthetic import synthetic_rates
+
+        return synthetic_rates(self.num_speculative_tokens, self.synthetic_acceptance_rate,
+                               self.synthetic_acceptance_rates, self.synthetic_acceptance_length)
+
+    def synthetic_conditional_rates(self) -> list[float]:
+        """Per position, the synthetic sampler's acceptance given drafts 0..i-1 were accepted, float[k]."""
+        from specexp.engine.synthetic import conditional_rates
+
+        if self.synthetic_acceptance_rates is None and self.synthetic_acceptance_length is None:
+            return [self.synthetic_acceptance_rate] * self.num_speculative_tokens
+        return conditional_rates(self.synthetic_rates())
 
     def validate(self, max_model_len: int) -> None:
         k = self.num_speculative_tokens
@@ -178,6 +197,13 @@ class SpeculatorConfig:
             raise EngineConfigError(
                 f"speculator.synthetic_acceptance_rate={self.synthetic_acceptance_rate}: must be in [0, 1]"
             )
+        synthetic_forms = (self.synthetic_acceptance_rates, self.synthetic_acceptance_length)
+        if self.rejection == "standard" and any(v is not None for v in synthetic_forms):
+            name = "rates" if self.synthetic_acceptance_rates is not None else "length"
+            raise EngineConfigError(
+                f"speculator.synthetic_acceptance_{name} is set but speculator.rejection='standard': set "
+                "speculator.rejection=synthetic, or leave it null")
+        self.synthetic_rates()
         if self.cudagraph_mode not in ("none", "full"):
             raise EngineConfigError(f"speculator.cudagraph_mode={self.cudagraph_mode!r}: valid are 'none', 'full'")
 

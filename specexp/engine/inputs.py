@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from specexp.models.metadata import AttentionMetadata
@@ -74,6 +75,13 @@ class PaddedStep:
         return self.tokens.shape[1]
 
 
+def host_tensor(values: list[int], dtype: np.dtype, pin_memory: bool = False) -> torch.Tensor:
+    """A CPU tensor of `values` (a flat list of ints), page-locked when `pin_memory`. Converted through numpy:
+    `torch.tensor(list)` costs about three times as much host time per element."""
+    tensor = torch.from_numpy(np.array(values, dtype=dtype))
+    return tensor.pin_memory() if pin_memory else tensor
+
+
 def build_step_inputs(
     token_ids: list[list[int]], start_positions: list[int], block_ids: list[list[int]], block_size: int,
     max_blocks_per_req: int, num_reqs_padded: int | None = None, num_tokens_padded: int | None = None,
@@ -82,41 +90,51 @@ def build_step_inputs(
     """Flatten rows: row r runs tokens `token_ids[r]` at positions `start_positions[r] + i`; padded to
     num_reqs_padded rows / num_tokens_padded tokens (None: no padding) for a graph's persistent buffers.
 
-    Built with Python lists and two tensors, one per dtype, whose slices are the fields: a step has few rows,
-    and each small tensor op (a dispatcher round trip, a kernel launch or a copy on a GPU) costs more host
-    time than the list arithmetic it would vectorise.
+    The rows are laid end to end as Python lists (one extend per field and row, no per-token Python work), then
+    converted once per dtype through numpy, where the slot of every token (`block_table[row, pos //
+    block_size] * block_size + pos % block_size`) is one gather: the per-token loop and `torch.tensor` over
+    lists were most of the host's step time at large batches. The fields are slices of two tensors, one per
+    dtype.
 
     pin_memory: build the tensors in page-locked memory (CUDA engines): a copy to the GPU from pageable memory
     may first wait for the stream to drain, which would hold the host while the device still runs earlier work.
     """
     ids: list[int] = []
     positions: list[int] = []
-    slots: list[int] = []
     token_req: list[int] = []
     query_start_loc = [0]
     seq_lens: list[int] = []
     table: list[int] = []
+    null_row = [0] * max_blocks_per_req  # NULL block past a row's own
     for r, (row_tokens, start, blocks) in enumerate(zip(token_ids, start_positions, block_ids, strict=True)):
         num = len(row_tokens)
-        row_table = list(blocks[:max_blocks_per_req])
-        row_table += [0] * (max_blocks_per_req - len(row_table))  # NULL block past the row's own
-        row_positions = range(start, start + num)
-        ids.extend(row_tokens)
-        positions.extend(row_positions)
-        slots.extend(row_table[p // block_size] * block_size + p % block_size for p in row_positions)
-        token_req.extend([r] * num)
+        ids += row_tokens
+        positions += range(start, start + num)
+        token_req += [r] * num
         query_start_loc.append(query_start_loc[-1] + num)
         seq_lens.append(start + num)
-        table.extend(row_table)
+        table += blocks[:max_blocks_per_req]
+        table += null_row[: max_blocks_per_req - min(len(blocks), max_blocks_per_req)]
     num_tokens, num_reqs = len(ids), len(seq_lens)
     pad_tokens = max((num_tokens_padded or num_tokens) - num_tokens, 0)
     pad_reqs = max((num_reqs_padded or num_reqs) - num_reqs, 0)
     t_pad, r_pad = num_tokens + pad_tokens, num_reqs + pad_reqs
-    no_token, no_slot = [0] * pad_tokens, [-1] * pad_tokens
-    tokens = torch.tensor(ids + no_token + positions + no_token + slots + no_slot + token_req + no_token,
-                          dtype=torch.int64, pin_memory=pin_memory).view(4, t_pad)
-    rows = torch.tensor(query_start_loc + [num_tokens] * pad_reqs + seq_lens + [0] * pad_reqs
-                        + table + [0] * (pad_reqs * max_blocks_per_req), dtype=torch.int32, pin_memory=pin_memory)
+    rows_np = np.zeros(2 * r_pad + 1 + r_pad * max_blocks_per_req, dtype=np.int32)
+    rows_np[: num_reqs + 1] = query_start_loc
+    rows_np[num_reqs + 1 : r_pad + 1] = num_tokens
+    rows_np[r_pad + 1 : r_pad + 1 + num_reqs] = seq_lens
+    table_np = rows_np[2 * r_pad + 1 :].reshape(r_pad, max_blocks_per_req)
+    table_np[:num_reqs].flat = table
+    tokens_np = np.zeros((4, t_pad), dtype=np.int64)
+    tokens_np[0, :num_tokens] = ids
+    tokens_np[1, :num_tokens] = positions
+    tokens_np[3, :num_tokens] = token_req
+    pos, req = tokens_np[1, :num_tokens], tokens_np[3, :num_tokens]
+    tokens_np[2, :num_tokens] = table_np[req, pos // block_size].astype(np.int64) * block_size + pos % block_size
+    tokens_np[2, num_tokens:] = -1
+    tokens, rows = torch.from_numpy(tokens_np), torch.from_numpy(rows_np)
+    if pin_memory:
+        tokens, rows = tokens.pin_memory(), rows.pin_memory()
     qsl_pad, seq_pad, table_pad = rows.split([r_pad + 1, r_pad, r_pad * max_blocks_per_req])
     table_pad = table_pad.view(r_pad, max_blocks_per_req)
     padded = PaddedStep(tokens, qsl_pad, seq_pad, table_pad)

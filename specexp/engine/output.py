@@ -16,7 +16,11 @@ class StepRecord:
     stages ahead of a device still busy with the step before), verify_ms, sample_ms (rejection sampler; 0 when
     the step replays a verify graph, which samples too: verify_ms then includes it), draft_ms (the draft's
     prefill and decode steps). step_ms is the host's wall time spent in step(). num_speculative_tokens: the step's
-    k (`specexp.engine.depth`): its verify rows carried at most k drafts, and it proposed k per row."""
+    k (`specexp.engine.depth`): its verify rows carried at most k drafts, and it proposed k per row.
+
+    num_in_flight: requests that had arrived and were not finished when the step began (running, waiting for
+    a batch slot, or finished with their last token still to be read back); num_waiting: those of them
+    waiting for a batch slot or for KV blocks (`specexp.engine.arrivals`)."""
 
     step: int
     num_reqs: int
@@ -32,6 +36,8 @@ class StepRecord:
     draft_ms: float
     step_ms: float
     num_speculative_tokens: int = 0
+    num_in_flight: int = 0
+    num_waiting: int = 0
 
 
 @dataclass

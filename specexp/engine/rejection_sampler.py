@@ -7,8 +7,9 @@ token, and a row whose drafts are all accepted gets a *bonus* token from the tar
 - greedy:     accept while draft == target argmax; emit the argmax at the first mismatch.
 - standard:   accept draft d with probability min(1, p(d) / q(d)); on rejection sample from
               norm(max(0, p - q)). The emitted tokens are distributed exactly as target-only sampling.
-- synthetic:  accept each draft with probability `rate` whatever the tokens (a system-cost model, not
-              lossless); the token after the accepted prefix comes from the target as usual.
+- synthetic:  accept draft i with probability `rates[i]` given drafts 0..i-1 were, whatever the tokens (a
+              system-cost model, not lossless: `specexp.engine.synthetic`); the token after the accepted
+              prefix comes from the target as usual.
 """
 
 from __future__ import annotations
@@ -53,16 +54,29 @@ class RejectionSampler:
     """Turns target logits + drafts into emitted tokens, on the device, with no host sync.
 
     temperature/top_k/top_p: the run's sampling settings. mode: "standard" | "synthetic".
+    synthetic: synthetic_acceptance_rate, every position's acceptance given the ones before; or
+    synthetic_conditional_rates float[K], one per draft position (`SpeculatorConfig.synthetic_conditional_rates`).
     """
 
     def __init__(self, *, temperature: float, top_k: int, top_p: float, mode: str = "standard",
-                 synthetic_acceptance_rate: float = 1.0, generator: torch.Generator | None = None) -> None:
+                 synthetic_acceptance_rate: float = 1.0, synthetic_conditional_rates: list[float] | None = None,
+                 generator: torch.Generator | None = None) -> None:
         self.temperature = temperature
         self.top_k = top_k
         self.top_p = top_p
         self.mode = mode
         self.rate = synthetic_acceptance_rate
+        self.conditional_rates = synthetic_conditional_rates
+        self._rates_tensor: torch.Tensor | None = None
         self.generator = generator
+
+    def _synthetic_rates(self, k: int, device: torch.device) -> torch.Tensor | float:
+        """Per-position conditional acceptance, fp32[k] on `device` (made once), or the scalar rate."""
+        if self.conditional_rates is None:
+            return self.rate
+        if self._rates_tensor is None or self._rates_tensor.device != device:
+            self._rates_tensor = torch.tensor(self.conditional_rates, dtype=torch.float32, device=device)
+        return self._rates_tensor[:k]
 
     def __call__(
         self,
@@ -85,7 +99,7 @@ class RejectionSampler:
             probs = logits_to_probs(target_logits, self.temperature, self.top_k, self.top_p)
         if self.mode == "synthetic":
             u = torch.rand(num_rows, k, device=draft_tokens.device, generator=self.generator)
-            accepted = _accepted_prefix_len((u < self.rate) & is_draft)
+            accepted = _accepted_prefix_len((u < self._synthetic_rates(k, u.device)) & is_draft)
             if greedy:
                 last = target_tokens.gather(1, accepted.unsqueeze(1)).squeeze(1)
             else:

@@ -3,6 +3,22 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
+
+
+class RowTrace(NamedTuple):
+    """What one step did for one request (a row of traces.parquet): the step's index in its `generate` call,
+    the tokens the target ran for it (q), whether they were a prompt chunk, the drafts it could accept (0 for
+    a prefill chunk or plain decode), how many of those were accepted, and the tokens it emitted (accepted + 1
+    for a row that samples, 0 for a prefill chunk that does not end the prompt; fewer where the request
+    stopped inside the step)."""
+
+    step: int
+    num_query_tokens: int
+    is_prefill: bool
+    num_draft_tokens: int
+    num_accepted_tokens: int
+    num_emitted_tokens: int
 
 
 @dataclass
@@ -35,7 +51,8 @@ class Request:
     num_accepted_tokens: int = 1
     finished: bool = False
     finish_reason: str | None = None
-    # Timing (seconds since the run started). scheduled_s: the first step that ran it (queue = scheduled - arrival).
+    # Timing (seconds since the run started). arrival_s: when it reached the engine (`ArrivalGate`);
+    # scheduled_s: the first step that ran it (queue = scheduled - arrival).
     arrival_s: float = 0.0
     scheduled_s: float | None = None
     first_token_s: float | None = None
@@ -45,6 +62,8 @@ class Request:
     # Tokens emitted by each step that sampled for this request (Spec-Bench's accept_lengths).
     emitted_per_step: list[int] = field(default_factory=list)
     acceptance_estimate: object | None = None
+    # Every step that ran it, in order (prefill chunks included).
+    trace: list[RowTrace] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.token_ids:

@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 
 import torch
 
+from specexp.engine.arrivals import ArrivalGate
 from specexp.engine.cache_pool import IdPool, blocks_needed
 from specexp.engine.commit import (
     InFlightStep,
@@ -198,6 +200,7 @@ class NativeEngine(TargetGraphs, TargetStepInputs):
         self.rejection = RejectionSampler(
             temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
             mode=speculator.rejection, synthetic_acceptance_rate=speculator.synthetic_acceptance_rate,
+            synthetic_conditional_rates=speculator.synthetic_conditional_rates() if self.k else None,
             generator=self.generator,
         )
         self.speculator: AutoRegressiveSpeculator | None = None
@@ -283,8 +286,14 @@ class NativeEngine(TargetGraphs, TargetStepInputs):
     # ------------------------------------------------------------------ public
     @torch.inference_mode()
     def generate(self, prompts: list[list[int]], max_new_tokens: int | None = None,
-                 on_step=None, progress: ProgressCallback | None = None) -> EngineOutput:
-        """Serve all prompts (arriving together) to completion. prompts: token ids per request.
+                 on_step=None, progress: ProgressCallback | None = None, arrival_s: Sequence[float] | None = None,
+                 max_concurrency: int | None = None) -> EngineOutput:
+        """Serve all prompts to completion. prompts: token ids per request.
+
+        arrival_s: per prompt, when it arrives, in seconds after the call starts (None: all at once);
+        max_concurrency: requests in flight at most, a new one arriving when one finishes (closed loop; None:
+        no cap). A request joins the running batch at the first step after it arrived
+        (`specexp.engine.arrivals`); with nothing to run the engine sleeps until the next arrival.
 
         on_step(record) receives every step's record once, its phase times in (one step late). progress
         receives the run's RUN events: requests done of len(prompts), output tokens, elapsed seconds."""
@@ -292,19 +301,40 @@ class NativeEngine(TargetGraphs, TargetStepInputs):
         requests = [Request(i, list(p), max_new) for i, p in enumerate(prompts)]
         self.steps, self._pending, self._in_flight = [], None, None
         for request in requests:
-            self.scheduler.add(request)
+            self.scheduler.check(request)
+        gate = ArrivalGate(requests, arrival_s, max_concurrency)
         scheduler, total, output_tokens = self.scheduler, len(requests), 0
         self._t0 = time.perf_counter()
         reporter = RunReporter(progress, total, self._t0) if progress is not None else None
         if reporter is not None:
             reporter.update(0, 0, self._t0)
-        while scheduler.has_work:
+        while True:
+            now_s = time.perf_counter() - self._t0
+            for request in gate.release(now_s):
+                scheduler.add(request)
+            if not scheduler.has_work:
+                if self._in_flight is not None:  # its read-back may finish requests and free their slots
+                    timed = self._commit_read_back(self._in_flight)
+                    self._in_flight = None
+                    if timed is not None and on_step is not None:
+                        on_step(timed)
+                    continue
+                next_s = gate.next_arrival_s()
+                if next_s is None:
+                    if gate.num_pending:
+                        raise RuntimeError("requests wait for a concurrency slot that no request in flight holds")
+                    break
+                time.sleep(max(next_s - now_s, 0.0))
+                continue
+            in_flight, waiting = gate.num_in_flight, len(scheduler.waiting)
             timed = self.step()
+            self.steps[-1].num_in_flight, self.steps[-1].num_waiting = in_flight, waiting
             if timed is not None and on_step is not None:
                 on_step(timed)
             if reporter is not None:
                 output_tokens += self.steps[-1].num_output_tokens
-                reporter.update(total - len(scheduler.waiting) - len(scheduler.running), output_tokens)
+                done = total - len(scheduler.waiting) - len(scheduler.running) - gate.num_pending
+                reporter.update(done, output_tokens)
         timed = None
         if self._in_flight is not None:  # the last queued step's tokens (and the times of the step before)
             timed = self._commit_read_back(self._in_flight)
@@ -415,13 +445,14 @@ class NativeEngine(TargetGraphs, TargetStepInputs):
         """Commit the step's emitted tokens (host: int64[R, k+2] as read back) to its requests (`commit_step`).
         The record's phase times are filled in once the step's draft has finished (finish_timing)."""
         now_s = time.perf_counter() - self._t0
-        counts = commit_step(batch, host.tolist(), self.k, now_s, self.stop, self.scheduler.finish)
+        counts = commit_step(batch, host.tolist(), self.k, now_s, self.stop, self.scheduler.finish,
+                             step_index=len(self.steps))
         return step_record(len(self.steps), batch, t_start, counts)
 
     def _commit_provisional(self, step: InFlightStep, t_start: float) -> StepRecord:
         """Plain-decoding lookahead: commit a queued step's counts before its tokens are read back
         (`commit_provisional`)."""
-        counts = commit_provisional(step, self.stop, self.scheduler.finish)
+        counts = commit_provisional(step, self.stop, self.scheduler.finish, step_index=len(self.steps))
         return step_record(len(self.steps), step.batch, t_start, counts)
 
     def _commit_read_back(self, step: InFlightStep) -> StepRecord | None:

@@ -98,7 +98,9 @@ class Scheduler:
         final_len = min(request.num_prompt_tokens + request.max_new_tokens, self.max_model_len)
         return final_len + self.lookahead_tokens
 
-    def add(self, request: Request) -> None:
+    def check(self, request: Request) -> None:
+        """EngineConfigError unless `request` can ever run: a prompt shorter than max_model_len, not empty,
+        whose lifetime's KV blocks fit the whole cache."""
         if request.num_prompt_tokens >= self.max_model_len:
             raise EngineConfigError(
                 f"prompt {request.request_id} has {request.num_prompt_tokens} tokens: engine.max_model_len="
@@ -112,6 +114,10 @@ class Scheduler:
                 f"prompt {request.request_id} needs {need} KV blocks but the cache has {self.block_pool.capacity}: "
                 f"raise engine.num_kv_blocks or lower max_new_tokens / max_model_len"
             )
+
+    def add(self, request: Request) -> None:
+        """Queue an arrived request (checked by `check`); it runs once a batch slot and its blocks are free."""
+        self.check(request)
         self.waiting.append(request)
 
     @property

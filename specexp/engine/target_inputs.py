@@ -9,10 +9,11 @@ device: one gather copies them from the draft buffer into the input ids.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from specexp.engine.cudagraph import FULL, BatchExecutionDescriptor
-from specexp.engine.inputs import build_step_inputs
+from specexp.engine.inputs import build_step_inputs, host_tensor
 from specexp.engine.scheduler import ScheduledBatch
 from specexp.engine.speculator import VerifiedBatch
 
@@ -52,15 +53,15 @@ class TargetStepInputs:
         # capped).
         query_lens = starts_t = is_spec = samples_cpu = slots = num_accepted = None
         if self.speculator is not None:
-            query_lens, starts_t = torch.tensor(
-                [r.num_query_tokens for r in rows] + starts, dtype=torch.int64).view(2, num_reqs).unbind(0)
-            is_spec, samples_cpu = torch.tensor(
-                [not r.is_prefill for r in rows] + [r.samples for r in rows]).view(2, num_reqs).unbind(0)
+            query_lens, starts_t = host_tensor(
+                [r.num_query_tokens for r in rows] + starts, np.int64).view(2, num_reqs).unbind(0)
+            is_spec, samples_cpu = host_tensor(
+                [not r.is_prefill for r in rows] + [r.samples for r in rows], np.bool_).view(2, num_reqs).unbind(0)
         if self.speculator is not None or self.conv_states:
-            slots, num_accepted, starts_32, query_drafts = torch.tensor(
+            slots, num_accepted, starts_32, query_drafts = host_tensor(
                 [r.request.conv_slot for r in rows] + [r.request.num_accepted_tokens for r in rows] + starts
                 + [r.num_query_tokens - 1 if not r.is_prefill else -1 for r in rows],
-                dtype=torch.int32).view(4, num_reqs).unbind(0)
+                np.int32).view(4, num_reqs).unbind(0)
         conv = None
         if self.conv_states and desc.cg_mode == FULL and rows[0].is_prefill:
             # a prompt-prefill graph (verify graphs take no prefill rows): its one-row persistent buffers
@@ -93,7 +94,7 @@ class TargetStepInputs:
                 fill_sources.append(req.pending_token_row)
         width, rows_padded = k + 5, max(desc.num_reqs, num_reqs)
         packed_rows += [0] * ((rows_padded - num_reqs) * width)
-        packed = torch.tensor(packed_rows + fill_tokens + fill_sources, dtype=torch.int64, pin_memory=self.pin_memory)
+        packed = host_tensor(packed_rows + fill_tokens + fill_sources, np.int64, pin_memory=self.pin_memory)
         self.row_inputs[:rows_padded].copy_(packed[: rows_padded * width].view(rows_padded, width), non_blocking=True)
         if fill_tokens:
             # drafts: flat in the draft buffer; a pending token (k = 0): the in-flight step's, in step_out's

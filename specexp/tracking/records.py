@@ -1,5 +1,6 @@
 """The local run record (docs/design.md §5), written atomically (temp file + rename) into the run's directory:
-``result.json``, ``outputs.jsonl``, ``steps.parquet``, ``answers.jsonl``. Analysis reads these files."""
+``result.json``, ``outputs.jsonl``, ``steps.parquet``, ``traces.parquet``, ``answers.jsonl``. Analysis reads these
+files."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Any
 RESULT_FILE = "result.json"
 OUTPUTS_FILE = "outputs.jsonl"
 STEPS_FILE = "steps.parquet"
+TRACES_FILE = "traces.parquet"
 ANSWERS_FILE = "answers.jsonl"
 STATUSES = ("ok", "failed", "interrupted")
 

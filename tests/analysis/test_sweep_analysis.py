@@ -23,6 +23,7 @@ EXPECTED_FIGURES = {
     "01_acceptance.ipynb": {"acceptance_vs_k", "per_position", "per_request_acceptance", "acceptance_by_task"},
     "02_latency.ipynb": {"latency_percentiles", "throughput_speedup", "dynamic_depth", "step_time_breakdown"},
     "03_graph_memory.ipynb": {"graph_memory"},
+    "04_load.ipynb": {"throughput_vs_load", "best_k_vs_batch", "verify_share_vs_batch", "pareto", "oracle_vs_static"},
 }
 
 

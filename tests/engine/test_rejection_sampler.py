@@ -98,3 +98,27 @@ def test_synthetic_mode_accepts_with_the_given_rate(rate):
     accepted = (out.num_sampled - 1).double()
     expected = sum(rate ** (i + 1) for i in range(k))  # E[accepted prefix] = sum_i rate^i
     assert abs(accepted.mean().item() - expected) < 0.05
+
+
+@pytest.mark.parametrize(("rates", "length"), [([0.9, 0.6, 0.6, 0.2], None), (None, 2.7), (None, 5.0), (None, 1.0)])
+def test_synthetic_mode_imposes_vllms_per_position_rates_and_lengths(rates, length):
+    """Position i is accepted (with all before it) with the unconditional rate r_i; a length L spreads as
+    vLLM's minimum-variance schedule, so the mean acceptance length is L."""
+    from specexp.engine.config import SpeculatorConfig
+
+    gen = torch.Generator().manual_seed(1)
+    trials, k, vocab = 20_000, 4, 5
+    spec = SpeculatorConfig(num_speculative_tokens=k, rejection="synthetic", synthetic_acceptance_rates=rates,
+                            synthetic_acceptance_length=length)
+    spec.validate(max_model_len=64)
+    sampler = RejectionSampler(temperature=0.0, top_k=0, top_p=1.0, mode="synthetic",
+                               synthetic_conditional_rates=spec.synthetic_conditional_rates(), generator=gen)
+    out = sampler(torch.randn(trials, k + 1, vocab), torch.randint(vocab, (trials, k)), torch.full((trials,), k),
+                  None, torch.ones(trials, dtype=torch.bool))
+    accepted = out.num_sampled - 1
+    unconditional = spec.synthetic_rates()
+    for i, r in enumerate(unconditional):
+        assert abs((accepted > i).double().mean().item() - r) < 0.015
+    if length is not None:
+        assert 1 + sum(unconditional) == pytest.approx(length)
+        assert abs(1 + accepted.double().mean().item() - length) < 0.03

@@ -1,0 +1,91 @@
+"""The oracle analysis of a run at maximum depth K: the acceptance it replays for a static k <= K is what a
+real run at that k measures (greedy, the same prompts), and the per-step oracle bounds every static depth."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+import torch
+
+from specexp.analysis.acceptance_replay import draft_matches, load_pair
+from specexp.analysis.oracle import (
+    fill_matches,
+    per_step_oracle,
+    replay_static_k,
+    request_matches,
+    static_k_table,
+    step_costs,
+)
+from specexp.backends.native import to_run_result
+from specexp.engine.config import EngineConfig, SamplingConfig, SpeculatorConfig
+from specexp.engine.runner import NativeEngine
+from specexp.models import load_model
+from specexp.pairs import resolve_model_dir
+from specexp.specs import WorkloadSpec
+from specexp.workloads import load_prompts
+
+K = 4
+MAX_NEW = 20
+
+
+@pytest.fixture(scope="module")
+def runs():
+    """The trained tiny_llama pair on 3 code prompts at every k = 0..K, four requests a step: k -> RunResult."""
+    target_dir, draft_dir = resolve_model_dir("tiny-llama"), resolve_model_dir("tiny-llama-draft")
+    target, draft = load_model(target_dir), load_model(draft_dir)
+    prompts = load_prompts(WorkloadSpec(name="code", num_prompts=3, input_len=32), target_dir / "tokenizer.json",
+                           target.config.vocab_size)
+    results = {}
+    for k in range(K + 1):
+        engine = NativeEngine(target, draft if k else None, EngineConfig(max_num_seqs=4, max_model_len=256),
+                              SpeculatorConfig(num_speculative_tokens=k),
+                              SamplingConfig(max_new_tokens=MAX_NEW, ignore_eos=True))
+        out = engine.generate([list(p.token_ids) for p in prompts])
+        results[k] = to_run_result(list(zip(prompts, out.requests, strict=True)), [out], k, None, torch.device("cpu"))
+    return results
+
+
+def _traces(result) -> pd.DataFrame:
+    return pd.DataFrame([vars(t) for t in result.traces])
+
+
+def _measured(result, k) -> tuple:
+    m = result.metrics
+    return m["num_drafts"], m["num_draft_tokens"], m["accepted_per_position"][:k]
+
+
+def test_static_k_replayed_from_the_deepest_run_equals_a_real_run_at_that_k(runs):
+    matches = request_matches(_traces(runs[K]))
+    table = static_k_table(matches, range(K + 1)).set_index("k")
+    assert table.loc[K, "exact"], "the run's own depth never reaches an unobserved position"
+    for k in range(K + 1):
+        row = table.loc[k]
+        if row["exact"]:  # reached only observed matches
+            assert (row["num_drafts"], row["num_draft_tokens"], row["accepted_per_position"]) == _measured(runs[k], k)
+    # one draft forward completes the unobserved positions: then every depth replays exactly
+    target, draft = load_pair("tiny-llama", "tiny-llama-draft")
+    outputs = {r.prompt_id: r for r in runs[K].requests}
+    filled = {pid: fill_matches(seen, draft_matches(target, draft, outputs[pid].prompt_token_ids,
+                                                    outputs[pid].output_token_ids, extra_tokens=0))
+              for pid, seen in matches.items()}
+    table = static_k_table(filled, range(K + 1)).set_index("k")
+    for k in range(K + 1):
+        row = table.loc[k]
+        assert row["exact"] and row["acceptance_length"] == pytest.approx(runs[k].metrics["acceptance_length"])
+        assert (row["num_drafts"], row["num_draft_tokens"], row["accepted_per_position"]) == _measured(runs[k], k)
+
+
+def test_a_request_of_one_token_needs_no_draft():
+    replay = replay_static_k([None], 4)
+    assert (replay.num_drafts, replay.num_row_steps, replay.num_unobserved) == (0, 0, 0)
+
+
+def test_per_step_oracle_bounds_every_static_depth(runs):
+    steps = {k: pd.DataFrame([vars(s) for s in runs[k].steps]) for k in (0, 2, K)}
+    oracle = per_step_oracle(_traces(runs[K]), step_costs(steps))
+    assert oracle.oracle_tokens_per_s >= max(oracle.static_tokens_per_s.values()) * (1 - 1e-12)
+    assert set(oracle.oracle_k) <= {0, 2, K} and len(oracle.oracle_k) == len(runs[K].steps)
+    # with every depth costing the same, deeper never emits less: the oracle and the best static are k = K
+    flat = per_step_oracle(_traces(runs[K]), {k: {b: 10.0 for b in range(1, 5)} for k in (0, 2, K)})
+    assert flat.best_static_k == K and flat.oracle_tokens_per_s == pytest.approx(flat.static_tokens_per_s[K])
+    assert flat.speedup(flat.static_tokens_per_s[0]) == 1.0
