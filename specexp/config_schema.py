@@ -222,6 +222,16 @@ TOP_LEVEL: dict[str, Any] = {
         "tpot_ms": Key("float", nullable=True, minimum=0, above_minimum=True, note="null = no objective"),
     },
     "isolate_sweep_jobs": Key("bool"),
+    "measure": {
+        "repeats": POSITIVE_INT,
+        "warmup_requests": Key("int", minimum=0, note="0 = no warm-up"),
+        "warmup_new_tokens": Key("int", nullable=True, minimum=1, note="null = sampling.max_new_tokens"),
+        "interleave": Key("bool"),
+        "busy_load_per_core": Key("float", minimum=0),
+        "max_relative_std": Key("float", minimum=0),
+        "bootstrap_resamples": POSITIVE_INT,
+        "bootstrap_seed": Key("int"),
+    },
     FREE_FORM_GROUP: FREE,
 }
 

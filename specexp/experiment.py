@@ -1,5 +1,6 @@
-"""Run lifecycle: resolved config -> validate -> RunSpec -> ``backend.run(spec)`` -> RunResult -> run record
-(result.json, outputs.jsonl, steps.parquet, traces.parquet, answers.jsonl) -> W&B -> summary table.
+"""Run lifecycle: resolved config -> validate -> RunSpec -> warm-up + repeats on one backend session
+(:mod:`specexp.measure`) -> run record (result.json, outputs.jsonl, steps.parquet, traces.parquet,
+answers.jsonl) -> W&B -> summary table.
 
 :func:`execute` is Hydra-free (a notebook can call it with a config from Hydra's compose API);
 :func:`hydra_task` is the Hydra entry point. In a sweep (``-m``) every job runs in a fresh spawned process
@@ -224,8 +225,12 @@ def _announce(spec) -> None:
         print(f"specexp: warning: {line}", file=sys.stderr, flush=True)
 
 
-def _finish_ok(record: dict, run_dir: Path, result, spec, started: float) -> None:
-    """Write outputs and the ok record (a write that fails makes the run ``failed``)."""
+def _finish_ok(record: dict, run_dir: Path, measured: dict, spec, started: float) -> None:
+    """Write outputs and the ok record (a write that fails makes the run ``failed``). ``measured``: what
+    :func:`specexp.measure.summary.summarize` made of the repeats, plus the first repeat's ``env``."""
+    from specexp.result import RunResult
+
+    result = RunResult(measured["requests"], measured["steps"], measured["metrics"], measured["env"])
     try:
         _write_outputs(run_dir, result, spec)
     except OSError as e:
@@ -234,6 +239,7 @@ def _finish_ok(record: dict, run_dir: Path, result, spec, started: float) -> Non
     else:
         record["metrics"] = result.metrics
         record["status"] = "ok"
+    record["measure"], record["repeats"] = measured["measure"], measured["repeats"]
     record["env"] = {**environment(spec.engine.device), **result.env}
     record["duration_s"] = time.time() - started
     records.write_result(run_dir, record)
@@ -251,7 +257,39 @@ def _write_record(record: dict, run_dir: Path, cfg: dict, started: float) -> Non
                   file=sys.stderr, flush=True)
 
 
-def execute(cfg: dict, ctx: RunContext) -> dict:
+def _sibling_pids(measurement) -> list[int]:
+    """Processes on this job's GPU that are other jobs of its sweep (they share this process's parent)."""
+    from specexp.measure.machine import parent_pid
+
+    readings = [measurement.machine.get("before"), *(r["machine"]["after"] for r in measurement.repeats)]
+    pids = {p["pid"] for reading in readings for p in ((reading or {}).get("gpu") or {}).get("processes") or []}
+    return sorted(pid for pid in pids if parent_pid(pid) == os.getppid())
+
+
+def measure_run(backend, spec, cfg: dict, progress, pace=None, order_note: str | None = None,
+                sweep_job: bool = False) -> dict:
+    """Warm-up and the repeats of ``spec`` on ``backend`` (:mod:`specexp.measure`), summarised for the record;
+    each noise warning is printed as one line."""
+    from specexp.measure.loop import measure
+    from specexp.measure.rounds import BACK_TO_BACK, INTERLEAVED
+    from specexp.measure.settings import MeasureSettings
+    from specexp.measure.summary import summarize
+
+    settings = MeasureSettings.from_config(cfg)
+    measurement = measure(backend, spec, settings, progress, pace)
+    order = INTERLEAVED if pace is not None else BACK_TO_BACK
+    note = order_note or ("the sweep's jobs ran their repeats in rounds" if pace is not None else
+                          "a sweep job run on its own: its repeats ran back to back" if sweep_job else
+                          "a single run: its repeats ran back to back")
+    measured = summarize(measurement, settings, order, note, os.getpid(),
+                         _sibling_pids(measurement) if pace is not None else ())
+    measured["env"] = measurement.results[0].env
+    for line in measured["metrics"]["noise"]["warnings"]:
+        print(f"specexp: warning: {line}", file=sys.stderr, flush=True)
+    return measured
+
+
+def execute(cfg: dict, ctx: RunContext, pace=None, order_note: str | None = None) -> dict:
     """Run one experiment from the resolved config ``cfg`` (a plain dict) into ``ctx.run_dir``.
 
     Always writes result.json (status ``ok``/``failed``/``interrupted``); outputs.jsonl, steps.parquet and
@@ -259,9 +297,11 @@ def execute(cfg: dict, ctx: RunContext) -> dict:
     SIGTERM: :class:`specexp.interrupts.RunInterrupted`) is recorded and then re-raised; one that arrives
     while a finished run's record is written waits until it is complete (the run stays ``ok``). Every other
     error is recorded and printed as one line on stderr. A directory that cannot be written is a ConfigError
-    raised before anything else (there is nowhere to record it).
+    raised before anything else (there is nowhere to record it). The backend's engine is built once, warmed
+    up and run ``measure.repeats`` times (:func:`measure_run`); ``pace`` and ``order_note`` come from a sweep
+    that measures its jobs' repeats in rounds (:mod:`specexp.sweep_rounds`), or say why it does not.
     """
-    from specexp.backends import get_backend, run_backend
+    from specexp.backends import get_backend
     from specexp.progress import console_progress
     from specexp.tracking.summary import format_summary
 
@@ -280,9 +320,9 @@ def execute(cfg: dict, ctx: RunContext) -> dict:
         log.info("starting backend %s: %s, k=%d, %d prompts", spec.backend, spec.pair.name,
                  spec.speculator.num_speculative_tokens, len(spec.prompts))
         with console_progress() as progress:
-            result = run_backend(backend, spec, progress)
+            measured = measure_run(backend, spec, cfg, progress, pace, order_note, ctx.sweep_dir is not None)
         with interrupts.deferred():
-            _finish_ok(record, run_dir, result, spec, started)
+            _finish_ok(record, run_dir, measured, spec, started)
             written = True
     except KeyboardInterrupt as e:
         interrupted = e
@@ -335,10 +375,14 @@ class SweepState:
     keep: set = dataclasses.field(default_factory=set)
     resuming: bool = False
     own_process: bool = False
+    rounds: object = None  # a specexp.sweep_rounds.RoundsCoordinator when the sweep measures in rounds
+    order_note: str | None = None  # else: why each job runs its repeats back to back
 
-    def reset(self, keep=(), resuming: bool = False, own_process: bool = False) -> None:
+    def reset(self, keep=(), resuming: bool = False, own_process: bool = False, rounds=None,
+              order_note: str | None = None) -> None:
         self.jobs.clear()
         self.keep, self.resuming, self.own_process = set(keep), resuming, own_process
+        self.rounds, self.order_note = rounds, order_note
 
 
 SWEEP = SweepState()
@@ -354,8 +398,9 @@ def _job_status(run_dir: Path) -> str:
 
 def run_sweep_job(plain: dict, ctx: RunContext) -> str:
     """One job of a sweep, in a fresh process unless ``isolate_sweep_jobs`` is false or this process is the
-    job's own (``SWEEP.own_process``); returns its status. A job a resume keeps is not run. An interruption
-    is recorded in :data:`SWEEP` and re-raised."""
+    job's own (``SWEEP.own_process``); returns its status (``pending`` for a job started to measure in rounds,
+    :mod:`specexp.sweep_rounds`). A job a resume keeps is not run. An interruption is recorded in
+    :data:`SWEEP` and re-raised."""
     from specexp.job_process import run_in_fresh_process
 
     if ctx.job_num in SWEEP.keep:
@@ -365,10 +410,12 @@ def run_sweep_job(plain: dict, ctx: RunContext) -> str:
     if SWEEP.resuming:
         records.archive_previous(ctx.run_dir)
     try:
-        if plain.get("isolate_sweep_jobs", True) and not SWEEP.own_process:
-            status = run_in_fresh_process(plain, ctx)
+        if plain.get("isolate_sweep_jobs", True) and not SWEEP.own_process and SWEEP.rounds is not None:
+            status = SWEEP.rounds.start(plain, ctx)  # "pending": it measures in the rounds after the launch
+        elif plain.get("isolate_sweep_jobs", True) and not SWEEP.own_process:
+            status = run_in_fresh_process(plain, ctx, SWEEP.order_note)
         else:
-            status = execute(plain, ctx)["status"]
+            status = execute(plain, ctx, order_note=SWEEP.order_note)["status"]
     except KeyboardInterrupt:
         SWEEP.jobs.append((ctx.job_num, str(ctx.run_dir), _job_status(ctx.run_dir)))
         raise

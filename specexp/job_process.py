@@ -25,7 +25,7 @@ from pathlib import Path
 from specexp import interrupts
 
 STOP_GRACE_S = 5.0
-_CHILD_CODE = ("import json, sys; sys.path[:] = json.loads(sys.argv[1]); "
+CHILD_CODE = ("import json, sys; sys.path[:] = json.loads(sys.argv[1]); "
                "from specexp.job_process import child_main; child_main()")
 _PR_SET_PDEATHSIG = 1
 
@@ -55,16 +55,16 @@ def stop_job(proc: subprocess.Popen, signum: int, grace_s: float = STOP_GRACE_S)
         proc.wait(timeout=5)
 
 
-def run_in_fresh_process(cfg: dict, ctx) -> str:
+def run_in_fresh_process(cfg: dict, ctx, order_note: str | None = None) -> str:
     """:func:`specexp.experiment.execute` of ``cfg`` in a new interpreter; returns the job's status as its
     result.json records it (written by the parent when the job could not). An interruption of the parent
     (:class:`specexp.interrupts.RunInterrupted`) stops the job (:func:`stop_job`), makes sure it is recorded,
-    and is re-raised."""
-    payload = json.dumps({"config": cfg, "context": ctx.to_dict()}, default=str)
+    and is re-raised. ``order_note``: why the job's repeats run back to back (kept in its record)."""
+    payload = json.dumps({"config": cfg, "context": ctx.to_dict(), "order_note": order_note}, default=str)
     proc = None
     try:
         with interrupts.signals_blocked():  # a signal arriving now is raised just after, with proc set
-            proc = subprocess.Popen([sys.executable, "-c", _CHILD_CODE, json.dumps(sys.path)],
+            proc = subprocess.Popen([sys.executable, "-c", CHILD_CODE, json.dumps(sys.path)],
                                     stdin=subprocess.PIPE, text=True, process_group=0)
         with contextlib.suppress(BrokenPipeError):
             proc.stdin.write(payload)
@@ -142,8 +142,8 @@ def _log_to(run_dir: Path) -> None:
 
 
 def child_main() -> None:
-    """Entry point of a job's process: read ``{"config", "context"}`` (JSON) from stdin, run, exit with the
-    run's status (:func:`specexp.experiment.exit_code`; 128 + the signal when interrupted)."""
+    """Entry point of a job's process: read ``{"config", "context"}`` (JSON; ``pace_fds`` for a sweep measuring
+    in rounds, ``order_note``) from stdin, run, exit with the run's status (:func:`specexp.experiment.exit_code`; 128 + the signal when interrupted)."""
     interrupts.install()
     _die_with_parent()
     import torch  # noqa: F401 - still blocked: an import a signal cuts short can crash the interpreter
@@ -159,7 +159,12 @@ def child_main() -> None:
         ctx = RunContext(**payload["context"])
         _log_to(ctx.run_dir)
         try:
-            record = execute(payload["config"], ctx)
+            pace = None
+            if payload.get("pace_fds"):  # a sweep measuring in rounds (specexp.sweep_rounds)
+                from specexp.sweep_rounds import ChildPace
+
+                pace = ChildPace(*payload["pace_fds"])
+            record = execute(payload["config"], ctx, pace=pace, order_note=payload.get("order_note"))
         except ConfigError as e:  # the run directory cannot be written: nowhere to record it
             print(f"specexp: error: {e}", file=sys.stderr, flush=True)
             sys.exit(EXIT_CONFIG)

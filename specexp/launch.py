@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +49,7 @@ class RunPlan:
     base_dir: Path
     resume_dir: Path | None = None
     keep: set = field(default_factory=set)
+    interleave: tuple[bool, str] = (False, "a single run: its repeats ran back to back")
 
 
 def _split(args: list[str]) -> tuple[bool, list[str]]:
@@ -160,6 +162,12 @@ def plan_run(argv: list[str]) -> RunPlan:
             plan.keep = resume.kept_jobs(resume_dir, [j.overrides for j in jobs])
         elif resume.job_status(resume_dir) == "ok":
             plan.keep = {0}
+    if multirun:
+        from specexp.measure.rounds import interleave_decision
+
+        launcher = first.hydra.get("launcher", {}).get("_target_")
+        plan.interleave = interleave_decision([j.config for j in jobs if j.num not in plan.keep],
+                                              str(launcher) if launcher else None)
     return plan
 
 
@@ -208,6 +216,7 @@ def _sweep_summary(plan: RunPlan, run_dir: Path, interrupted) -> int:
     if interrupted:
         line += f" (interrupted by {experiment.signal_name(interrupted.signum)})"
     print(line, flush=True)
+    _print_job_lines(plan, job_dirs, statuses)
     for num, status in statuses.items():
         if status not in ("ok", None):
             print(f"  job {num}: {status} (see {job_dirs[num] / 'result.json'})", flush=True)
@@ -216,6 +225,22 @@ def _sweep_summary(plan: RunPlan, run_dir: Path, interrupted) -> int:
     if interrupted:
         return interrupted.exit_status
     return experiment.EXIT_FAILED if not_ok or not_run else experiment.EXIT_OK
+
+
+def _print_job_lines(plan: RunPlan, job_dirs: dict, statuses: dict) -> None:
+    """Per finished job: its own overrides, acceptance with its interval, tokens/s mean ± std over repeats."""
+    from specexp.tracking import records
+    from specexp.tracking.summary import job_line
+
+    overrides = [job.overrides for job in plan.jobs]
+    for i, job in enumerate(plan.jobs):
+        if statuses.get(job.num) != "ok":
+            continue
+        try:
+            record = records.read_result(job_dirs[job.num])
+        except (OSError, ValueError):
+            continue
+        print(f"  job {job.num} ({_distinct(overrides, i)}): {job_line(record)}", flush=True)
 
 
 def _passthrough(args: list[str]) -> int:
@@ -232,6 +257,15 @@ def _passthrough(args: list[str]) -> int:
             args[i] = override
     _run_hydra("config", experiment.hydra_task, args)
     return 0
+
+
+def _rounds(plan: RunPlan):
+    """A :class:`specexp.sweep_rounds.RoundsCoordinator` when the sweep measures its repeats in rounds."""
+    if not plan.multirun or not plan.interleave[0]:
+        return None
+    from specexp.sweep_rounds import RoundsCoordinator
+
+    return RoundsCoordinator()
 
 
 def run_command(argv: list[str]) -> int:
@@ -258,8 +292,12 @@ def run_command(argv: list[str]) -> int:
             records.archive_previous(run_dir)
         key = "hydra.sweep.dir" if plan.multirun else "hydra.run.dir"
         args = [*_without_dir_overrides(plan.hydra_args), _dir_override(key, run_dir)]
-        experiment.SWEEP.reset(keep=plan.keep if plan.multirun else (), resuming=plan.resume_dir is not None)
+        rounds = _rounds(plan)
+        experiment.SWEEP.reset(keep=plan.keep if plan.multirun else (), resuming=plan.resume_dir is not None,
+                               rounds=rounds, order_note=None if rounds else plan.interleave[1])
         _run_hydra("config", experiment.hydra_task, args)
+        if rounds is not None:
+            rounds.run()
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else experiment.EXIT_FAILED
     except interrupts.RunInterrupted as e:
@@ -267,6 +305,9 @@ def run_command(argv: list[str]) -> int:
             raise  # nothing was created
         interrupted = e
     finally:
+        if experiment.SWEEP.rounds is not None:  # jobs still waiting for their rounds: stop and record them
+            with interrupts.deferred():
+                experiment.SWEEP.rounds.stop(interrupted.signum if interrupted else signal.SIGTERM)
         if run_dir is not None:
             with interrupts.deferred():
                 _ensure_records(plan, run_dir, interrupted)

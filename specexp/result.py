@@ -145,6 +145,8 @@ def run_metrics(
         "num_speculative_tokens": acceptance.num_speculative_tokens,
         **acceptance.metrics(),
         "acceptance_histogram_per_request": acceptance.histograms_per_request(),
+        "drafted_per_position_per_request": {rid: list(c.drafted_per_position)
+                                             for rid, c in acceptance.per_request.items()},
         "num_requests": len(requests),
         "num_prompt_tokens": sum(len(r.prompt_token_ids) for r in requests),
         "num_output_tokens": num_output_tokens,

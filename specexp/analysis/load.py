@@ -19,7 +19,14 @@ Columns of :func:`load_runs` (one row per run):
   stay dicts;
 - ``env.*``: where the run ran (``env.device``, ``env.gpu``, ``env.git_sha``, ...);
 - ``steps.*``: decode-step timings summarised from ``steps.parquet`` when it exists (see
-  :func:`decode_step_summary`); absent for runs loaded from W&B.
+  :func:`decode_step_summary`); absent for runs loaded from W&B. With several repeats,
+  ``steps.by_repeat.decode_verify_ms`` and ``steps.by_repeat.draft_ms_per_forward`` hold one value per repeat;
+- the measurement (docs/design.md §4, "Repeats and intervals"): ``num_repeats``, the intervals
+  ``intervals.<figure>.{mean,std,low,high,n}`` (over repeats) and ``intervals.acceptance.*`` (bootstrap over
+  requests), ``sample_counts.*``, ``noise.flags`` / ``noise.figures`` / ``noise.warnings`` (lists),
+  ``repeats.<figure>`` (the per-repeat values of :data:`REPEAT_FIGURES`, a list) and ``measurement.order``,
+  ``measurement.engine_builds``, ``measurement.warmup_requests``. A record written before repeats existed
+  reads as one repeat with no intervals.
 """
 
 from __future__ import annotations
@@ -40,8 +47,10 @@ STEPS_FILE = "steps.parquet"
 DEFAULT_RUNS_DIR = "experiments/runs"
 K_COLUMN = "speculator.num_speculative_tokens"
 # Metric values that are dicts keyed by data (request ids, graph sizes), kept whole instead of flattened.
-NESTED_METRICS = ("acceptance_histogram_per_request", "graph_capture_per_size", "by_category", "by_task",
-                  "adaptive_step_costs")
+NESTED_METRICS = ("acceptance_histogram_per_request", "drafted_per_position_per_request", "graph_capture_per_size",
+                  "by_category", "by_task", "adaptive_step_costs")
+# Per-repeat figures (result.json's ``repeats``) kept as one list per run: ``repeats.<figure>``.
+REPEAT_FIGURES = ("output_tokens_per_s", "tpot_ms.p50", "ttft_ms.p50", "e2e_ms.mean", "acceptance_length")
 STEP_PHASES = ("schedule_ms", "draft_ms", "verify_ms", "sample_ms")
 RECORD_COLUMNS = (
     "status", "error", "experiment", "run_dir", "started_at", "run_duration_s", "sweep_group", "job_num",
@@ -172,7 +181,44 @@ def decode_step_summary(steps: pd.DataFrame, k: int) -> dict:
         values = values[values > 0]
         per_forward = float(values.mean()) if len(values) else None
     summary["steps.draft_ms_per_forward"] = per_forward
+    if "repeat" in steps and steps["repeat"].nunique() > 1:
+        parts = [decode_step_summary(part.drop(columns="repeat"), k) for _, part in steps.groupby("repeat", sort=True)]
+        for name in ("decode_verify_ms", "draft_ms_per_forward"):
+            summary[f"steps.by_repeat.{name}"] = [part.get(f"steps.{name}") for part in parts]
     return summary
+
+
+def _with_acceptance_intervals(metrics: dict) -> dict:
+    """``metrics`` with ``intervals.acceptance`` computed from its per-request histograms where the record has
+    none (a record from before intervals existed): the same seeded bootstrap a run makes
+    (:func:`specexp.measure.intervals.bootstrap_acceptance`, seed 0), marked ``source: computed on load``."""
+    histograms = metrics.get("acceptance_histogram_per_request")
+    if (metrics.get("intervals") or {}).get("acceptance") or not isinstance(histograms, dict) or not histograms:
+        return metrics
+    from specexp.measure.intervals import bootstrap_acceptance
+
+    boot = {**bootstrap_acceptance(list(histograms.values())), "source": "computed on load"}
+    return {**metrics, "intervals": {**(metrics.get("intervals") or {}), "acceptance": boot}}
+
+
+def _figure(figures: dict, name: str):
+    node = figures
+    for part in name.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
+def measurement_columns(record: dict) -> dict:
+    """The per-repeat lists (``repeats.<figure>``) and how the run was measured (``measurement.*``)."""
+    repeats = record.get("repeats") or []
+    row = {f"repeats.{name}": [_figure(r.get("figures") or {}, name) for r in repeats] for name in REPEAT_FIGURES}
+    if not repeats:  # a record from before repeats: its one pass
+        metrics = record.get("metrics") or {}
+        row = {f"repeats.{name}": [_figure(metrics, name)] for name in REPEAT_FIGURES}
+    measure = record.get("measure") or {}
+    for key in ("order", "engine_builds", "warmup_requests"):
+        row[f"measurement.{key}"] = measure.get(key)
+    return row
 
 
 def _depth(value) -> int | None:
@@ -203,8 +249,10 @@ def record_row(record: dict, run_dir: Path | None = None, steps: pd.DataFrame | 
     row["k"] = _depth(row.get(K_COLUMN, metrics.get("num_speculative_tokens")))
     if row["k"] is None and row["status"] == "ok":
         raise ValueError(f"it says ok but records no {K_COLUMN}")
-    row.update(flatten(metrics, keep=NESTED_METRICS))
+    row.update(flatten(_with_acceptance_intervals(metrics), keep=NESTED_METRICS))
     row.update(flatten(record.get("env") or {}, "env."))
+    row.update(measurement_columns(record))
+    row.setdefault("num_repeats", len(record.get("repeats") or []) or 1)
     if steps is not None:
         row.update(decode_step_summary(steps, int(row["k"] or 0)))
     return row

@@ -39,12 +39,17 @@ def per_position(df: pd.DataFrame) -> pd.DataFrame:
     (0-based draft position i), ``accepted`` (drafts with positions 0..i all accepted), ``drafted``
     (drafts that proposed position i), ``num_drafts``, ``unconditional`` = accepted / num_drafts (sums over
     positions to acceptance_length - 1) and ``conditional`` = accepted[i] / accepted[i-1] (position 0:
-    / num_drafts; NaN when the denominator is 0). Runs with k = 0 or no drafts contribute no rows.
+    / num_drafts; NaN when the denominator is 0), and their 95% bootstrap intervals over requests
+    (``unconditional_low`` ... ``conditional_high``; NaN for records without them). Runs with k = 0 or no
+    drafts contribute no rows.
     """
     rows = []
     for _, run in _ok(df).iterrows():
         accepted, drafted = _list(run.get("accepted_per_position")), _list(run.get("drafted_per_position"))
         num_drafts = run.get("num_drafts") or 0
+        bounds = {f"{name}_{side}": _list(run.get(f"intervals.acceptance.{source}.{side}"))
+                  for name, source in (("unconditional", "per_position_acceptance"),
+                                       ("conditional", "conditional_acceptance")) for side in ("low", "high")}
         for i, n in enumerate(accepted):
             if not num_drafts:
                 break
@@ -53,9 +58,18 @@ def per_position(df: pd.DataFrame) -> pd.DataFrame:
                 **_ids(run), "position": i, "accepted": n, "drafted": drafted[i] if i < len(drafted) else None,
                 "num_drafts": num_drafts, "unconditional": n / num_drafts,
                 "conditional": n / previous if previous else math.nan,
+                **{column: _at(values, i) for column, values in bounds.items()},
             })
     return pd.DataFrame(rows, columns=[*RUN_ID_COLUMNS, "position", "accepted", "drafted", "num_drafts",
-                                       "unconditional", "conditional"])
+                                       "unconditional", "conditional", *PER_POSITION_BOUNDS])
+
+
+PER_POSITION_BOUNDS = ("unconditional_low", "unconditional_high", "conditional_low", "conditional_high")
+
+
+def _at(values: list, i: int) -> float:
+    value = values[i] if i < len(values) else None
+    return float(value) if value is not None else math.nan
 
 
 def per_request(df: pd.DataFrame) -> pd.DataFrame:
@@ -80,21 +94,56 @@ def per_request(df: pd.DataFrame) -> pd.DataFrame:
                                        "acceptance_length"])
 
 
+def _repeat_values(run, metric: str) -> list[float]:
+    """The run's per-repeat values of ``metric`` (``repeats.<metric>``; its one value for older records)."""
+    values = _list(run.get(f"repeats.{metric}"))
+    if not values and pd.notna(run.get(metric)):
+        values = [run.get(metric)]
+    return [float(v) for v in values if v is not None and pd.notna(v)]
+
+
+def _speedup_bounds(runs: pd.DataFrame, metric: str) -> tuple[list, list]:
+    """Per run, the 95% interval of its speedup from its repeats and its group's k=0 repeats (pooled over
+    the group's k=0 runs): :func:`specexp.measure.intervals.ratio_interval`. NaN for k=0 runs (the reference)
+    and where either side has fewer than two repeats."""
+    from specexp.measure.intervals import ratio_interval
+
+    baselines: dict = {}
+    for _, run in runs[runs["k"] == 0].iterrows():
+        baselines.setdefault(run[GROUP_KEY], []).extend(_repeat_values(run, metric))
+    low, high = [], []
+    for _, run in runs.iterrows():
+        base = baselines.get(run[GROUP_KEY], [])
+        bounds = ratio_interval(_repeat_values(run, metric), base) if run["k"] != 0 and base else {}
+        low.append(bounds.get("low") if bounds.get("low") is not None else math.nan)
+        high.append(bounds.get("high") if bounds.get("high") is not None else math.nan)
+    return low, high
+
+
 def speedup(df: pd.DataFrame, metric: str = "output_tokens_per_s") -> pd.DataFrame:
     """Finished runs with ``baseline_<metric>`` and ``speedup`` = metric ÷ the same metric of the k=0 run
     of the same comparison group (same sweep group, pair, workload, backend, engine and sampling; see
     :mod:`specexp.analysis.groups`). ``speedup`` is NaN for a group without a k=0 run; a k=0 run's
-    speedup is exactly 1.0. With several k=0 runs in a group their mean is the baseline."""
+    speedup is exactly 1.0. With several k=0 runs in a group their mean is the baseline.
+
+    ``speedup_low`` / ``speedup_high``: its 95% interval from the repeats of both points (delta method on the
+    log ratio, :func:`specexp.measure.intervals.ratio_interval`); NaN at k=0 and with a single repeat on
+    either side. ``speedup_repeats``: the repeats at this point; ``baseline_repeats``: at k=0."""
     runs = _ok(df).copy()
     if runs.empty:
-        runs[f"baseline_{metric}"] = pd.Series(dtype=float)
-        runs["speedup"] = pd.Series(dtype=float)
+        for column in (f"baseline_{metric}", "speedup", "speedup_low", "speedup_high"):
+            runs[column] = pd.Series(dtype=float)
         return runs
     values = pd.to_numeric(runs[metric], errors="coerce") if metric in runs else pd.Series(math.nan, index=runs.index)
     baseline = values[runs["k"] == 0].groupby(runs[GROUP_KEY]).mean()
     runs[f"baseline_{metric}"] = runs[GROUP_KEY].map(baseline).astype(float)
     runs["speedup"] = values / runs[f"baseline_{metric}"]
     runs.loc[(runs["k"] == 0) & values.notna(), "speedup"] = 1.0
+    runs["speedup_low"], runs["speedup_high"] = _speedup_bounds(runs, metric)
+    runs["speedup_repeats"] = [len(_repeat_values(run, metric)) for _, run in runs.iterrows()]
+    base_counts = {key: sum(len(_repeat_values(run, metric)) for _, run in group.iterrows())
+                   for key, group in runs[runs["k"] == 0].groupby(GROUP_KEY)}
+    runs["baseline_repeats"] = runs[GROUP_KEY].map(base_counts)
     return runs.reset_index(drop=True)
 
 

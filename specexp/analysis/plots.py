@@ -45,6 +45,23 @@ PERCENTILE_STYLES = {"p50": "-", "p90": "--", "p99": ":"}
 PHASE_COLORS = {"schedule": "#9e9e9e", "draft": "#ff7f0e", "verify": "#1f77b4", "sample": "#2ca02c"}
 
 
+def _errors(group: pd.DataFrame, value: str, low: str, high: str) -> np.ndarray | None:
+    """matplotlib ``yerr`` ([2, n]: below, above) of ``value`` from interval columns (0 where unknown);
+    ``None`` when no run of ``group`` has an interval."""
+    y, lo, hi = _column(group, value), _column(group, low), _column(group, high)
+    if lo.isna().all() or hi.isna().all():
+        return None
+    return np.vstack([(y - lo).clip(lower=0).fillna(0.0).to_numpy(), (hi - y).clip(lower=0).fillna(0.0).to_numpy()])
+
+
+def _counts(values) -> str:
+    """``8`` or ``4-8``: the distinct sample counts of a column, for a legend."""
+    present = sorted({int(v) for v in values if pd.notna(v)})
+    if not present:
+        return "?"
+    return str(present[0]) if len(present) == 1 else f"{present[0]}-{present[-1]}"
+
+
 def _group_axes(runs: pd.DataFrame, panels: int, width: float, height: float):
     """Small multiples for one-line-per-group figures: the groups of ``runs`` in chunks of at most
     :data:`MAX_GROUPS_PER_AXES`, one row of ``panels`` axes per chunk. Returns (fig, [(chunk, axes)])."""
@@ -54,8 +71,9 @@ def _group_axes(runs: pd.DataFrame, panels: int, width: float, height: float):
 
 
 def acceptance_vs_k(df: pd.DataFrame) -> Figure:
-    """Measured acceptance length (tokens per verification, bonus included) vs k, one line per group,
-    with Leviathan's (1-α^(k+1))/(1-α) at the group's fitted α dashed and the k+1 ceiling dotted."""
+    """Measured acceptance length (tokens per verification, bonus included) vs k, one line per group, with
+    error bars (95% bootstrap over requests; the legend gives the requests and α's interval), Leviathan's
+    (1-α^(k+1))/(1-α) at the group's fitted α dashed and the k+1 ceiling dotted."""
     runs = _ok(df)
     if runs.empty:
         return note("Acceptance length vs k", "no finished runs")
@@ -67,10 +85,18 @@ def acceptance_vs_k(df: pd.DataFrame) -> Figure:
     ks = sorted(int(k) for k in runs["k"].dropna().unique())
     for part, (ax,) in rows:
         colors = {}
-        for color, (label, key, group) in zip(group_colors(range(len(part))).values(), part):
+        for g, (color, (label, key, group)) in enumerate(zip(group_colors(range(len(part))).values(), part)):
             alpha = alphas.get(key, math.nan)
-            colors[f"{label} (α={alpha:.2f})" if pd.notna(alpha) else f"{label} (α: no drafts)"] = color
-            ax.plot(group["k"], _column(group, "acceptance_length"), "o-", color=color)
+            fit = fits[fits[GROUP_KEY] == key].iloc[0]
+            dodge = (g - (len(part) - 1) / 2) * 0.07  # side by side, so the error bars of the groups stay apart
+            spread = (f" [{fit['alpha_low']:.2f}, {fit['alpha_high']:.2f}]" if pd.notna(fit.get("alpha_low"))
+                      else "")
+            n = f", n={_counts(_column(group, 'num_requests'))} req."
+            colors[f"{label} (α={alpha:.2f}{spread}{n})" if pd.notna(alpha) else f"{label} (α: no drafts)"] = color
+            errors = _errors(group, "acceptance_length", "intervals.acceptance.acceptance_length.low",
+                             "intervals.acceptance.acceptance_length.high")
+            ax.errorbar(group["k"] + dodge, _column(group, "acceptance_length"), yerr=errors, fmt="o-", color=color,
+                        capsize=2, ms=4, elinewidth=1)
             theory = curve[curve[GROUP_KEY] == key]
             ax.plot(theory["k"], theory["theory_acceptance_length"], "--", color=color, alpha=0.7)
         ax.plot(range(k_max + 1), [k + 1 for k in range(k_max + 1)], ":", color="grey", lw=1)
@@ -78,13 +104,14 @@ def acceptance_vs_k(df: pd.DataFrame) -> Figure:
         ax.set_ylabel("acceptance length (tokens / verify)")
         ax.grid(alpha=0.3)
         legend(ax, colors, {"measured": "-", "theory (1-α^(k+1))/(1-α)": "--", "k+1 (all accepted)": ":"})
-    title(fig, "Acceptance length vs depth", runs)
+    title(fig, "Acceptance length vs depth (error bars: 95% bootstrap over requests)", runs)
     return fig
 
 
 def per_position_curves(df: pd.DataFrame) -> Figure:
     """Per group, unconditional (all of positions 1..i accepted) and conditional (i accepted given 1..i-1)
-    acceptance vs draft position, one line per k; the conditional panel shows the fitted α."""
+    acceptance vs draft position, one line per k with its 95% bootstrap band over requests (records that
+    have one); the conditional panel shows the fitted α."""
     runs = _ok(df)
     table = per_position(runs)
     if table.empty:
@@ -102,8 +129,12 @@ def per_position_curves(df: pd.DataFrame) -> Figure:
                 "unconditional", unconditional, "P(positions 1..i accepted)"),
                 ("conditional", conditional, "P(i accepted | 1..i-1 accepted)")):
             for k, run in rows.groupby("k"):
-                run = run.groupby("position", as_index=False)[column].mean()
-                ax.plot(run["position"] + 1, run[column], "o-", ms=3, color=k_color(int(k), k_max))
+                run = run.groupby("position", as_index=False)[[column, f"{column}_low", f"{column}_high"]].mean()
+                color = k_color(int(k), k_max)
+                ax.plot(run["position"] + 1, run[column], "o-", ms=3, color=color)
+                if run[f"{column}_low"].notna().any():  # the 95% bootstrap band over requests
+                    ax.fill_between(run["position"] + 1, run[f"{column}_low"], run[f"{column}_high"], color=color,
+                                    alpha=0.15, lw=0)
             ax.set_ylim(0, 1.05)
             ax.set_xticks(range(1, int(rows["position"].max()) + 2))
             ax.set_xlabel("draft position i")
@@ -116,7 +147,7 @@ def per_position_curves(df: pd.DataFrame) -> Figure:
             conditional.legend(handles=[Line2D([], [], color="grey", ls="--", label=f"fitted α = {alpha:.2f}")],
                                fontsize=7)
         k_key(fig, unconditional, rows["k"], k_max)
-    title(fig, "Per-position acceptance", runs)
+    title(fig, "Per-position acceptance (bands: 95% bootstrap over requests)", runs)
     return fig
 
 
@@ -181,9 +212,10 @@ def latency_percentiles(df: pd.DataFrame) -> Figure:
 
 
 def throughput_speedup(df: pd.DataFrame) -> Figure:
-    """Output tokens/s vs k, and speedup over k=0 vs k with Leviathan's predicted speedup (dashed) and
-    the prediction with the measured verify-cost growth (dotted) for the groups with a k=0 run; without any
-    k=0 run, tokens/s alone."""
+    """Output tokens/s vs k (mean over repeats, error bars: its 95% t interval; runs flagged noisy circled in
+    red), and speedup over k=0 vs k (error bars: 95% from the repeats of both points) with Leviathan's
+    predicted speedup (dashed) and the prediction with the measured verify-cost growth (dotted) for the groups
+    with a k=0 run; without any k=0 run, tokens/s alone."""
     runs = _ok(df)
     if runs.empty:
         return note("Throughput and speedup", "no finished runs")
@@ -195,24 +227,48 @@ def throughput_speedup(df: pd.DataFrame) -> Figure:
     for part, axes in rows:
         colors = group_colors([label for label, _, _ in part])
         for label, key, group in part:
-            axes[0].plot(group["k"], _column(group, "output_tokens_per_s"), "o-", color=colors[label])
+            axes[0].errorbar(group["k"], _column(group, "output_tokens_per_s"), capsize=3, fmt="o-",
+                             yerr=_errors(group, "output_tokens_per_s", "intervals.output_tokens_per_s.low",
+                                          "intervals.output_tokens_per_s.high"), color=colors[label])
+            noisy = group[_noisy_flags(group)]
+            axes[0].scatter(noisy["k"], _column(noisy, "output_tokens_per_s"), s=90, facecolors="none",
+                            edgecolors="red", zorder=4)
             if group["speedup"].notna().any():  # theory only where there is a measured speedup to compare
-                axes[1].plot(group["k"], group["speedup"], "o-", color=colors[label])
+                axes[1].errorbar(group["k"], group["speedup"], yerr=_errors(group, "speedup", "speedup_low",
+                                                                            "speedup_high"),
+                                 fmt="o-", capsize=3, color=colors[label])
                 theory = curve[curve[GROUP_KEY] == key]
                 axes[1].plot(theory["k"], theory["theory_speedup"], "--", color=colors[label], alpha=0.7)
                 axes[1].plot(group["k"], group["theory_speedup_verify_cost"], ":", color=colors[label], alpha=0.9)
-        axes[0].set_ylabel("output tokens / s")
+        axes[0].set_ylabel(f"output tokens / s (mean of n={_counts(_column(table, 'num_repeats'))} repeats)")
         for ax in axes:
             k_axis(ax, runs["k"])
             ax.grid(alpha=0.3)
-        legend(axes[0], colors)
+        handles = [Line2D([], [], color=color, marker="o", label=label) for label, color in colors.items()]
+        if _noisy_flags(table).any():
+            handles.append(Line2D([], [], ls="", marker="o", ms=9, mfc="none", mec="red", label="flagged noisy"))
+        axes[0].legend(handles=handles[:10], fontsize=7)
         if has_baseline:
             axes[1].set_ylabel("speedup over k=0 (×)")
             axes[1].axhline(1.0, color="grey", lw=0.8)
             legend(axes[1], {}, {"measured": "-", "Leviathan (verify = 1 target step)": "--",
                                  "with measured verify cost": ":"})
-    title(fig, "Throughput and speedup vs depth" if has_baseline else "Throughput (no k=0 run: no speedup)", runs)
+    what = "Throughput and speedup vs depth" if has_baseline else "Throughput (no k=0 run: no speedup)"
+    title(fig, f"{what} (error bars: 95% over repeats)", runs)
     return fig
+
+
+def _noisy_flags(runs: pd.DataFrame) -> pd.Series:
+    """Per run, whether its record marks its throughput noisy."""
+    from specexp.measure.guards import is_marked
+
+    if "noise.figures" not in runs:
+        return pd.Series(False, index=runs.index)
+    return runs["noise.figures"].map(lambda m: is_marked({"figures": _figure_list(m)}, "output_tokens_per_s"))
+
+
+def _figure_list(value) -> list:
+    return list(value) if isinstance(value, (list, tuple)) or hasattr(value, "tolist") else []
 
 
 def step_time_breakdown(df: pd.DataFrame) -> Figure:
@@ -241,6 +297,7 @@ def step_time_breakdown(df: pd.DataFrame) -> Figure:
     return fig
 
 
+ACCEPTANCE_FIGURES = ("acceptance_vs_k", "per_position", "per_request_acceptance")  # no timing in them
 FIGURES = {
     "acceptance_vs_k": acceptance_vs_k,
     "per_position": per_position_curves,

@@ -51,6 +51,7 @@ examples:
   python -m specexp report experiments/runs/depth_sweep_20261201-120000
   python -m specexp report experiments/runs --out /tmp/all-runs
   python -m specexp report 'experiments/runs/backend_compare_*' experiments/runs/quickstart_20261201-120000 --out /tmp/cmp
+  python -m specexp report experiments/runs/depth_sweep_20261201-120000 --acceptance-only
 """
 
 
@@ -112,12 +113,13 @@ def write_figures(report: Report, out: Path) -> None:
     import matplotlib.pyplot as plt
 
     from specexp.analysis import tasks
-    from specexp.analysis.plots import FIGURES
+    from specexp.analysis.plots import ACCEPTANCE_FIGURES, FIGURES
 
     from specexp.analysis import depth
 
-    figures = dict(FIGURES)
-    if depth.has_dynamic_runs(report.runs):  # +exp=dynamic_depth: the modes against the best static k
+    figures = {name: make for name, make in FIGURES.items()
+               if not report.acceptance_only or name in ACCEPTANCE_FIGURES}
+    if depth.has_dynamic_runs(report.runs) and not report.acceptance_only:  # the modes against the best static k
         figures["dynamic_depth"] = depth.dynamic_depth_figure
     level = tasks.report_level(report.runs)
     if level is not None:  # runs with per-task (or several categories') results: Spec-Bench's layout
@@ -148,14 +150,17 @@ def render_markdown(report: Report, out: Path) -> str:
     return "\n\n".join(parts) + "\n"
 
 
-def write_report(sources: str | Path | list[str | Path], out: str | Path | None = None) -> Path:
+def write_report(sources: str | Path | list[str | Path], out: str | Path | None = None,
+                 acceptance_only: bool = False) -> Path:
     """Load the runs of ``sources`` (a path, a glob or a list of them) and write the figures, report.md
     and summary.csv into ``out`` (default :func:`default_out`). Returns the report.md path. Raises
-    :class:`ReportInputError` for paths that cannot be reported on."""
-    return make_report(sources, out)[0]
+    :class:`ReportInputError` for paths that cannot be reported on. ``acceptance_only``: leave out every
+    timing figure, table column and section (for records whose timings are not fit to quote)."""
+    return make_report(sources, out, acceptance_only)[0]
 
 
-def make_report(sources: str | Path | list[str | Path], out: str | Path | None = None) -> tuple[Path, Report]:
+def make_report(sources: str | Path | list[str | Path], out: str | Path | None = None,
+                acceptance_only: bool = False) -> tuple[Path, Report]:
     """:func:`write_report`, returning (report.md path, the :class:`Report` it was made from)."""
     sources = [sources] if isinstance(sources, (str, Path)) else list(sources)
     if not sources:
@@ -170,9 +175,9 @@ def make_report(sources: str | Path | list[str | Path], out: str | Path | None =
     except OSError as e:
         raise ReportInputError(f"cannot write the report into {out}: {e.strerror or e}") from e
     report = Report(runs=runs, table=pd.DataFrame(), fits=pd.DataFrame(), groups=group_table(runs),
-                    sources=[str(s) for s in sources], skipped=skipped)
+                    sources=[str(s) for s in sources], skipped=skipped, acceptance_only=acceptance_only)
     try:
-        report.table = summary_table(runs)
+        report.table = summary_table(runs, acceptance_only)
         report.fits = fit_theory(runs)
     except Exception as error:  # noqa: BLE001 - the tables' sections then say nothing; figures still drawn
         _record_failure(report, out, "summary tables", error)
@@ -181,6 +186,13 @@ def make_report(sources: str | Path | list[str | Path], out: str | Path | None =
     path = out / REPORT_FILE
     path.write_text(render_markdown(report, out))
     return path, report
+
+
+def _noisy_runs(report: Report) -> int:
+    """How many loaded runs carry a noise flag in their record."""
+    if "noise.flags" not in report.runs:
+        return 0
+    return int(sum(bool(list(f)) for f in report.runs["noise.flags"] if isinstance(f, (list, tuple)) or hasattr(f, "tolist")))
 
 
 class OneLineErrorParser(argparse.ArgumentParser):
@@ -203,11 +215,14 @@ def main(argv: str | list[str] | None = None) -> int:
                              "(symlinks followed)")
     parser.add_argument("--out", default=None, metavar="DIR",
                         help="where to write the report (default: the one PATH given; needed for several)")
+    parser.add_argument("--acceptance-only", action="store_true",
+                        help="leave out every timing figure (tokens/s, latency, speedup, c): for runs measured "
+                             "without repeats or on a machine that was not idle")
     args = parser.parse_args(argv)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            path, report = make_report(args.paths, args.out)
+            path, report = make_report(args.paths, args.out, args.acceptance_only)
         except ReportInputError as e:
             print(f"specexp: error: {e}", file=sys.stderr)
             return 2
@@ -222,6 +237,10 @@ def main(argv: str | list[str] | None = None) -> int:
             if w.category is UserWarning and "specexp" in Path(w.filename).parts and str(w.message).strip()]
     for message in dict.fromkeys(ours):
         print(f"specexp: warning: {message}", file=sys.stderr)
+    noisy = _noisy_runs(report)
+    if noisy and not report.acceptance_only:
+        print(f"specexp: warning: {noisy} of {len(report.runs)} runs flagged their timings noisy when measured"
+              f" (marked † in {path.name}; why: its section Noise)", file=sys.stderr)
     for run_dir, reason in report.skipped:
         print(f"specexp: skipped {run_dir}: {reason}", file=sys.stderr)
     for what, reason in report.failures:

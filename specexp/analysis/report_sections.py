@@ -20,17 +20,44 @@ SPEEDUP_NOTE = (
     "Speedup = output tokens/s ÷ the k=0 run of the same group. Theory: Leviathan et al. with α fitted to the "
     "per-position counts and c = draft forward ÷ target decode step (see `specexp.analysis.theory`)."
 )
+INTERVALS_NOTE = (
+    "Intervals are 95%: acceptance [low, high] from a seeded bootstrap over the run's requests (the resampling "
+    "unit); tokens/s and latencies mean ± std over the repeats (n = repeats) with Student's t interval; speedup "
+    "[low, high] from the repeats of both points (delta method). A figure marked † was flagged noisy when it was "
+    "measured (busy machine, repeats that disagree, a shared GPU; see \"Noise\")."
+)
+ACCEPTANCE_INTERVALS_NOTE = (
+    "Acceptance intervals [low, high] are 95%, from a seeded bootstrap over each run's requests (the resampling "
+    "unit); α's over the prompts of its group."
+)
+ACCEPTANCE_ONLY_NOTE = (
+    "Acceptance only: this report leaves out every timing figure (tokens/s, latencies, speedup, c), because "
+    "they were measured without repeats or on a machine that was not idle. Acceptance under greedy decoding "
+    "does not depend on timing."
+)
+NOISY_MARK = "†"
 SUMMARY_COLUMNS = {
     "group": "group",
     "k": "k",
-    "acceptance_length": "acceptance length",
+    "acceptance_length": "acceptance length [95%]",
     "theory_acceptance_length": "theory AL",
     "per_position": "per-position acceptance",
-    "output_tokens_per_s": "tokens/s",
-    "speedup": "speedup",
+    "output_tokens_per_s": "tokens/s (mean ± std, n)",
+    "speedup": "speedup [95%]",
     "theory_speedup": "theory speedup",
     "tpot_ms.p50": "TPOT p50 (ms)",
     "graph_memory_mib": "graph memory (MiB)",
+}
+TIMING_COLUMNS = ("output_tokens_per_s", "speedup", "theory_speedup", "tpot_ms.p50")
+# Columns summary_table carries besides the shown ones (they are in summary.csv), to format the cells.
+INTERVAL_COLUMNS = {
+    "acceptance_low": "intervals.acceptance.acceptance_length.low",
+    "acceptance_high": "intervals.acceptance.acceptance_length.high",
+    "num_requests": "num_requests",
+    "output_tokens_per_s_std": "intervals.output_tokens_per_s.std",
+    "output_tokens_per_s_low": "intervals.output_tokens_per_s.low",
+    "output_tokens_per_s_high": "intervals.output_tokens_per_s.high",
+    "num_repeats": "num_repeats",
 }
 
 
@@ -39,8 +66,8 @@ class Report:
     """What the sections read: ``runs`` (every loaded run, with group columns), ``table``
     (:func:`summary_table`), ``fits`` (:func:`specexp.analysis.theory.fit_theory`), ``groups``
     (:func:`specexp.analysis.groups.group_table`), ``sources`` (the paths given), ``skipped`` ((run_dir,
-    reason) of unusable records), ``figures`` (name -> PNG path) and ``failures`` ((what, one-line reason)
-    of figures or sections that could not be made)."""
+    reason) of unusable records), ``figures`` (name -> PNG path), ``failures`` ((what, one-line reason)
+    of figures or sections that could not be made) and ``acceptance_only`` (no timing figures)."""
 
     runs: pd.DataFrame
     table: pd.DataFrame
@@ -50,6 +77,7 @@ class Report:
     skipped: list[tuple[str, str]] = field(default_factory=list)
     figures: dict[str, Path] = field(default_factory=dict)
     failures: list[tuple[str, str]] = field(default_factory=list)
+    acceptance_only: bool = False  # leave out every timing figure (report --acceptance-only)
 
 
 def fmt(value, digits: int = 2) -> str:
@@ -79,57 +107,111 @@ def _positions(values) -> str:
     return " ".join(fmt(v) for v in values)
 
 
-def summary_table(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per finished run with the columns of :data:`SUMMARY_COLUMNS` (numbers, unformatted),
-    sorted by group (in first-appearance order) and k."""
+def _noisy(runs: pd.DataFrame, figure: str) -> list[bool]:
+    """Per run, whether its record marks ``figure`` noisy (:func:`specexp.measure.guards.is_marked`)."""
+    from specexp.measure.guards import is_marked
+
+    marked = runs["noise.figures"] if "noise.figures" in runs else pd.Series([None] * len(runs), index=runs.index)
+    return [is_marked({"figures": list(m) if isinstance(m, (list, tuple)) or hasattr(m, "tolist") else []}, figure)
+            for m in marked]
+
+
+def summary_table(df: pd.DataFrame, acceptance_only: bool = False) -> pd.DataFrame:
+    """One row per finished run with the columns of :data:`SUMMARY_COLUMNS` (numbers, unformatted) and
+    those of :data:`INTERVAL_COLUMNS` plus ``speedup_low``/``speedup_high`` and ``noisy`` (the record marks its
+    throughput noisy), sorted by group (in first-appearance order) and k. ``acceptance_only``: no timing
+    columns."""
     runs = with_theory(df)
+    shown = [c for c in SUMMARY_COLUMNS if not (acceptance_only and c in TIMING_COLUMNS)]
     if runs.empty:
-        return pd.DataFrame(columns=list(SUMMARY_COLUMNS))
+        return pd.DataFrame(columns=shown)
     runs["per_position"] = runs.get("per_position_acceptance")
     runs["graph_memory_mib"] = _column(runs, "graph_capture_bytes") / MIB
+    for name, source in INTERVAL_COLUMNS.items():
+        runs[name] = _column(runs, source)
+    runs["noisy"] = _noisy(runs, "output_tokens_per_s")
     order = {key: i for i, key in enumerate(dict.fromkeys(runs[GROUP_KEY]))}
     runs = runs.assign(_order=runs[GROUP_KEY].map(order)).sort_values(["_order", "k"], kind="stable")
-    return runs[[c for c in SUMMARY_COLUMNS if c in runs]].reset_index(drop=True)
+    extra = [*INTERVAL_COLUMNS, "speedup_low", "speedup_high", "noisy"]
+    if acceptance_only:
+        extra = ["acceptance_low", "acceptance_high", "num_requests"]
+    return runs[[c for c in [*shown, *extra] if c in runs]].reset_index(drop=True)
+
+
+def bounds(low, high, digits: int = 2) -> str:
+    """``[low, high]``, or "" when the interval is unknown."""
+    if low is None or high is None or any(isinstance(v, float) and math.isnan(v) for v in (low, high)):
+        return ""
+    return f" [{low:.{digits}f}, {high:.{digits}f}]"
+
+
+def spread(mean, std, n, digits: int = 1) -> str:
+    """``188.7 ± 3.2 (n=3)``; ``188.7 (n=1)`` without a spread."""
+    if mean is None or (isinstance(mean, float) and math.isnan(mean)):
+        return "–"
+    count = "" if n is None or (isinstance(n, float) and math.isnan(n)) else f" (n={int(n)})"
+    if std is None or (isinstance(std, float) and math.isnan(std)):
+        return f"{mean:.{digits}f}{count}"
+    return f"{mean:.{digits}f} ± {std:.{digits}f}{count}"
+
+
+def table_cell(row, column: str) -> str:
+    """One :func:`summary_table` cell with its interval (acceptance, speedup), spread (tokens/s) and mark."""
+    value = row[column]
+    if column == "per_position":
+        return _positions(value)
+    if column == "k":
+        return str(int(value))
+    if column == "acceptance_length":
+        return fmt(value) + bounds(row.get("acceptance_low"), row.get("acceptance_high"))
+    mark = NOISY_MARK if column in TIMING_COLUMNS and bool(row.get("noisy")) else ""
+    if column == "output_tokens_per_s":
+        return spread(value, row.get("output_tokens_per_s_std"), row.get("num_repeats")) + mark
+    if column == "speedup":
+        return fmt(value) + bounds(row.get("speedup_low"), row.get("speedup_high")) + mark
+    return fmt(value) + mark
 
 
 def summary_markdown(table: pd.DataFrame) -> str:
-    """:func:`summary_table` as markdown ("–" for values not measured, e.g. graph memory on CPU)."""
-    rows = []
-    for _, row in table.iterrows():
-        cells = []
-        for column in table.columns:
-            value = row[column]
-            if column == "per_position":
-                cells.append(_positions(value))
-            elif column == "output_tokens_per_s":
-                cells.append(fmt(value, 1))
-            elif column == "k":
-                cells.append(str(int(value)))
-            else:
-                cells.append(fmt(value))
-        rows.append(cells)
-    return markdown_table(rows, [SUMMARY_COLUMNS[c] for c in table.columns])
+    """:func:`summary_table` as markdown ("–" for values not measured, e.g. graph memory on CPU); the
+    interval columns go into the shown cells."""
+    shown = [c for c in table.columns if c in SUMMARY_COLUMNS]
+    rows = [[table_cell(row, column) for column in shown] for _, row in table.iterrows()]
+    return markdown_table(rows, [SUMMARY_COLUMNS[c] for c in shown])
 
 
 def pivot_markdown(table: pd.DataFrame, value: str, digits: int = 2) -> str | None:
-    """``value`` of :func:`summary_table` as a group × k markdown table (groups in order, k ascending);
-    ``None`` when no run has the value."""
+    """``value`` of :func:`summary_table` as a group × k markdown table (groups in order, k ascending), each
+    cell with its interval where the table has one (:func:`table_cell`); ``None`` when no run has the value."""
     if value not in table or table[value].isna().all():
         return None
-    wide = table.pivot_table(index="group", columns="k", values=value, aggfunc="first", sort=False, dropna=False)
+    cells = table.assign(_cell=[table_cell(row, value) if pd.notna(row[value]) else "–" for _, row in table.iterrows()])
+    wide = cells.pivot_table(index="group", columns="k", values="_cell", aggfunc="first", sort=False, dropna=False)
     wide = wide[sorted(wide.columns)]
-    rows = [[str(group), *(fmt(float(v), digits) for v in wide.loc[group])] for group in wide.index]
+    rows = [[str(group), *(v if isinstance(v, str) else "–" for v in wide.loc[group])] for group in wide.index]
     return markdown_table(rows, ["group", *(f"k={int(k)}" for k in wide.columns)])
 
 
-def theory_markdown(fits: pd.DataFrame) -> str:
-    """The fitted α and c per group, with the best k by theory and as measured."""
-    rows = [[str(f["group"]), fmt(f["alpha"], 3), str(f["alpha_trials"]), fmt(f["c"], 3),
+def theory_markdown(fits: pd.DataFrame, acceptance_only: bool = False) -> str:
+    """The fitted α (bootstrap interval over requests) and c (interval over repeats) per group, with the best
+    k by theory (and its range over the intervals) and as measured (and whether the next-best k is inside its
+    interval). ``acceptance_only``: α alone."""
+    from specexp.analysis.theory_intervals import best_k_claim
+
+    def alpha(f) -> str:
+        note = " (approx.)" if f.get("alpha_interval") == "approximate" else ""
+        return fmt(f["alpha"], 3) + bounds(f.get("alpha_low"), f.get("alpha_high"), 3) + note
+
+    if acceptance_only:
+        rows = [[str(f["group"]), alpha(f), str(f["alpha_trials"]), fmt(f.get("alpha_requests"))]
+                for _, f in fits.iterrows()]
+        return markdown_table(rows, ["group", "α [95%]", "trials", "requests"])
+    rows = [[str(f["group"]), alpha(f), str(f["alpha_trials"]), fmt(f["c"], 3) + bounds(f.get("c_low"), f.get("c_high"), 3),
              fmt(f["target_step_ms"]), fmt(f["draft_forward_ms"]), fmt(f["best_k_theory"]),
-             fmt(f["best_speedup_theory"]), fmt(f["best_k_measured"]), fmt(f["best_speedup_measured"])]
+             str(f.get("best_k_theory_range", "–")), fmt(f["best_speedup_theory"]), best_k_claim(f)]
             for _, f in fits.iterrows()]
-    header = ["group", "α", "trials", "c", "target step (ms)", "draft forward (ms)", "best k (theory)",
-              "speedup there", "best k (measured)", "speedup there"]
+    header = ["group", "α [95%]", "trials", "c [95%]", "target step (ms)", "draft forward (ms)", "best k (theory)",
+              "over the intervals", "speedup there", "best k (measured)"]
     return markdown_table(rows, header)
 
 
@@ -148,8 +230,24 @@ def header_section(report: Report) -> str:
     lines = [f"# Report: {title}", "", counts]
     if report.skipped:
         lines.append(f"{len(report.skipped)} run directories skipped (unusable result.json, listed at the end).")
-    lines += ["", SPEEDUP_NOTE]
+    if report.acceptance_only:
+        lines += ["", ACCEPTANCE_ONLY_NOTE, "", ACCEPTANCE_INTERVALS_NOTE]
+    else:
+        lines += ["", SPEEDUP_NOTE, "", INTERVALS_NOTE, "", measurement_line(runs)]
     return "\n".join(lines)
+
+
+def measurement_line(runs: pd.DataFrame) -> str:
+    """How the runs were measured: repeats per run, in what order, warm-up requests."""
+    ok = runs[runs["status"] == "ok"] if "status" in runs else runs
+    repeats = sorted({int(v) for v in _column(ok, "num_repeats").dropna()})
+    orders = sorted({str(v) for v in ok.get("measurement.order", pd.Series(dtype=object)).dropna()})
+    warmups = sorted({int(v) for v in _column(ok, "measurement.warmup_requests").dropna()})
+    text = f"Measured with {', '.join(map(str, repeats)) or '1'} repeat(s) per run"
+    text += f" ({', '.join(o.replace('_', ' ') for o in orders)})" if orders else " (recorded before repeats existed)"
+    if warmups:
+        text += f", {', '.join(map(str, warmups))} warm-up request(s) each"
+    return text + "."
 
 
 def groups_section(report: Report) -> str:
@@ -171,8 +269,13 @@ def _pivot_section(heading: str, value: str) -> Callable[[Report], str | None]:
     return section
 
 
-acceptance_section = _pivot_section("Acceptance length by k", "acceptance_length")
-speedup_section = _pivot_section("Speedup over k=0 by k", "speedup")
+acceptance_section = _pivot_section("Acceptance length by k [95% bootstrap over requests]", "acceptance_length")
+_speedup_pivot = _pivot_section("Speedup over k=0 by k [95% from the repeats]", "speedup")
+
+
+def speedup_section(report: Report) -> str | None:
+    """Speedup over k=0: group × k, with intervals (left out of an acceptance-only report)."""
+    return None if report.acceptance_only else _speedup_pivot(report)
 
 
 def runs_section(report: Report) -> str | None:
@@ -186,7 +289,22 @@ def theory_section(report: Report) -> str | None:
     """The theory fit per group."""
     if report.fits.empty:
         return None
-    return "## Theory fit\n\n" + theory_markdown(report.fits)
+    return "## Theory fit\n\n" + theory_markdown(report.fits, report.acceptance_only)
+
+
+def noise_section(report: Report) -> str | None:
+    """Runs whose record flags its timings noisy, with the warning each printed when it ran."""
+    if report.acceptance_only or "noise.warnings" not in report.runs:
+        return None
+    lines = []
+    for _, run in report.runs.iterrows():
+        warnings = run["noise.warnings"]
+        warnings = list(warnings) if isinstance(warnings, (list, tuple)) or hasattr(warnings, "tolist") else []
+        lines += [f"- {NOISY_MARK} `{run['run_dir']}` ({run[GROUP_LABEL]}, k={run['k']}): {w}" for w in warnings]
+    if not lines:
+        return None
+    return "## Noise\n\nTimings these runs flagged when they were measured (marked " + NOISY_MARK + " above):\n\n" + \
+        "\n".join(lines)
 
 
 def unfinished_section(report: Report) -> str | None:
@@ -225,7 +343,7 @@ def tasks_section(report: Report) -> str | None:
     runs recorded per-task results (:mod:`specexp.analysis.tasks`)."""
     from specexp.analysis import tasks
 
-    lines = tasks.report_section(report.runs)
+    lines = tasks.report_section(report.runs, acceptance_only=report.acceptance_only)
     return "\n".join(lines).rstrip() if lines else None
 
 
@@ -234,6 +352,8 @@ def dynamic_depth_section(report: Report) -> str | None:
     (:mod:`specexp.analysis.depth`), when the runs include a dynamic mode."""
     from specexp.analysis import depth
 
+    if report.acceptance_only:
+        return None
     table = depth.dynamic_depth_table(report.runs)
     if table.empty:
         return None
@@ -244,7 +364,6 @@ def dynamic_depth_section(report: Report) -> str | None:
 
 SECTIONS: list[Callable[[Report], str | None]] = [
     header_section, groups_section, acceptance_section, speedup_section, dynamic_depth_section, tasks_section,
-    runs_section,
-    theory_section,
+    runs_section, theory_section, noise_section,
     unfinished_section, figures_section, skipped_section,
 ]

@@ -93,21 +93,24 @@ def report_level(df: pd.DataFrame) -> str | None:
     return None
 
 
-def report_section(df: pd.DataFrame, out: str | Path | None = None) -> list[str]:
+def report_section(df: pd.DataFrame, out: str | Path | None = None, acceptance_only: bool = False) -> list[str]:
     """Markdown lines of the report's per-task section (acceptance length, Spec-Bench's mean accepted
-    tokens and speedup, each task × k), and its figure written to ``out`` when given; [] when there are no
-    per-task results."""
+    tokens and speedup, each task × k; no speedup when ``acceptance_only``), and its figure written to ``out``
+    when given; [] when there are no per-task results. Per-task figures are those of each run's first repeat
+    (``metrics.by_task``): they carry no interval."""
     level = report_level(df)
     if level is None:
         return []
     lines = [f"## Per {level}", "",
              (f"Each {level}'s requests only (`metrics.by_{level}`). Speedup = the {level}'s tokens/s ÷ its"
               " tokens/s at k=0 in the same group (tokens over the requests' summed end-to-end time; with"
-              " `workload.one_at_a_time` the task's own throughput)."), ""]
-    for title, value in (("Acceptance length", "acceptance_length"),
-                         ("Spec-Bench mean accepted tokens (every step, prefill included)",
-                          "spec_bench_mean_accepted_tokens"),
-                         ("Speedup over k=0", "speedup")):
+              " `workload.one_at_a_time` the task's own throughput). These figures come from each run's first"
+              " repeat and carry no interval."), ""]
+    tables = [("Acceptance length", "acceptance_length"),
+              ("Spec-Bench mean accepted tokens (every step, prefill included)", "spec_bench_mean_accepted_tokens")]
+    if not acceptance_only:
+        tables.append(("Speedup over k=0 (first repeat, no interval)", "speedup"))
+    for title, value in tables:
         lines += [f"### {title} by {level} and k", "", _markdown(task_pivot(df, value, level)), ""]
     if out is not None:
         import matplotlib.pyplot as plt

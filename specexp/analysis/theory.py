@@ -139,11 +139,21 @@ def fit_theory(df: pd.DataFrame, k_max: int = DEFAULT_K_MAX) -> pd.DataFrame:
     """One row per comparison group: ``group_key``, ``group``, ``sweep_group``, ``alpha``, ``alpha_trials``,
     ``c``, ``c_source``, ``target_step_ms``, ``draft_forward_ms`` (c × target_step_ms), ``best_k_theory``
     (argmax of the expected speedup over 0..k_max), ``best_speedup_theory``, ``best_k_measured`` and
-    ``best_speedup_measured`` (argmax of measured speedup; NaN without a k=0 run)."""
+    ``best_speedup_measured`` (argmax of measured speedup; NaN without a k=0 run).
+
+    Their intervals (:mod:`specexp.analysis.theory_intervals`): ``alpha_low``/``alpha_high`` (bootstrap over
+    requests; ``alpha_requests`` prompts, ``alpha_interval`` says how), ``c_low``/``c_high`` (over
+    ``c_repeats`` repeats), ``best_k_theory_range`` (the best k over the interval's corners), and for the
+    measured best k ``best_speedup_low``/``high``, ``next_best_k_measured``, ``next_best_speedup_measured`` and
+    ``next_best_inside`` (whether the runner-up lies inside the best's interval)."""
+    from specexp.analysis import theory_intervals as ti
+
     runs = speedup(df)
-    columns = [GROUP_KEY, GROUP_LABEL, "sweep_group", "alpha", "alpha_trials", "c", "c_source", "target_step_ms",
-               "draft_forward_ms", "best_k_theory", "best_speedup_theory", "best_k_measured",
-               "best_speedup_measured"]
+    columns = [GROUP_KEY, GROUP_LABEL, "sweep_group", "alpha", "alpha_low", "alpha_high", "alpha_trials",
+               "alpha_requests", "alpha_interval", "c", "c_low", "c_high", "c_repeats", "c_source", "target_step_ms",
+               "draft_forward_ms", "best_k_theory", "best_k_theory_range", "best_speedup_theory", "best_k_measured",
+               "best_speedup_measured", "best_speedup_low", "best_speedup_high", "next_best_k_measured",
+               "next_best_speedup_measured", "next_best_inside"]
     rows = []
     for key, group in runs.groupby(GROUP_KEY, sort=False):
         spec = group[group["k"] > 0]
@@ -153,17 +163,17 @@ def fit_theory(df: pd.DataFrame, k_max: int = DEFAULT_K_MAX) -> pd.DataFrame:
         values = [r for r, _ in ratios if not math.isnan(r)]
         c = float(np.median(values)) if values else math.nan
         k_best = best_k(alpha, c, k_max)
-        measured = group.dropna(subset=["speedup"])
-        best_row = measured.loc[measured["speedup"].idxmax()] if len(measured) else None
+        bounds = {**ti.alpha_interval(spec, alpha), **ti.c_interval(group)}
         rows.append({
             GROUP_KEY: key, GROUP_LABEL: group[GROUP_LABEL].iloc[0], "sweep_group": group["sweep_group"].iloc[0],
-            "alpha": alpha, "alpha_trials": trials, "c": c,
+            "alpha": alpha, "alpha_trials": trials, "c": c, **bounds,
             "c_source": ratios[0][1] if ratios else target_source, "target_step_ms": target_ms,
             "draft_forward_ms": c * target_ms if not math.isnan(c) else math.nan,
             "best_k_theory": k_best,
+            "best_k_theory_range": ti.best_k_range(bounds["alpha_low"], bounds["alpha_high"], bounds["c_low"],
+                                                   bounds["c_high"], c, k_max),
             "best_speedup_theory": expected_speedup(alpha, c, k_best) if k_best is not None else math.nan,
-            "best_k_measured": int(best_row["k"]) if best_row is not None else None,
-            "best_speedup_measured": float(best_row["speedup"]) if best_row is not None else math.nan,
+            **ti.measured_best(group),
         })
     return pd.DataFrame(rows, columns=columns)
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from typing import Self
 
 import torch
 from tokenizers import Tokenizer
@@ -40,69 +41,108 @@ from specexp.startup import PhaseClock, process_age_s, startup_record
 from specexp.workloads.conversation import answer_text
 from specexp.workloads.prompt import Prompt
 
-WARMUP_NEW_TOKENS = 4
+WARMUP_NEW_TOKENS = 16  # run()'s warm-up request; the measurement layer's is measure.warmup_new_tokens
 END_OF_REQUEST_RULE = ("hf: output token 0 is speculated too (no prefill sample); drafts are trimmed to "
                        "the tokens left, as native's")
 
 
 def run(spec: RunSpec, progress: ProgressCallback | None = None) -> RunResult:
-    """Generate every prompt of ``spec`` one at a time (a conversation's turns in order) and return outputs,
-    step rows and §4 metrics. ``progress`` receives a RUN event before the first request and after each."""
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    device = torch.device(spec.engine.device)
-    k = spec.speculator.num_speculative_tokens
-    import_s, clock = process_age_s(), PhaseClock()
-    target = load_model(spec.pair.target, spec, device)
-    draft = load_model(spec.pair.draft, spec, device) if k > 0 else None
-    configure_generation(target, draft, spec)
-    clock.lap("model_load")
-    tokenizer_path = spec.pair.target.tokenizer_path
-    tokenizer = Tokenizer.from_file(tokenizer_path) if tokenizer_path else None
+    """Generate every prompt of ``spec`` one at a time (a conversation's turns in order), after one warm-up
+    request, and return outputs, step rows and §4 metrics. ``progress`` receives a RUN event before the first
+    request and after each. The measurement layer uses :func:`open_session` to serve several repeats."""
+    with open_session(spec) as session:
+        session.warm_up(spec.prompts[:1], WARMUP_NEW_TOKENS)
+        return session.serve(spec.prompts, progress)
 
-    acceptance = AcceptanceStats(k)
-    probe = GenerationProbe(target, acceptance, sync=device.type == "cuda")
-    first = spec.prompts[0]
-    with probe.paused():
-        probe.begin_request(first.id)
-        _generate(target, draft, first.token_ids, min(WARMUP_NEW_TOKENS, spec.sampling.max_new_tokens), device, probe)
-    clock.lap("warmup")
 
-    torch.manual_seed(spec.engine.seed)
-    run_start = time.perf_counter()  # every first turn's arrival (a later turn arrives when it is created)
-    run_progress = TurnProgress(progress, spec.prompts)
-    run_progress.start()
+def open_session(spec: RunSpec, progress: ProgressCallback | None = None) -> HfSession:
+    """Load both models and configure generation once, for any number of :meth:`HfSession.serve` passes
+    (``progress`` is unused here: loading reports nothing)."""
+    return HfSession(spec)
 
-    def serve_one(prompts: list[Prompt]) -> list[RequestOutput]:
-        (prompt,) = prompts
-        probe.begin_request(prompt.request_id)
-        start = time.perf_counter()
-        output_ids = _generate(target, draft, prompt.token_ids, spec.sampling.max_new_tokens, device, probe)
-        end = time.perf_counter()
-        run_progress.served(1, len(output_ids), report=True)
-        return [RequestOutput(
-            **prompt_fields(prompt),
-            output_token_ids=output_ids,
-            output_text=tokenizer.decode(output_ids) if tokenizer is not None else "",
-            accept_lengths=probe.request_accept_lengths(),
-            **request_latency(run_start if prompt.turn == 1 else start, probe.first_token_s or end, end,
-                               len(output_ids), scheduled_s=start),
-        )]
 
-    # One request at a time, conversation by conversation (a later turn quotes the earlier answers).
-    served = serve_by_turn(spec.prompts, serve_one, lambda r: answer_text(tokenizer, r.output_token_ids),
-                           spec.engine.max_model_len, spec.sampling.max_new_tokens, one_at_a_time=True)
-    requests = [request for _, request in served]
-    run_progress.finish()
-    duration_s = time.perf_counter() - run_start
-    probe.remove()
-    env = {"device": str(device)}
-    if device.type == "cuda":
-        env["gpu"] = torch.cuda.get_device_name(device)
-    metrics = run_metrics(acceptance, requests, probe.steps, duration_s)
-    metrics["end_of_request_rule"] = END_OF_REQUEST_RULE
-    metrics["startup_s"] = startup_record(clock.phases_s, import_s)
-    return RunResult(requests, probe.steps, metrics, env)
+class HfSession:
+    """Both models, loaded once: :meth:`warm_up`, then :meth:`serve` once per repeat. Sampling is seeded with
+    ``engine.seed`` before the first measured pass; later passes draw on from there."""
+
+    def __init__(self, spec: RunSpec) -> None:
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+        self.spec = spec
+        self.device = torch.device(spec.engine.device)
+        self.k = spec.speculator.num_speculative_tokens
+        self.import_s, self.clock = process_age_s(), PhaseClock()
+        self.target = load_model(spec.pair.target, spec, self.device)
+        self.draft = load_model(spec.pair.draft, spec, self.device) if self.k > 0 else None
+        configure_generation(self.target, self.draft, spec)
+        self.clock.lap("model_load")
+        tokenizer_path = spec.pair.target.tokenizer_path
+        self.tokenizer = Tokenizer.from_file(tokenizer_path) if tokenizer_path else None
+        self.probe = GenerationProbe(self.target, AcceptanceStats(self.k), sync=self.device.type == "cuda")
+        self.seeded = False
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Take the probe's hooks off the target."""
+        self.probe.remove()
+
+    def warm_up(self, prompts: list[Prompt], max_new_tokens: int | None = None) -> None:
+        """Generate ``prompts`` (first turns, one at a time, to ``max_new_tokens``, at most
+        ``sampling.max_new_tokens``) untimed and uncounted."""
+        limit = min(max_new_tokens or self.spec.sampling.max_new_tokens, self.spec.sampling.max_new_tokens)
+        with self.probe.paused():
+            for prompt in prompts:
+                self.probe.begin_request(prompt.id)
+                _generate(self.target, self.draft, prompt.token_ids, limit, self.device, self.probe)
+        self.clock.lap("warmup")
+
+    def serve(self, prompts: list[Prompt], progress: ProgressCallback | None = None) -> RunResult:
+        """One measured pass over ``prompts``: outputs, step rows and §4 metrics of this pass alone."""
+        spec, probe, tokenizer = self.spec, self.probe, self.tokenizer
+        target, draft, device = self.target, self.draft, self.device
+        acceptance = AcceptanceStats(self.k)
+        probe.acceptance, probe.steps = acceptance, []
+        if not self.seeded:
+            torch.manual_seed(spec.engine.seed)
+            self.seeded = True
+        run_start = time.perf_counter()  # every first turn's arrival (a later turn arrives when it is created)
+        run_progress = TurnProgress(progress, prompts)
+        run_progress.start()
+
+        def serve_one(wave: list[Prompt]) -> list[RequestOutput]:
+            (prompt,) = wave
+            probe.begin_request(prompt.request_id)
+            start = time.perf_counter()
+            output_ids = _generate(target, draft, prompt.token_ids, spec.sampling.max_new_tokens, device, probe)
+            end = time.perf_counter()
+            run_progress.served(1, len(output_ids), report=True)
+            return [RequestOutput(
+                **prompt_fields(prompt),
+                output_token_ids=output_ids,
+                output_text=tokenizer.decode(output_ids) if tokenizer is not None else "",
+                accept_lengths=probe.request_accept_lengths(),
+                **request_latency(run_start if prompt.turn == 1 else start, probe.first_token_s or end, end,
+                                  len(output_ids), scheduled_s=start),
+            )]
+
+        # One request at a time, conversation by conversation (a later turn quotes the earlier answers).
+        served = serve_by_turn(prompts, serve_one, lambda r: answer_text(tokenizer, r.output_token_ids),
+                               spec.engine.max_model_len, spec.sampling.max_new_tokens, one_at_a_time=True)
+        requests = [request for _, request in served]
+        run_progress.finish()
+        duration_s = time.perf_counter() - run_start
+        env = {"device": str(device)}
+        if device.type == "cuda":
+            env["gpu"] = torch.cuda.get_device_name(device)
+        metrics = run_metrics(acceptance, requests, probe.steps, duration_s)
+        metrics["end_of_request_rule"] = END_OF_REQUEST_RULE
+        metrics["startup_s"] = startup_record(self.clock.phases_s, self.import_s)
+        return RunResult(requests, probe.steps, metrics, env)
 
 
 def load_model(model: ModelSpec, spec: RunSpec, device: torch.device):

@@ -1,16 +1,16 @@
 """Backend `native`: specexp's own engine (continuous batching, draft-model speculation, paged caches).
 
-Turns a RunSpec into engine configs, loads the pair natively (torch + safetensors), warms up on the first
-prompt, serves every prompt as its arrival process says (``workload.arrival``: all together, Poisson, a
-closed loop or a trace, :mod:`specexp.workloads.arrivals`; a conversation's later turns once its earlier
-turns are answered: :mod:`specexp.backends.turns`), and maps the engine's counters onto docs/design.md §4
-and its per-row records onto traces.parquet. Latencies count from arrival; ``queue_ms`` is arrival -> the
-first step that runs the request (the wait for the next step, for a batch slot or for KV blocks).
-"""
+Turns a RunSpec into engine configs, loads the pair natively (torch + safetensors) and builds the engine once
+(:func:`open_session`); the measurement layer warms it up and serves the workload once per repeat, every prompt
+as its arrival process says (``workload.arrival``: all together, Poisson, a closed loop or a trace,
+:mod:`specexp.workloads.arrivals`; a conversation's later turns once its earlier turns are answered:
+:mod:`specexp.backends.turns`), and maps the engine's counters onto docs/design.md §4 and its per-row records
+onto traces.parquet. Latencies count from arrival; ``queue_ms`` is arrival -> the first step that runs the
+request (the wait for the next step, for a batch slot or for KV blocks)."""
 
 from __future__ import annotations
 
-import logging
+from typing import Self
 
 import torch
 from tokenizers import Tokenizer
@@ -30,60 +30,95 @@ from specexp.startup import PhaseClock, process_age_s, startup_record
 from specexp.workloads.conversation import answer_text
 from specexp.workloads.prompt import Prompt
 
-log = logging.getLogger(__name__)
-
-WARMUP_NEW_TOKENS = 4
+WARMUP_NEW_TOKENS = 16  # run()'s warm-up request; the measurement layer's is measure.warmup_new_tokens
 END_OF_REQUEST_RULE = ("native: output token 0 from the prefill, undrafted; each later step drafts "
                        "min(k, tokens left - 1)")
 
 
 def run(spec: RunSpec, progress: ProgressCallback | None = None) -> RunResult:
-    """Serve spec.prompts with the native engine; outputs, per-step rows and §4 metrics. progress receives the
-    CUDA-graph capture's events and the run's (not the warm-up's). Multi-turn conversations are served turn
-    by turn (:func:`specexp.backends.turns.serve_by_turn`)."""
-    engine_cfg, spec_cfg, sampling_cfg = engine_configs(spec)
-    # Checked already for every backend (specexp.engine_settings); kept for callers that skip the app layer.
-    engine_cfg.validate()
-    spec_cfg.validate(engine_cfg.max_model_len)
-    sampling_cfg.validate()
-    device = torch.device(engine_cfg.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("engine.device=cuda but no CUDA GPU is visible: use engine.device=cpu")
-    k = spec_cfg.num_speculative_tokens
-    import_s, clock = process_age_s(), PhaseClock()
-    load = {"dtype": spec.pair.dtype, "device": device, "seed": spec.pair.init_seed}
-    target = load_model(spec.pair.target.path, weights=spec.pair.target.weights, **load)
-    draft = load_model(spec.pair.draft.path, weights=spec.pair.draft.weights, **load) if k > 0 else None
-    clock.lap("model_load")
-    engine = NativeEngine(target, draft, engine_cfg, spec_cfg, sampling_cfg, target.config.eos_token_ids,
-                          progress=progress)
-    clock.lap("engine_build")
-    engine.generate([spec.prompts[0].token_ids], max_new_tokens=min(WARMUP_NEW_TOKENS, sampling_cfg.max_new_tokens))
-    clock.lap("warmup")
-    log.info("models loaded and warmed up: serving %d prompts", len(spec.prompts))
-    tokenizer_path = spec.pair.target.tokenizer_path
-    tokenizer = Tokenizer.from_file(tokenizer_path) if tokenizer_path else None
-    waves: list[EngineOutput] = []
-    run_progress = TurnProgress(progress, spec.prompts)
-    arrivals = spec.arrivals
+    """Serve spec.prompts once with the native engine after one warm-up request; outputs, per-step rows and §4
+    metrics. progress receives the CUDA-graph capture's events and the run's (not the warm-up's).
+    Multi-turn conversations are served turn by turn (:func:`specexp.backends.turns.serve_by_turn`). The
+    measurement layer uses :func:`open_session` instead, to serve several repeats on one engine."""
+    with open_session(spec, progress) as session:
+        session.warm_up(spec.prompts[:1], WARMUP_NEW_TOKENS)
+        return session.serve(spec.prompts, progress)
 
-    def serve_wave(prompts: list[Prompt]) -> list[Request]:
-        # arrivals other than a burst are single-turn (checked by run_spec): the one wave is the whole run
-        offsets = arrivals.offsets_s if arrivals is not None else None
-        cap = arrivals.max_concurrency if arrivals is not None else None
-        out = engine.generate([p.token_ids for p in prompts], progress=run_progress.wave(), arrival_s=offsets,
-                              max_concurrency=cap)
-        waves.append(out)
-        run_progress.served(len(out.requests), sum(r.num_output_tokens for r in out.requests))
-        return out.requests
 
-    served = serve_by_turn(spec.prompts, serve_wave, lambda req: answer_text(tokenizer, req.output_token_ids),
-                           engine_cfg.max_model_len, sampling_cfg.max_new_tokens,
-                           bool(spec.workload.options.get("one_at_a_time", False)))
-    run_progress.finish()
-    result = to_run_result(served, waves, k, tokenizer, device, LoadSettings.of(spec))
-    result.metrics["startup_s"] = startup_record(clock.phases_s, import_s, result.metrics.get("graph_capture_s"))
-    return result
+def open_session(spec: RunSpec, progress: ProgressCallback | None = None) -> NativeSession:
+    """Load the pair and build the engine (CUDA graphs captured, reporting to ``progress``) once, for any
+    number of :meth:`NativeSession.serve` passes."""
+    return NativeSession(spec, progress)
+
+
+class NativeSession:
+    """One engine for a whole measurement: :meth:`warm_up`, then :meth:`serve` once per repeat. Its start-up
+    phases (model_load, engine_build, warmup) go into every pass's ``metrics.startup_s``."""
+
+    def __init__(self, spec: RunSpec, progress: ProgressCallback | None = None) -> None:
+        engine_cfg, spec_cfg, sampling_cfg = engine_configs(spec)
+        # Checked already for every backend (specexp.engine_settings); kept for callers that skip the app layer.
+        engine_cfg.validate()
+        spec_cfg.validate(engine_cfg.max_model_len)
+        sampling_cfg.validate()
+        device = torch.device(engine_cfg.device)
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ConfigError("engine.device=cuda but no CUDA GPU is visible: use engine.device=cpu")
+        self.spec, self.device, self.k = spec, device, spec_cfg.num_speculative_tokens
+        self.max_model_len, self.max_new_tokens = engine_cfg.max_model_len, sampling_cfg.max_new_tokens
+        self.import_s, self.clock = process_age_s(), PhaseClock()
+        load = {"dtype": spec.pair.dtype, "device": device, "seed": spec.pair.init_seed}
+        target = load_model(spec.pair.target.path, weights=spec.pair.target.weights, **load)
+        draft = load_model(spec.pair.draft.path, weights=spec.pair.draft.weights, **load) if self.k > 0 else None
+        self.clock.lap("model_load")
+        self.engine = NativeEngine(target, draft, engine_cfg, spec_cfg, sampling_cfg, target.config.eos_token_ids,
+                                   progress=progress)
+        self.clock.lap("engine_build")
+        tokenizer_path = spec.pair.target.tokenizer_path
+        self.tokenizer = Tokenizer.from_file(tokenizer_path) if tokenizer_path else None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Nothing to release but the engine itself (freed with the session)."""
+
+    def warm_up(self, prompts: list[Prompt], max_new_tokens: int | None = None) -> None:
+        """Serve ``prompts`` (their first turns, together, to ``max_new_tokens``, at most
+        ``sampling.max_new_tokens``) and discard them."""
+        if prompts:
+            limit = min(max_new_tokens or self.max_new_tokens, self.max_new_tokens)
+            self.engine.generate([p.token_ids for p in prompts], max_new_tokens=limit)
+        self.clock.lap("warmup")
+
+    def serve(self, prompts: list[Prompt], progress: ProgressCallback | None = None) -> RunResult:
+        """One measured pass: every prompt as its arrival process says (a conversation's later turns once its
+        earlier turns are answered); outputs, per-step rows, traces and §4 metrics of this pass alone."""
+        waves: list[EngineOutput] = []
+        run_progress = TurnProgress(progress, prompts)
+        engine, tokenizer, arrivals = self.engine, self.tokenizer, self.spec.arrivals
+
+        def serve_wave(wave: list[Prompt]) -> list[Request]:
+            # arrivals other than a burst are single-turn (checked by run_spec): the one wave is the whole run
+            offsets = arrivals.offsets_s if arrivals is not None else None
+            cap = arrivals.max_concurrency if arrivals is not None else None
+            out = engine.generate([p.token_ids for p in wave], progress=run_progress.wave(), arrival_s=offsets,
+                                  max_concurrency=cap)
+            waves.append(out)
+            run_progress.served(len(out.requests), sum(r.num_output_tokens for r in out.requests))
+            return out.requests
+
+        served = serve_by_turn(prompts, serve_wave, lambda req: answer_text(tokenizer, req.output_token_ids),
+                               self.max_model_len, self.max_new_tokens,
+                               bool(self.spec.workload.options.get("one_at_a_time", False)))
+        run_progress.finish()
+        result = to_run_result(served, waves, self.k, tokenizer, self.device, LoadSettings.of(self.spec))
+        result.metrics["startup_s"] = startup_record(self.clock.phases_s, self.import_s,
+                                                     result.metrics.get("graph_capture_s"))
+        return result
 
 
 def step_depth(step, static_k: int) -> int:

@@ -3,8 +3,8 @@
 Needs vLLM on a CUDA machine: ``pip install -e '.[vllm]'`` with torch 2.11 (vLLM 0.26 is the newest release
 built for it). On an offline GPU machine, ``../shared/gpu/fetch-vllm-wheels.sh DIR`` (run where PyPI is
 reachable) downloads the wheels vLLM 0.26 needs beside an installed torch; then
-``pip install --no-index --find-links DIR vllm==0.26.0``. vLLM is imported only inside :func:`run` (and the
-helpers it calls), so the rest of specexp, and this module's pure functions, work without it.
+``pip install --no-index --find-links DIR vllm==0.26.0``. vLLM is imported only by a session
+(:func:`open_session`), so the rest of specexp, and this module's pure functions, work without it.
 
 What maps where:
 - :func:`llm_kwargs` / :func:`sampling_params_kwargs`: RunSpec -> ``vllm.LLM(...)`` / ``SamplingParams(...)``
@@ -27,9 +27,8 @@ What maps where:
   (``VLLM_ENABLE_V1_MULTIPROCESSING=0`` unless set; backend option ``multiprocessing``) so that its log
   records reach the handler; with it in a subprocess the graph metrics are ``None``.
 - A model that gets random weights (``pair.weights=random``, or ``auto`` on a config-only directory): the
-  native backend's seeded weights (same seed, dtype, device) are written to a
-  temporary safetensors checkpoint that vLLM loads, so all backends run the same models; it is deleted after
-  the run.
+  native backend's seeded weights (same seed, dtype, device) are written to a temporary safetensors
+  checkpoint that vLLM loads, so all backends run the same models; it is deleted when the session closes.
 
 vLLM does not give GPU memory back within a process (its allocator pools, CUDA graphs and the engine stay
 until exit); the framework's sweep isolation already runs every sweep job in a fresh process.
@@ -52,7 +51,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from specexp.backends import vllm_load
 from specexp.backends.turns import TurnProgress, serve_by_turn
@@ -65,7 +64,7 @@ from specexp.specs import ModelSpec, RunSpec
 from specexp.startup import PhaseClock, process_age_s, startup_record
 from specexp.workloads.conversation import answer_text
 
-WARMUP_NEW_TOKENS = 4
+WARMUP_NEW_TOKENS = 16  # run()'s warm-up request; the measurement layer's is measure.warmup_new_tokens
 END_OF_REQUEST_RULE = ("vllm: output token 0 from the prefill; every later step drafts k, and tokens "
                        "accepted past max_tokens are counted")
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.5
@@ -367,90 +366,129 @@ def check_available(spec: RunSpec):
 
 
 def run(spec: RunSpec, progress: ProgressCallback | None = None) -> RunResult:
-    """Serve ``spec.prompts`` with ``vllm.LLM`` (all arriving together; a conversation's later turns once its
-    earlier turns are answered, :mod:`specexp.backends.turns`); outputs and §4 metrics. ``progress`` receives
-    a RUN event as the requests are submitted and one when each ``generate`` call (one per turn) is done."""
-    if not spec.backend_options.get("multiprocessing", False):
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    vllm = check_available(spec)
-    from tokenizers import Tokenizer
+    """One warm-up request, then one :meth:`VllmSession.serve` pass over ``spec.prompts``; outputs and §4
+    metrics (the measurement layer uses :func:`open_session`, for several repeats)."""
+    with open_session(spec) as session:
+        session.warm_up(spec.prompts[:1], WARMUP_NEW_TOKENS)
+        return session.serve(spec.prompts, progress)
 
-    from specexp.models import load_config
 
-    k = spec.speculator.num_speculative_tokens
-    import_s, clock = process_age_s(), PhaseClock()
-    target_config = load_config(spec.pair.target.path)
-    log = LogCapture()
-    random_draft = k > 0 and spec.pair.draft.weights == "random"
-    needs_scratch = spec.pair.target.weights == "random" or random_draft
-    scratch = Path(tempfile.mkdtemp(prefix="specexp-vllm-")) if needs_scratch else None
-    try:
-        target_dir = draft_dir = None
-        if spec.pair.target.weights == "random":
-            target_dir = materialize_random_weights(spec.pair.target, spec, scratch / "target", spec.engine.device)
-        if random_draft:
-            draft_dir = materialize_random_weights(spec.pair.draft, spec, scratch / "draft", spec.engine.device)
-        with log.attached():
-            llm = vllm.LLM(**llm_kwargs(spec, target_dir, draft_dir, target_config.max_position_embeddings))
-            clock.lap("model_load_and_engine_build")  # vLLM builds both in LLM(...)
-            first = spec.prompts[0]
-            warmup = {**sampling_params_kwargs(spec, 0, target_config.eos_token_ids),
-                      "max_tokens": min(WARMUP_NEW_TOKENS, spec.sampling.max_new_tokens)}
-            llm.generate([{"prompt_token_ids": list(first.token_ids)}], vllm.SamplingParams(**warmup),
-                         use_tqdm=False)
-            clock.lap("warmup")
-            before = llm.get_metrics()
-            order = {p.id: i for i, p in enumerate(spec.prompts)}  # a conversation's turns share its seed index
-            duration_s = 0.0
-            run_progress = TurnProgress(progress, spec.prompts)
-            run_progress.start()
+def open_session(spec: RunSpec, progress: ProgressCallback | None = None) -> VllmSession:
+    """``vllm.LLM`` built once, for several :meth:`VllmSession.serve` passes (``progress`` unused)."""
+    return VllmSession(spec)
 
-            def serve_wave(wave: list) -> list:
-                nonlocal duration_s
-                prompts = [{"prompt_token_ids": list(p.token_ids)} for p in wave]
-                params = [vllm.SamplingParams(**sampling_params_kwargs(
-                    spec, order[p.id] + (p.turn - 1) * len(order), target_config.eos_token_ids)) for p in wave]
-                start = time.perf_counter()
-                outputs = llm.generate(prompts, params, use_tqdm=False)
-                duration_s += time.perf_counter() - start
-                run_progress.served(len(outputs), sum(len(out.outputs[0].token_ids) for out in outputs), report=True)
-                return outputs
 
-            tokenizer_path = spec.pair.target.tokenizer_path
-            tokenizer = Tokenizer.from_file(tokenizer_path) if tokenizer_path else None
-            served = serve_by_turn(spec.prompts, serve_wave,
-                                   lambda out: answer_text(tokenizer, list(out.outputs[0].token_ids)),
-                                   spec.engine.max_model_len, spec.sampling.max_new_tokens,
-                                   bool(spec.workload.options.get("one_at_a_time", False)))
-            after = llm.get_metrics()
-            run_progress.finish()
-    finally:
-        _write_log(spec, log)
-        if scratch is not None:
-            shutil.rmtree(scratch, ignore_errors=True)
+class VllmSession:
+    """One ``vllm.LLM`` for a whole measurement: :meth:`warm_up`, then :meth:`serve` once per repeat;
+    :meth:`close` writes vllm.log and deletes a materialised checkpoint."""
 
-    latency_of = vllm_load.closed_loop_latency if vllm_load.closed_loop(spec) else request_latency_from_vllm
-    requests = []
-    for prompt, out in served:
-        output_ids = list(out.outputs[0].token_ids)
-        requests.append(RequestOutput(
-            **prompt_fields(prompt),
-            output_token_ids=output_ids, output_text=tokenizer.decode(output_ids) if tokenizer else "",
-            **latency_of(getattr(out, "metrics", None), len(output_ids)),
-        ))
-    acceptance = AcceptanceStats(k)
-    acceptance.total = acceptance_counts_from_vllm(after, k, before)
-    capture = parse_graph_capture_log(log.text)
-    graph = {"graph_capture_s": capture[0], "graph_capture_bytes": capture[1]} if capture else {}
-    metrics = run_metrics(acceptance, requests, [], duration_s, graph,
-                          LoadSettings.of(spec, max_num_seqs=vllm_load.max_num_seqs(spec)))
-    metrics.update(acceptance_from_vllm_metrics(after, k, before))  # acceptance_histogram_per_request: {}
-    metrics["end_of_request_rule"] = END_OF_REQUEST_RULE
-    metrics["startup_s"] = startup_record(clock.phases_s, import_s, graph.get("graph_capture_s"))
-    import torch
+    def __init__(self, spec: RunSpec) -> None:
+        if not spec.backend_options.get("multiprocessing", False):
+            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        self.vllm = vllm = check_available(spec)
+        from tokenizers import Tokenizer
 
-    env = {"device": "cuda:0", "gpu": torch.cuda.get_device_name(0), "vllm": getattr(vllm, "__version__", None)}
-    return RunResult(requests, [], metrics, env)
+        from specexp.models import load_config
+
+        self.spec, self.k = spec, spec.speculator.num_speculative_tokens
+        self.import_s, self.clock = process_age_s(), PhaseClock()
+        self.target_config = load_config(spec.pair.target.path)
+        self.log = LogCapture()
+        random_draft = self.k > 0 and spec.pair.draft.weights == "random"
+        needs_scratch = spec.pair.target.weights == "random" or random_draft
+        self.scratch = Path(tempfile.mkdtemp(prefix="specexp-vllm-")) if needs_scratch else None
+        self._attached = contextlib.ExitStack()
+        try:
+            target_dir = draft_dir = None
+            if spec.pair.target.weights == "random":
+                target_dir = materialize_random_weights(spec.pair.target, spec, self.scratch / "target",
+                                                        spec.engine.device)
+            if random_draft:
+                draft_dir = materialize_random_weights(spec.pair.draft, spec, self.scratch / "draft",
+                                                       spec.engine.device)
+            self._attached.enter_context(self.log.attached())
+            self.llm = vllm.LLM(**llm_kwargs(spec, target_dir, draft_dir, self.target_config.max_position_embeddings))
+            self.clock.lap("model_load_and_engine_build")  # vLLM builds both in LLM(...)
+        except BaseException:
+            self.close()
+            raise
+        tokenizer_path = spec.pair.target.tokenizer_path
+        self.tokenizer = Tokenizer.from_file(tokenizer_path) if tokenizer_path else None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop capturing vLLM's log, write it as vllm.log, delete the scratch checkpoint."""
+        self._attached.close()
+        _write_log(self.spec, self.log)
+        if self.scratch is not None:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+            self.scratch = None
+
+    def warm_up(self, prompts: list, max_new_tokens: int | None = None) -> None:
+        """Generate ``prompts`` (first turns, together, to ``max_new_tokens``, at most
+        ``sampling.max_new_tokens``) and discard them."""
+        if prompts:
+            limit = min(max_new_tokens or self.spec.sampling.max_new_tokens, self.spec.sampling.max_new_tokens)
+            kwargs = {**sampling_params_kwargs(self.spec, 0, self.target_config.eos_token_ids), "max_tokens": limit}
+            self.llm.generate([{"prompt_token_ids": list(p.token_ids)} for p in prompts],
+                              self.vllm.SamplingParams(**kwargs), use_tqdm=False)
+        self.clock.lap("warmup")
+
+    def serve(self, prompts: list, progress: ProgressCallback | None = None) -> RunResult:
+        """One measured pass over ``prompts`` (all arriving together; a conversation's later turns once its
+        earlier turns are answered): outputs and §4 metrics, acceptance from vLLM's counters before and after.
+        ``progress``: a RUN event as the requests are submitted and one when each ``generate`` call is done."""
+        spec, llm, vllm, tokenizer, k = self.spec, self.llm, self.vllm, self.tokenizer, self.k
+        eos = self.target_config.eos_token_ids
+        before = llm.get_metrics()
+        order = {p.id: i for i, p in enumerate(prompts)}  # a conversation's turns share its seed index
+        duration_s = 0.0
+        run_progress = TurnProgress(progress, prompts)
+        run_progress.start()
+
+        def serve_wave(wave: list) -> list:
+            nonlocal duration_s
+            batch = [{"prompt_token_ids": list(p.token_ids)} for p in wave]
+            params = [vllm.SamplingParams(**sampling_params_kwargs(spec, order[p.id] + (p.turn - 1) * len(order), eos))
+                      for p in wave]
+            start = time.perf_counter()
+            outputs = llm.generate(batch, params, use_tqdm=False)
+            duration_s += time.perf_counter() - start
+            run_progress.served(len(outputs), sum(len(out.outputs[0].token_ids) for out in outputs), report=True)
+            return outputs
+
+        served = serve_by_turn(prompts, serve_wave, lambda out: answer_text(tokenizer, list(out.outputs[0].token_ids)),
+                               spec.engine.max_model_len, spec.sampling.max_new_tokens,
+                               bool(spec.workload.options.get("one_at_a_time", False)))
+        after = llm.get_metrics()
+        run_progress.finish()
+        latency_of = vllm_load.closed_loop_latency if vllm_load.closed_loop(spec) else request_latency_from_vllm
+        requests = []
+        for prompt, out in served:
+            output_ids = list(out.outputs[0].token_ids)
+            requests.append(RequestOutput(
+                **prompt_fields(prompt),
+                output_token_ids=output_ids, output_text=tokenizer.decode(output_ids) if tokenizer else "",
+                **latency_of(getattr(out, "metrics", None), len(output_ids)),
+            ))
+        acceptance = AcceptanceStats(k)
+        acceptance.total = acceptance_counts_from_vllm(after, k, before)
+        capture = parse_graph_capture_log(self.log.text)
+        graph = {"graph_capture_s": capture[0], "graph_capture_bytes": capture[1]} if capture else {}
+        metrics = run_metrics(acceptance, requests, [], duration_s, graph,
+                              LoadSettings.of(spec, max_num_seqs=vllm_load.max_num_seqs(spec)))
+        metrics.update(acceptance_from_vllm_metrics(after, k, before))  # acceptance_histogram_per_request: {}
+        metrics["end_of_request_rule"] = END_OF_REQUEST_RULE
+        metrics["startup_s"] = startup_record(self.clock.phases_s, self.import_s, graph.get("graph_capture_s"))
+        import torch
+
+        env = {"device": "cuda:0", "gpu": torch.cuda.get_device_name(0), "vllm": getattr(vllm, "__version__", None)}
+        return RunResult(requests, [], metrics, env)
 
 
 def _write_log(spec: RunSpec, log: LogCapture) -> None:

@@ -78,9 +78,10 @@ def log_run(record: dict, run_dir: Path, mode: str, options: dict) -> str:
     """Log ``record`` (the result.json dict) as one W&B run in ``run_dir``; returns the mode actually used.
 
     ``options``: ``wandb.init`` keywords (project, entity, group, job_type, name, tags). Logged: the
-    resolved config (flattened), every scalar metric as summary, per-position acceptance, the
-    acceptance histograms (run, per request and by draft length), the steps and acceptance length per step
-    depth k and the per-category / per-task metrics as tables,
+    resolved config (flattened), every scalar metric as summary (the intervals' bounds included, and the noise
+    flags as ``noise.flags``), per-position acceptance with its bootstrap interval, the acceptance histograms
+    (run, per request and by draft length), the steps and acceptance length per step depth k, the repeats and
+    the intervals over them, and the per-category / per-task metrics as tables,
     result.json as an artifact (staged inside ``run_dir``). ``record["wandb"]`` gains ``mode`` (the one
     used), ``run_id``, ``dir`` (the W&B run's directory) and ``url`` (online runs), and result.json is
     rewritten with them before it is logged.
@@ -116,7 +117,8 @@ def _log(wandb, record: dict, run_dir: Path, mode: str, options: dict) -> str:
         metrics = record.get("metrics") or {}
         run.summary.update({"status": record["status"], "error": record.get("error")})
         run.summary.update({k: v for k, v in flatten(metrics).items() if isinstance(v, (int, float)) or v is None})
-        for name, table in _tables(wandb, metrics).items():
+        run.summary.update({"noise.flags": ", ".join((metrics.get("noise") or {}).get("flags") or []) or "none"})
+        for name, table in {**_tables(wandb, metrics), **_repeat_tables(wandb, record)}.items():
             run.log({name: table})
         artifact = wandb.Artifact(name=f"result-{run.id}", type="run-record")
         artifact.add_file(str(run_dir / "result.json"))
@@ -130,13 +132,22 @@ def _tables(wandb, metrics: dict) -> dict:
     tables = {}
     accepted = metrics.get("accepted_per_position") or []
     if accepted:
+        boot = (metrics.get("intervals") or {}).get("acceptance") or {}
+
+        def bound(name: str, side: str, i: int):
+            values = (boot.get(name) or {}).get(side) or []
+            return values[i] if i < len(values) else None
+
         rows = [
             [i, accepted[i], metrics["drafted_per_position"][i], metrics["per_position_acceptance"][i],
-             metrics["conditional_acceptance"][i]]
+             bound("per_position_acceptance", "low", i), bound("per_position_acceptance", "high", i),
+             metrics["conditional_acceptance"][i], bound("conditional_acceptance", "low", i),
+             bound("conditional_acceptance", "high", i)]
             for i in range(len(accepted))
         ]
         tables["per_position_acceptance"] = wandb.Table(
-            columns=["position", "accepted", "drafted", "per_position_acceptance", "conditional_acceptance"],
+            columns=["position", "accepted", "drafted", "per_position_acceptance", "per_position_low",
+                     "per_position_high", "conditional_acceptance", "conditional_low", "conditional_high"],
             data=rows,
         )
     if metrics.get("num_drafts"):
@@ -166,6 +177,32 @@ def _tables(wandb, metrics: dict) -> dict:
             tables[level] = wandb.Table(columns=[level.removeprefix("by_"), *GROUP_TABLE_COLUMNS],
                                         data=[[name, *group_row(m)] for name, m in groups.items()])
     return tables
+
+
+REPEAT_COLUMNS = ("repeat", "sweep_slot", "started_at", "output_tokens_per_s", "ttft_ms_p50", "tpot_ms_p50",
+                  "e2e_ms_mean", "acceptance_length", "wall_s", "process_cpu_s", "load_1min_after")
+
+
+def _repeat_tables(wandb, record: dict) -> dict:
+    """``repeats``: one row per measured repeat (its figures, slot, times, load after it), and
+    ``intervals``: each figure's mean, std, 95% interval and n over the repeats, so a W&B chart can draw
+    error bars."""
+    repeats = record.get("repeats") or []
+    if not repeats:
+        return {}
+    rows = []
+    for r in repeats:
+        figures, after = r.get("figures") or {}, (r.get("machine") or {}).get("after") or {}
+        rows.append([r.get("repeat"), r.get("sweep_slot"), r.get("started_at"), figures.get("output_tokens_per_s"),
+                     (figures.get("ttft_ms") or {}).get("p50"), (figures.get("tpot_ms") or {}).get("p50"),
+                     (figures.get("e2e_ms") or {}).get("mean"), figures.get("acceptance_length"), r.get("wall_s"),
+                     r.get("process_cpu_s"), (after.get("load_avg") or [None])[0]])
+    intervals = (record.get("metrics") or {}).get("intervals") or {}
+    flat = flatten({k: v for k, v in intervals.items() if k != "acceptance"})
+    figures = [name.removesuffix(".mean") for name in flat if name.endswith(".mean")]
+    summary = [[f, *(flat.get(f"{f}.{stat}") for stat in ("mean", "std", "low", "high", "n"))] for f in figures]
+    return {"repeats": wandb.Table(columns=list(REPEAT_COLUMNS), data=rows),
+            "intervals": wandb.Table(columns=["figure", "mean", "std", "low", "high", "n"], data=summary)}
 
 
 # Columns of the by_category / by_task tables (specexp.group_metrics): name -> how to read it from a group.

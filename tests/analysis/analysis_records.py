@@ -30,6 +30,7 @@ def synthetic_record(k: int, alpha: float = 0.7, tokens_per_s: float = 100.0, pa
     metrics = {
         "num_speculative_tokens": k, **stats.metrics(),
         "acceptance_histogram_per_request": stats.histograms_per_request(),
+        "drafted_per_position_per_request": {rid: list(c.drafted_per_position) for rid, c in stats.per_request.items()},
         "output_tokens_per_s": tokens_per_s,
         "ttft_ms": _percentiles(latency_ms[0]),
         "tpot_ms": _percentiles(latency_ms[1]),
@@ -138,3 +139,23 @@ def synthetic_steps(k: int, num_reqs: int = 2, draft_forward_ms: float = 2.0, ve
                      "draft_ms": draft_forward_ms * k, "verify_ms": verify_ms, "sample_ms": 0.1,
                      "schedule_ms": 0.2, "step_ms": draft_forward_ms * k + verify_ms + 0.3})
     return pd.DataFrame(rows)
+
+
+def with_repeats(record: dict, tokens_per_s: list[float], noisy: bool = False) -> dict:
+    """``record`` as a run of ``len(tokens_per_s)`` repeats: per-repeat figures, the intervals over them and
+    the bootstrap over its requests (specexp.measure.intervals), the mean as its tokens/s; ``noisy``: its
+    record marks every timing figure (a busy machine)."""
+    from specexp.measure.intervals import bootstrap_acceptance, repeat_summary
+
+    metrics = record["metrics"]
+    summary = repeat_summary(tokens_per_s)
+    metrics["output_tokens_per_s"] = summary["mean"]
+    metrics["num_repeats"] = len(tokens_per_s)
+    metrics["num_requests"] = record["config"]["workload"]["num_prompts"]
+    metrics["intervals"] = {"output_tokens_per_s": summary,
+                            "acceptance": bootstrap_acceptance(list(metrics["acceptance_histogram_per_request"].values()))}
+    metrics["noise"] = {"flags": ["machine_busy"] if noisy else [], "figures": ["timing"] if noisy else [],
+                        "warnings": ["the machine was busy (1-min load 3.41 > 1 x 2 cores)"] if noisy else []}
+    record["repeats"] = [{"repeat": r, "figures": {"output_tokens_per_s": v}} for r, v in enumerate(tokens_per_s)]
+    record["measure"] = {"order": "interleaved", "engine_builds": 1, "warmup_requests": 1}
+    return record

@@ -94,7 +94,7 @@ def test_report_command_writes_figures_and_summary_table(sweep_dir, tmp_path):
     assert done.returncode == 0, done.stderr
     assert {p.stem for p in out.glob("*.png")} == set(FIGURES)
     text = (out / "report.md").read_text()
-    assert "| group | k | acceptance length |" in text
+    assert "| group | k | acceptance length [95%] |" in text
     assert "| tiny_random · random · native | tiny_random | random | native | cpu |" in text  # the group's header
     runs_section = text.split("## Runs")[1].split("## Theory fit")[0]
     rows = [line for line in runs_section.splitlines() if line.startswith("| tiny_random · random · native")]

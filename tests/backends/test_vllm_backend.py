@@ -447,7 +447,7 @@ def test_run_maps_a_vllm_run_onto_outputs_and_metrics(fake_vllm, tiny_llama_dir,
     llm = FakeLLM.instances[0]
     assert llm.kwargs["speculative_config"]["num_speculative_tokens"] == 3
     warmup, measured = llm.calls
-    assert warmup[1][0].kwargs["max_tokens"] == backend.WARMUP_NEW_TOKENS
+    assert warmup[1][0].kwargs["max_tokens"] == min(backend.WARMUP_NEW_TOKENS, spec.sampling.max_new_tokens)
     assert [p["prompt_token_ids"] for p in measured[0]] == [[1, 5, 6, 7, 8, 9], [1, 7, 9, 11]]
     assert [r.output_token_ids for r in result.requests] == [[9, 8, 7, 6, 5, 1], [11, 9, 7, 1]]
     assert result.requests[0].output_text  # decoded with the target's tokenizer.json
