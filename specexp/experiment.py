@@ -230,7 +230,8 @@ def _finish_ok(record: dict, run_dir: Path, measured: dict, spec, started: float
     :func:`specexp.measure.summary.summarize` made of the repeats, plus the first repeat's ``env``."""
     from specexp.result import RunResult
 
-    result = RunResult(measured["requests"], measured["steps"], measured["metrics"], measured["env"])
+    result = RunResult(measured["requests"], measured["steps"], measured["metrics"], measured["env"],
+                       measured["traces"])
     try:
         _write_outputs(run_dir, result, spec)
     except OSError as e:

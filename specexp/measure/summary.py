@@ -11,7 +11,8 @@
   (:func:`specexp.measure.guards.noise_report`).
 - ``measure``: the settings used, the order the repeats ran in (``interleaved`` or ``back_to_back``, and why),
   how many times the engine was built, and the machine's state before the first repeat and after the last.
-- steps.parquet holds every repeat's steps, with a ``repeat`` column.
+- steps.parquet holds every repeat's steps, with a ``repeat`` column; traces.parquet (like outputs.jsonl) the
+  first repeat's, so its rows recompute the record's acceptance counters exactly.
 """
 
 from __future__ import annotations
@@ -26,8 +27,10 @@ from specexp.measure.loop import Measurement
 from specexp.measure.settings import MeasureSettings
 from specexp.result import STEP_TIME_KEYS
 
-TIMING_SCALARS = ("output_tokens_per_s", "duration_s")
-TIMING_DISTRIBUTIONS = (*LATENCY_KEYS, *STEP_TIME_KEYS)
+# Every latency and throughput figure of a pass (docs/design.md §4), load metrics included.
+TIMING_SCALARS = ("output_tokens_per_s", "duration_s", "requests_per_s", "total_tokens_per_s",
+                  "goodput_requests_per_s")
+TIMING_DISTRIBUTIONS = (*LATENCY_KEYS, *STEP_TIME_KEYS, "tokens_per_s_per_user", "verify_share")
 STATS = ("mean", "p50", "p90", "p99")
 
 
@@ -101,7 +104,8 @@ def step_rows(results: list) -> list[dict]:
 
 def summarize(measurement: Measurement, settings: MeasureSettings, order: str, order_note: str,
               own_pid: int, siblings=()) -> dict:
-    """``{"metrics", "repeats", "measure", "requests", "steps"}`` for the run record (module docstring)."""
+    """``{"metrics", "repeats", "measure", "requests", "steps", "traces"}`` for the run record (module
+    docstring)."""
     results = measurement.results
     per_repeat = [timing_figures(r.metrics) for r in results]
     metrics = copy.deepcopy(results[0].metrics)
@@ -131,4 +135,4 @@ def summarize(measurement: Measurement, settings: MeasureSettings, order: str, o
         "machine": measurement.machine,
     }
     return {"metrics": metrics, "repeats": repeats, "measure": measure, "requests": results[0].requests,
-            "steps": step_rows(results)}
+            "steps": step_rows(results), "traces": list(getattr(results[0], "traces", []) or [])}

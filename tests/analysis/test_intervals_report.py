@@ -6,16 +6,13 @@ from __future__ import annotations
 
 import math
 
-import matplotlib
+import pytest
+from analysis_records import synthetic_record, with_repeats
+from matplotlib.container import ErrorbarContainer
 
-matplotlib.use("Agg")
-import pytest  # noqa: E402
-from analysis_records import synthetic_record, with_repeats  # noqa: E402
-from matplotlib.container import ErrorbarContainer  # noqa: E402
-
-from specexp.analysis import fit_theory, load_runs, plots, speedup  # noqa: E402
-from specexp.analysis.report import write_report  # noqa: E402
-from specexp.measure.intervals import ratio_interval  # noqa: E402
+from specexp.analysis import fit_theory, load_runs, plots, speedup
+from specexp.analysis.report import write_report
+from specexp.measure.intervals import ratio_interval
 
 REPEATS = {0: [100.0, 103.0, 97.0], 1: [131.0, 128.0, 134.0], 2: [150.0, 146.0, 155.0], 4: [149.0, 152.0, 144.0]}
 
@@ -75,7 +72,7 @@ def test_report_md_shows_intervals_sample_counts_and_flags_noisy_runs(sweep, tmp
     text = write_report(sweep, tmp_path / "report").read_text()
     runs = text.split("## Runs")[1].split("## Theory fit")[0]
     assert "100.0 ± 3.0 (n=3)" in runs and "† " not in runs.splitlines()[3]
-    assert [line for line in runs.splitlines() if "| 4 |" in line][0].count("†") >= 2  # tokens/s and speedup
+    assert next(line for line in runs.splitlines() if "| 4 |" in line).count("†") >= 2  # tokens/s and speedup
     speedups = text.split("## Speedup over k=0")[1].split("##")[0]
     low, high = (ratio_interval(REPEATS[2], REPEATS[0])[side] for side in ("low", "high"))
     assert f"[{low:.2f}, {high:.2f}]" in speedups
