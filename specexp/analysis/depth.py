@@ -22,6 +22,7 @@ DEPTH_KEYS = ("speculator.num_speculative_tokens_per_batch_size", "speculator.dr
 BATCH_COLUMN = "engine.max_num_seqs"
 DYNAMIC_MODES = ("schedule", "confidence", "goodput")
 TOKENS = "output_tokens_per_s"
+TOKENS_STD = "intervals.output_tokens_per_s.std"  # over the run's repeats (specexp.measure)
 
 
 def _present(value) -> bool:
@@ -74,11 +75,22 @@ def _label(cell: pd.DataFrame) -> str:
     return " · ".join(str(p) for p in parts if _present(p) and isinstance(p, str)) or "runs"
 
 
+def _spread_of(run, name: str) -> dict:
+    """``{name_std, name_n}``: a run's tokens/s std over its repeats and their count (None where unrecorded)."""
+    if run is None:
+        return {f"{name}_std": None, f"{name}_n": None}
+    def known(value):
+        return None if value is None or (isinstance(value, float) and math.isnan(value)) else value
+
+    return {f"{name}_std": known(run.get(TOKENS_STD)), f"{name}_n": known(run.get("num_repeats"))}
+
+
 def dynamic_depth_table(runs: pd.DataFrame) -> pd.DataFrame:
     """One row per (depth group, batch size) with a dynamic run: ``group`` (pair · workload · sweep),
     ``batch_size``, ``best_static_k``, ``best_static_tokens_per_s`` and per dynamic mode
     ``<mode>_tokens_per_s``, ``<mode>_mean_k`` and ``<mode>_ratio`` (÷ the best static; None without a static
-    run). Groups in first-appearance order, batch sizes ascending."""
+    run); each tokens/s with its std over repeats (``..._std``) and repeat count (``..._n``). Groups in
+    first-appearance order, batch sizes ascending."""
     runs = with_depth_modes(runs)
     rows = []
     if runs.empty or TOKENS not in runs:
@@ -92,7 +104,8 @@ def dynamic_depth_table(runs: pd.DataFrame) -> pd.DataFrame:
         best = static.loc[static[TOKENS].idxmax()] if len(static) else None
         best_tps = float(best[TOKENS]) if best is not None else None
         row = {"group": _label(cell), "batch_size": size,
-               "best_static_k": int(best["k"]) if best is not None else None, "best_static_tokens_per_s": best_tps}
+               "best_static_k": int(best["k"]) if best is not None else None, "best_static_tokens_per_s": best_tps,
+               **_spread_of(best, "best_static_tokens_per_s")}
         for mode in DYNAMIC_MODES:
             runs_of_mode = dynamic[dynamic["depth_mode"] == mode]
             if runs_of_mode.empty:
@@ -100,6 +113,7 @@ def dynamic_depth_table(runs: pd.DataFrame) -> pd.DataFrame:
             run = runs_of_mode.iloc[0]
             tps = run[TOKENS]
             row[f"{mode}_tokens_per_s"] = tps
+            row.update(_spread_of(run, f"{mode}_tokens_per_s"))
             row[f"{mode}_mean_k"] = run["mean_k"]
             row[f"{mode}_ratio"] = tps / best_tps if best_tps and pd.notna(tps) else None
         rows.append(row)
@@ -114,16 +128,19 @@ def dynamic_depth_table(runs: pd.DataFrame) -> pd.DataFrame:
 def dynamic_depth_markdown(table: pd.DataFrame) -> str:
     """The table as markdown: per batch size, the best static k and its tokens/s, then each mode's tokens/s,
     mean k and ratio to the best static k."""
-    from specexp.analysis.report_sections import fmt, markdown_table
+    from specexp.analysis.report_sections import fmt, markdown_table, spread
+
+    def tokens(r, name: str) -> str:
+        return spread(r.get(name), r.get(f"{name}_std"), r.get(f"{name}_n"))
 
     modes = [m for m in DYNAMIC_MODES if f"{m}_tokens_per_s" in table]
-    header = ["group", "batch size", "best static k", "tokens/s"]
+    header = ["group", "batch size", "best static k", "tokens/s (mean ± std, n)"]
     header += [f"{m} {what}" for m in modes for what in ("tokens/s", "mean k", "÷ best static")]
     rows = []
     for _, r in table.iterrows():
-        cells = [str(r["group"]), fmt(r["batch_size"]), fmt(r["best_static_k"]), fmt(r["best_static_tokens_per_s"], 1)]
+        cells = [str(r["group"]), fmt(r["batch_size"]), fmt(r["best_static_k"]), tokens(r, "best_static_tokens_per_s")]
         for m in modes:
-            cells += [fmt(r.get(f"{m}_tokens_per_s"), 1), fmt(r.get(f"{m}_mean_k")), fmt(r.get(f"{m}_ratio"), 3)]
+            cells += [tokens(r, f"{m}_tokens_per_s"), fmt(r.get(f"{m}_mean_k")), fmt(r.get(f"{m}_ratio"), 3)]
         rows.append(cells)
     return markdown_table(rows, header)
 

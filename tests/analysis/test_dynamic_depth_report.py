@@ -7,7 +7,13 @@ from __future__ import annotations
 import pytest
 from analysis_records import synthetic_record
 
-from specexp.analysis.depth import depth_mode, dynamic_depth_table, has_dynamic_runs, mean_depth
+from specexp.analysis.depth import (
+    depth_mode,
+    dynamic_depth_markdown,
+    dynamic_depth_table,
+    has_dynamic_runs,
+    mean_depth,
+)
 from specexp.analysis.load import load_runs
 from specexp.analysis.report import write_report
 from specexp.engine.stats import AcceptanceStats
@@ -84,7 +90,7 @@ def test_the_report_has_a_dynamic_depth_section_and_figure(write_run, tmp_path):
     report = write_report(tmp_path / "runs", tmp_path / "out").read_text()
     section = report.split("## Dynamic depth", 1)[1].split("\n## ", 1)[0]
     lines = [line for line in section.splitlines() if line.startswith("| p · w")]
-    assert len(lines) == 2 and "| 1 | 4 | 90.0 |" in lines[0] and "| 16 | 1 | 400.0 |" in lines[1]
+    assert len(lines) == 2 and "| 1 | 4 | 90.0 (n=1) |" in lines[0] and "| 16 | 1 | 400.0 (n=1) |" in lines[1]
     assert "1.025" in lines[1]  # goodput ÷ the best static k at batch 16
     assert (tmp_path / "out" / "dynamic_depth.png").is_file()
 
@@ -96,3 +102,16 @@ def test_a_report_without_dynamic_runs_has_no_dynamic_depth_section(write_run, t
     assert not has_dynamic_runs(runs) and dynamic_depth_table(runs).empty
     report = write_report(tmp_path / "runs", tmp_path / "out").read_text()
     assert "## Dynamic depth" not in report and not (tmp_path / "out" / "dynamic_depth.png").exists()
+
+
+def test_dynamic_depth_tokens_per_s_carry_their_spread_over_repeats(write_run, tmp_path):
+    for job, (keys, tps, std) in enumerate([({}, 90.0, 1.5), ({"adaptive": "goodput"}, 95.0, 4.25)]):
+        record = _dynamic(synthetic_record(4, tokens_per_s=tps, max_num_seqs=1), **keys)
+        record["metrics"]["num_repeats"] = 3
+        record["metrics"]["intervals"] = {"output_tokens_per_s": {"mean": tps, "std": std, "low": tps - 2 * std,
+                                                                  "high": tps + 2 * std, "n": 3}}
+        write_run(f"sweep_a/{job}", record)
+    table = dynamic_depth_table(load_runs(tmp_path / "runs"))
+    assert table["best_static_tokens_per_s_std"].tolist() == [1.5] and table["goodput_tokens_per_s_n"].tolist() == [3]
+    markdown = dynamic_depth_markdown(table)
+    assert "| 90.0 ± 1.5 (n=3) |" in markdown and "| 95.0 ± 4.2 (n=3) |" in markdown
