@@ -18,7 +18,14 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from specexp.analysis.load_tables import SERIES, best_k_table, load_axis, load_table, oracle_table, with_series
+from specexp.analysis.load_tables import (
+    SERIES,
+    best_k_table,
+    load_axis,
+    load_table,
+    oracle_table,
+    with_series,
+)
 from specexp.analysis.plot_style import grid, k_color, note, panel_title, title
 
 AXIS_LABELS = {"workload.max_concurrency": "requests in flight (workload.max_concurrency)",

@@ -112,10 +112,8 @@ def write_figures(report: Report, out: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from specexp.analysis import tasks
+    from specexp.analysis import depth, tasks
     from specexp.analysis.plots import ACCEPTANCE_FIGURES, FIGURES
-
-    from specexp.analysis import depth
 
     figures = {name: make for name, make in FIGURES.items()
                if not report.acceptance_only or name in ACCEPTANCE_FIGURES}

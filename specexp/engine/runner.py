@@ -44,7 +44,7 @@ from specexp.engine.cudagraph import (
     default_capture_sizes,
     default_seq_len_buckets,
 )
-from specexp.engine.depth import StaticDepth, describe_graph_cost, depth_policy, graph_keys
+from specexp.engine.depth import StaticDepth, depth_policy, describe_graph_cost, graph_keys
 from specexp.engine.goodput import StepCostTable
 from specexp.engine.inputs import InputBuffers
 from specexp.engine.output import EngineOutput, StepRecord

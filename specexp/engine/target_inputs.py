@@ -10,7 +10,6 @@ device: one gather copies them from the draft buffer into the input ids.
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 from specexp.engine.cudagraph import FULL, BatchExecutionDescriptor
 from specexp.engine.inputs import build_step_inputs, host_tensor
