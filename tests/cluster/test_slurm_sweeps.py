@@ -133,13 +133,17 @@ def test_a_report_reads_the_sweep_the_cluster_ran(slurm_sweep, tmp_path):
 
 @pytest.fixture(scope="module")
 def cancelled_sweep(tmp_path_factory, slurm_cluster, local_sweeps):
-    """A two-job sweep on Slurm whose job 1 is cancelled with scancel once it runs (its directory exists)."""
+    """A two-job sweep on Slurm whose job 1 is cancelled with scancel while it measures (its log says it serves).
+    Many repeats keep each job measuring for seconds (acceptance comes from the first repeat, as without them)."""
     runs = tmp_path_factory.mktemp("cancel-runs")
     sweep_dir = runs / "cancelled"
     env = cli_env(runs, slurm_cluster.env)
-    proc = StartedCli([*SWEEP, depths(DEPTHS[:2]), *ON_SLURM, f"hydra.sweep.dir={sweep_dir}"], env, runs / "log")
+    proc = StartedCli([*SWEEP, depths(DEPTHS[:2]), *ON_SLURM, "measure.repeats=60", f"hydra.sweep.dir={sweep_dir}"],
+                      env, runs / "log")
+    log = sweep_dir / "1" / "specexp.log"
     deadline = time.monotonic() + 120
-    while not (sweep_dir / "1" / ".hydra").is_dir() and proc.poll() is None and time.monotonic() < deadline:
+    while not (log.is_file() and "serving" in log.read_text()) and proc.poll() is None \
+            and time.monotonic() < deadline:
         time.sleep(0.05)
     running = [line.split()[0] for line in slurm_cluster.squeue() if line.endswith(" RUNNING")]
     target = next((job for job in running if job.endswith("_1")), None)
