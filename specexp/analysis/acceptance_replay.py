@@ -58,20 +58,14 @@ ACCOUNTING_RULES = {
 
 
 @dataclass
-class ReplayCounts:
-    """Counters of docs/design.md §4 for one request or summed over a run.
-
-    num_drafts: verified drafts; num_draft_tokens: tokens they proposed; accepted_per_position[i]: drafts
-    whose token i was accepted (length k); num_counted_tokens: tokens the backend's counters account for
-    (undrafted tokens + drafts + accepted) — the output length, or more where accepted tokens past the end
-    are counted.
-    """
+class DraftCounts:
+    """Draft counters of docs/design.md §4 at depth k: ``num_drafts`` (verified drafts), ``num_draft_tokens``
+    (tokens they proposed), ``accepted_per_position[i]`` (drafts whose token i was accepted; length k)."""
 
     k: int
     num_drafts: int = 0
     num_draft_tokens: int = 0
     accepted_per_position: list[int] = field(default_factory=list)
-    num_counted_tokens: int = 0
 
     def __post_init__(self) -> None:
         if not self.accepted_per_position:
@@ -85,6 +79,15 @@ class ReplayCounts:
     def acceptance_length(self) -> float:
         """1 + accepted tokens per draft (1.0 without drafts), as docs/design.md §4 defines it."""
         return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 1.0
+
+
+@dataclass
+class ReplayCounts(DraftCounts):
+    """Counters of docs/design.md §4 for one request or summed over a run (:class:`DraftCounts`, and
+    num_counted_tokens: tokens the backend's counters account for (undrafted tokens + drafts + accepted) — the
+    output length, or more where accepted tokens past the end are counted)."""
+
+    num_counted_tokens: int = 0
 
     def __add__(self, other: ReplayCounts) -> ReplayCounts:
         if other.k != self.k:

@@ -28,10 +28,11 @@ k = 0 on the same steps.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import pandas as pd
 
+from specexp.analysis.acceptance_replay import DraftCounts
 from specexp.analysis.traces import output_positions
 
 
@@ -65,31 +66,14 @@ def fill_matches(observed: Sequence[bool | None], complete: Sequence[bool]) -> l
 
 
 @dataclass
-class StaticReplay:
-    """What a static k does over some requests: ``num_drafts``, ``num_draft_tokens``, ``accepted_per_position``
-    (length k), ``num_row_steps`` (steps that ran a request after its prefill: verifications and plain
-    decodes), ``num_output_tokens``, and ``num_unobserved`` (unobserved positions the replay reached, read as
-    mismatches: 0 = exact)."""
+class StaticReplay(DraftCounts):
+    """What a static k does over some requests: the draft counters (:class:`DraftCounts`), ``num_row_steps``
+    (steps that ran a request after its prefill: verifications and plain decodes), ``num_output_tokens``, and
+    ``num_unobserved`` (unobserved positions the replay reached, read as mismatches: 0 = exact)."""
 
-    k: int
-    num_drafts: int = 0
-    num_draft_tokens: int = 0
-    accepted_per_position: list[int] = field(default_factory=list)
     num_row_steps: int = 0
     num_output_tokens: int = 0
     num_unobserved: int = 0
-
-    def __post_init__(self) -> None:
-        self.accepted_per_position = self.accepted_per_position or [0] * self.k
-
-    @property
-    def num_accepted_tokens(self) -> int:
-        return sum(self.accepted_per_position)
-
-    @property
-    def acceptance_length(self) -> float:
-        """1 + accepted tokens per draft (1.0 without drafts), docs/design.md §4."""
-        return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 1.0
 
     def add(self, other: StaticReplay) -> None:
         self.num_drafts += other.num_drafts
