@@ -1,4 +1,4 @@
-"""Run lifecycle: resolved config -> validate -> RunSpec -> warm-up + repeats on one backend session
+"""Run lifecycle: resolved config -> validate -> RunSpec -> warm-up + repeats on one backend server
 (:mod:`specexp.measure`) -> run record (result.json, outputs.jsonl, steps.parquet, traces.parquet,
 answers.jsonl) -> W&B -> summary table.
 

@@ -1,7 +1,7 @@
 """Backend registry: a name -> a lazily imported module exposing
 ``run(spec: RunSpec, progress=None) -> RunResult`` and, for measurements of several repeats on one engine,
-``open_session(spec, progress=None)``: a session with ``warm_up(prompts)``, ``serve(prompts, progress) ->
-RunResult`` (one measured pass) and ``close()`` (:func:`open_session`).
+``open_server(spec, progress=None)``: a server with ``warm_up(prompts)``, ``serve(prompts, progress) ->
+RunResult`` (one measured pass) and ``close()`` (:func:`open_server`).
 
 - ``native``: specexp's own engine (``specexp.backends.native``).
 - ``hf``: Hugging Face transformers assisted generation, one request at a time (``specexp.backends.hf``).
@@ -60,8 +60,8 @@ def run_backend(module: ModuleType, spec, progress=None):
     return module.run(spec)
 
 
-def open_session(module: ModuleType, spec, progress=None):
-    """``module.open_session(spec, progress=progress)``: the backend's models loaded and its engine built once,
-    for several measured passes; ``None`` when the backend has no sessions (only ``run``)."""
-    opener = getattr(module, "open_session", None)
+def open_server(module: ModuleType, spec, progress=None):
+    """``module.open_server(spec, progress=progress)``: the backend's models loaded and its engine built once,
+    for several measured passes; ``None`` when the backend has no servers (only ``run``)."""
+    opener = getattr(module, "open_server", None)
     return opener(spec, progress=progress) if callable(opener) else None

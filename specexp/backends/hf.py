@@ -23,14 +23,13 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Self
 
 import torch
-from tokenizers import Tokenizer
 from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.generation.streamers import BaseStreamer
 from transformers.utils import logging as hf_logging
 
+from specexp.backends.server import BackendServer, target_tokenizer, warmup_limit
 from specexp.backends.turns import TurnProgress, serve_by_turn
 from specexp.engine.progress import ProgressCallback
 from specexp.engine.stats import AcceptanceStats, request_latency
@@ -49,19 +48,19 @@ END_OF_REQUEST_RULE = ("hf: output token 0 is speculated too (no prefill sample)
 def run(spec: RunSpec, progress: ProgressCallback | None = None) -> RunResult:
     """Generate every prompt of ``spec`` one at a time (a conversation's turns in order), after one warm-up
     request, and return outputs, step rows and §4 metrics. ``progress`` receives a RUN event before the first
-    request and after each. The measurement layer uses :func:`open_session` to serve several repeats."""
-    with open_session(spec) as session:
-        session.warm_up(spec.prompts[:1], WARMUP_NEW_TOKENS)
-        return session.serve(spec.prompts, progress)
+    request and after each. The measurement layer uses :func:`open_server` to serve several repeats."""
+    with open_server(spec) as server:
+        server.warm_up(spec.prompts[:1], WARMUP_NEW_TOKENS)
+        return server.serve(spec.prompts, progress)
 
 
-def open_session(spec: RunSpec, progress: ProgressCallback | None = None) -> HfSession:
-    """Load both models and configure generation once, for any number of :meth:`HfSession.serve` passes
+def open_server(spec: RunSpec, progress: ProgressCallback | None = None) -> HfServer:
+    """Load both models and configure generation once, for any number of :meth:`HfServer.serve` passes
     (``progress`` is unused here: loading reports nothing)."""
-    return HfSession(spec)
+    return HfServer(spec)
 
 
-class HfSession:
+class HfServer(BackendServer):
     """Both models, loaded once: :meth:`warm_up`, then :meth:`serve` once per repeat. Sampling is seeded with
     ``engine.seed`` before the first measured pass; later passes draw on from there."""
 
@@ -76,16 +75,9 @@ class HfSession:
         self.draft = load_model(spec.pair.draft, spec, self.device) if self.k > 0 else None
         configure_generation(self.target, self.draft, spec)
         self.clock.lap("model_load")
-        tokenizer_path = spec.pair.target.tokenizer_path
-        self.tokenizer = Tokenizer.from_file(tokenizer_path) if tokenizer_path else None
+        self.tokenizer = target_tokenizer(spec)
         self.probe = GenerationProbe(self.target, AcceptanceStats(self.k), sync=self.device.type == "cuda")
         self.seeded = False
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     def close(self) -> None:
         """Take the probe's hooks off the target."""
@@ -94,7 +86,7 @@ class HfSession:
     def warm_up(self, prompts: list[Prompt], max_new_tokens: int | None = None) -> None:
         """Generate ``prompts`` (first turns, one at a time, to ``max_new_tokens``, at most
         ``sampling.max_new_tokens``) untimed and uncounted."""
-        limit = min(max_new_tokens or self.spec.sampling.max_new_tokens, self.spec.sampling.max_new_tokens)
+        limit = warmup_limit(max_new_tokens, self.spec.sampling.max_new_tokens)
         with self.probe.paused():
             for prompt in prompts:
                 self.probe.begin_request(prompt.id)

@@ -1,7 +1,7 @@
 """Backend `native`: specexp's own engine (continuous batching, draft-model speculation, paged caches).
 
 Turns a RunSpec into engine configs, loads the pair natively (torch + safetensors) and builds the engine once
-(:func:`open_session`); the measurement layer warms it up and serves the workload once per repeat, every prompt
+(:func:`open_server`); the measurement layer warms it up and serves the workload once per repeat, every prompt
 as its arrival process says (``workload.arrival``: all together, Poisson, a closed loop or a trace,
 :mod:`specexp.workloads.arrivals`; a conversation's later turns once its earlier turns are answered:
 :mod:`specexp.backends.turns`), and maps the engine's counters onto docs/design.md §4 and its per-row records
@@ -10,11 +10,9 @@ request (the wait for the next step, for a batch slot or for KV blocks)."""
 
 from __future__ import annotations
 
-from typing import Self
-
 import torch
-from tokenizers import Tokenizer
 
+from specexp.backends.server import BackendServer, target_tokenizer, warmup_limit
 from specexp.backends.turns import TurnProgress, serve_by_turn
 from specexp.engine.progress import ProgressCallback
 from specexp.engine.request import Request
@@ -39,19 +37,19 @@ def run(spec: RunSpec, progress: ProgressCallback | None = None) -> RunResult:
     """Serve spec.prompts once with the native engine after one warm-up request; outputs, per-step rows and §4
     metrics. progress receives the CUDA-graph capture's events and the run's (not the warm-up's).
     Multi-turn conversations are served turn by turn (:func:`specexp.backends.turns.serve_by_turn`). The
-    measurement layer uses :func:`open_session` instead, to serve several repeats on one engine."""
-    with open_session(spec, progress) as session:
-        session.warm_up(spec.prompts[:1], WARMUP_NEW_TOKENS)
-        return session.serve(spec.prompts, progress)
+    measurement layer uses :func:`open_server` instead, to serve several repeats on one engine."""
+    with open_server(spec, progress) as server:
+        server.warm_up(spec.prompts[:1], WARMUP_NEW_TOKENS)
+        return server.serve(spec.prompts, progress)
 
 
-def open_session(spec: RunSpec, progress: ProgressCallback | None = None) -> NativeSession:
+def open_server(spec: RunSpec, progress: ProgressCallback | None = None) -> NativeServer:
     """Load the pair and build the engine (CUDA graphs captured, reporting to ``progress``) once, for any
-    number of :meth:`NativeSession.serve` passes."""
-    return NativeSession(spec, progress)
+    number of :meth:`NativeServer.serve` passes."""
+    return NativeServer(spec, progress)
 
 
-class NativeSession:
+class NativeServer(BackendServer):
     """One engine for a whole measurement: :meth:`warm_up`, then :meth:`serve` once per repeat. Its start-up
     phases (model_load, engine_build, warmup) go into every pass's ``metrics.startup_s``."""
 
@@ -74,24 +72,14 @@ class NativeSession:
         self.engine = NativeEngine(target, draft, engine_cfg, spec_cfg, sampling_cfg, target.config.eos_token_ids,
                                    progress=progress)
         self.clock.lap("engine_build")
-        tokenizer_path = spec.pair.target.tokenizer_path
-        self.tokenizer = Tokenizer.from_file(tokenizer_path) if tokenizer_path else None
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def close(self) -> None:
-        """Nothing to release but the engine itself (freed with the session)."""
+        self.tokenizer = target_tokenizer(spec)
 
     def warm_up(self, prompts: list[Prompt], max_new_tokens: int | None = None) -> None:
         """Serve ``prompts`` (their first turns, together, to ``max_new_tokens``, at most
         ``sampling.max_new_tokens``) and discard them."""
         if prompts:
-            limit = min(max_new_tokens or self.max_new_tokens, self.max_new_tokens)
-            self.engine.generate([p.token_ids for p in prompts], max_new_tokens=limit)
+            self.engine.generate([p.token_ids for p in prompts],
+                                 max_new_tokens=warmup_limit(max_new_tokens, self.max_new_tokens))
         self.clock.lap("warmup")
 
     def serve(self, prompts: list[Prompt], progress: ProgressCallback | None = None) -> RunResult:

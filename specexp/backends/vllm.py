@@ -3,8 +3,8 @@
 Needs vLLM on a CUDA machine: ``pip install -e '.[vllm]'`` with torch 2.11 (vLLM 0.26 is the newest release
 built for it). On an offline GPU machine, ``../shared/gpu/fetch-vllm-wheels.sh DIR`` (run where PyPI is
 reachable) downloads the wheels vLLM 0.26 needs beside an installed torch; then
-``pip install --no-index --find-links DIR vllm==0.26.0``. vLLM is imported only by a session
-(:func:`open_session`), so the rest of specexp, and this module's pure functions, work without it.
+``pip install --no-index --find-links DIR vllm==0.26.0``. vLLM is imported only by a server
+(:func:`open_server`), so the rest of specexp, and this module's pure functions, work without it.
 
 What maps where:
 - :func:`llm_kwargs` / :func:`sampling_params_kwargs`: RunSpec -> ``vllm.LLM(...)`` / ``SamplingParams(...)``
@@ -28,7 +28,7 @@ What maps where:
   records reach the handler; with it in a subprocess the graph metrics are ``None``.
 - A model that gets random weights (``pair.weights=random``, or ``auto`` on a config-only directory): the
   native backend's seeded weights (same seed, dtype, device) are written to a temporary safetensors
-  checkpoint that vLLM loads, so all backends run the same models; it is deleted when the session closes.
+  checkpoint that vLLM loads, so all backends run the same models; it is deleted when the server closes.
 
 vLLM does not give GPU memory back within a process (its allocator pools, CUDA graphs and the engine stay
 until exit); the framework's sweep isolation already runs every sweep job in a fresh process.
@@ -51,9 +51,10 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Self
+from typing import Any
 
 from specexp.backends import vllm_load
+from specexp.backends.server import BackendServer, target_tokenizer, warmup_limit
 from specexp.backends.turns import TurnProgress, serve_by_turn
 from specexp.engine.progress import ProgressCallback
 from specexp.engine.stats import AcceptanceCounts, AcceptanceStats, request_latency
@@ -366,19 +367,19 @@ def check_available(spec: RunSpec):
 
 
 def run(spec: RunSpec, progress: ProgressCallback | None = None) -> RunResult:
-    """One warm-up request, then one :meth:`VllmSession.serve` pass over ``spec.prompts``; outputs and §4
-    metrics (the measurement layer uses :func:`open_session`, for several repeats)."""
-    with open_session(spec) as session:
-        session.warm_up(spec.prompts[:1], WARMUP_NEW_TOKENS)
-        return session.serve(spec.prompts, progress)
+    """One warm-up request, then one :meth:`VllmServer.serve` pass over ``spec.prompts``; outputs and §4
+    metrics (the measurement layer uses :func:`open_server`, for several repeats)."""
+    with open_server(spec) as server:
+        server.warm_up(spec.prompts[:1], WARMUP_NEW_TOKENS)
+        return server.serve(spec.prompts, progress)
 
 
-def open_session(spec: RunSpec, progress: ProgressCallback | None = None) -> VllmSession:
-    """``vllm.LLM`` built once, for several :meth:`VllmSession.serve` passes (``progress`` unused)."""
-    return VllmSession(spec)
+def open_server(spec: RunSpec, progress: ProgressCallback | None = None) -> VllmServer:
+    """``vllm.LLM`` built once, for several :meth:`VllmServer.serve` passes (``progress`` unused)."""
+    return VllmServer(spec)
 
 
-class VllmSession:
+class VllmServer(BackendServer):
     """One ``vllm.LLM`` for a whole measurement: :meth:`warm_up`, then :meth:`serve` once per repeat;
     :meth:`close` writes vllm.log and deletes a materialised checkpoint."""
 
@@ -386,7 +387,6 @@ class VllmSession:
         if not spec.backend_options.get("multiprocessing", False):
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         self.vllm = vllm = check_available(spec)
-        from tokenizers import Tokenizer
 
         from specexp.models import load_config
 
@@ -412,14 +412,7 @@ class VllmSession:
         except BaseException:
             self.close()
             raise
-        tokenizer_path = spec.pair.target.tokenizer_path
-        self.tokenizer = Tokenizer.from_file(tokenizer_path) if tokenizer_path else None
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+        self.tokenizer = target_tokenizer(spec)
 
     def close(self) -> None:
         """Stop capturing vLLM's log, write it as vllm.log, delete the scratch checkpoint."""
@@ -433,7 +426,7 @@ class VllmSession:
         """Generate ``prompts`` (first turns, together, to ``max_new_tokens``, at most
         ``sampling.max_new_tokens``) and discard them."""
         if prompts:
-            limit = min(max_new_tokens or self.spec.sampling.max_new_tokens, self.spec.sampling.max_new_tokens)
+            limit = warmup_limit(max_new_tokens, self.spec.sampling.max_new_tokens)
             kwargs = {**sampling_params_kwargs(self.spec, 0, self.target_config.eos_token_ids), "max_tokens": limit}
             self.llm.generate([{"prompt_token_ids": list(p.token_ids)} for p in prompts],
                               self.vllm.SamplingParams(**kwargs), use_tqdm=False)

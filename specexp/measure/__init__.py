@@ -1,7 +1,7 @@
 """Measurement rigour: repeats and warm-up around one engine, intervals for every figure, noise guards.
 
 - :mod:`~specexp.measure.settings`: the ``measure`` config keys;
-- :mod:`~specexp.measure.loop`: warm-up, then the repeats, on one backend session (machine state read around each);
+- :mod:`~specexp.measure.loop`: warm-up, then the repeats, on one backend server (machine state read around each);
 - :mod:`~specexp.measure.summary`: the repeats -> result.json's ``repeats``, ``measure`` and ``metrics.intervals``;
 - :mod:`~specexp.measure.intervals`: intervals over repeats, bootstrap over requests, ratio (speedup) intervals;
 - :mod:`~specexp.measure.guards`: busy machine, disagreeing repeats, shared GPU;

@@ -31,7 +31,7 @@ class Measurement:
     """What :func:`measure` gathered. ``results``: one RunResult per repeat; ``repeats``: per repeat
     ``repeat``, ``sweep_slot``, ``started_at``, ``wall_s`` (the pass's wall time), ``process_cpu_s`` (this
     process's CPU seconds in it) and ``machine`` (``before``/``after`` readings); ``machine``: the readings
-    before the first repeat (after warm-up) and after the last; ``engine_builds``: 1 with a backend session,
+    before the first repeat (after warm-up) and after the last; ``engine_builds``: 1 with a backend server,
     one per repeat for a backend that has only ``run``."""
 
     results: list = field(default_factory=list)
@@ -58,14 +58,14 @@ def _repeat(number: int, slot: int | None, device: str, before: dict, serve) -> 
 
 def measure(module, spec, settings: MeasureSettings, progress=None, pace: Pace | None = None) -> Measurement:
     """Warm-up and ``settings.repeats`` measured passes of ``spec`` on backend ``module`` (see the module
-    docstring). A backend without sessions is run once per repeat instead (its engine built each time, its
+    docstring). A backend without servers is run once per repeat instead (its engine built each time, its
     own warm-up inside)."""
-    from specexp.backends import open_session, run_backend
+    from specexp.backends import open_server, run_backend
 
     device = spec.engine.device
     out = Measurement(warmup_requests=settings.warmup_requests)
-    session = open_session(module, spec, progress)
-    if session is None:
+    server = open_server(module, spec, progress)
+    if server is None:
         out.engine_builds, out.warmup_requests = settings.repeats, None
         log.info("serving %d prompts, %d repeats (the backend is built for each)", len(spec.prompts), settings.repeats)
         out.machine["before"] = machine.snapshot(device)
@@ -78,8 +78,8 @@ def measure(module, spec, settings: MeasureSettings, progress=None, pace: Pace |
         if pace is not None:
             pace.wait("finish")
     else:
-        with session:
-            session.warm_up(warmup_prompts(spec.prompts, settings.warmup_requests), settings.warmup_new_tokens)
+        with server:
+            server.warm_up(warmup_prompts(spec.prompts, settings.warmup_requests), settings.warmup_new_tokens)
             log.info("models loaded and warmed up (%d requests): serving %d prompts, %d repeats",
                      settings.warmup_requests, len(spec.prompts), settings.repeats)
             out.machine["before"] = before = machine.snapshot(device)
@@ -87,7 +87,7 @@ def measure(module, spec, settings: MeasureSettings, progress=None, pace: Pace |
                 slot = pace.wait(f"repeat {r}") if pace is not None else None
                 if r or pace is not None:
                     before = machine.snapshot(device)
-                result, record = _repeat(r, slot, device, before, lambda: session.serve(spec.prompts, progress))
+                result, record = _repeat(r, slot, device, before, lambda: server.serve(spec.prompts, progress))
                 out.results.append(result)
                 out.repeats.append(record)
             if pace is not None:
