@@ -70,6 +70,16 @@ class RejectionSampler:
         self._rates_tensor: torch.Tensor | None = None
         self.generator = generator
 
+    def set_conditional_rates(self, rates: list[float]) -> None:
+        """Replace the synthetic per-position conditional acceptance (float[K], each in [0, 1]) in place: graphs
+        captured with the old rates read the new ones, since they hold the rates' device tensor."""
+        if self.conditional_rates is not None and len(rates) != len(self.conditional_rates):
+            raise ValueError(f"{len(rates)} synthetic rates for {len(self.conditional_rates)} draft positions")
+        self.conditional_rates = [float(r) for r in rates]
+        if self._rates_tensor is not None:
+            with torch.inference_mode():  # made inside the engine's inference mode
+                self._rates_tensor.copy_(torch.tensor(self.conditional_rates, dtype=torch.float32))
+
     def _synthetic_rates(self, k: int, device: torch.device) -> torch.Tensor | float:
         """Per-position conditional acceptance, fp32[k] on `device` (made once), or the scalar rate."""
         if self.conditional_rates is None:

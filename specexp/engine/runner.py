@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 
 import torch
 
@@ -274,6 +275,22 @@ class NativeEngine(TargetGraphs, TargetStepInputs):
         out[:, v + 1 : k + 1].fill_(-1)
         out[:, k + 1].copy_(verified.num_sampled)
         out[:, k + 2].copy_(torch.where(samples, num_drafts, 0))
+
+    def set_synthetic_acceptance(self, rate: float = 0.7, rates: Sequence[float] | None = None,
+                                 length: float | None = None) -> None:
+        """Change a synthetic-rejection engine's acceptance between runs, without a rebuild (its captured graphs
+        read the new rates): `rate`, `rates` or `length` as the `speculator.synthetic_acceptance_*` keys
+        (`specexp.engine.synthetic`). Raises EngineConfigError with one line when the engine does not run
+        `speculator.rejection=synthetic` or a value is out of range."""
+        if self.k == 0 or self.spec_cfg.rejection != "synthetic":
+            raise EngineConfigError(f"synthetic acceptance needs speculator.rejection=synthetic and k > 0 (this "
+                                    f"engine: rejection={self.spec_cfg.rejection}, k={self.k})")
+        spec = replace(self.spec_cfg, synthetic_acceptance_rate=rate,
+                       synthetic_acceptance_rates=tuple(rates) if rates is not None else None,
+                       synthetic_acceptance_length=length)
+        spec.synthetic_rates()  # validates
+        self.rejection.set_conditional_rates(spec.synthetic_conditional_rates())
+        self.spec_cfg = spec
 
     def persistent_buffer_bytes(self) -> int:
         total = self.buffers.nbytes() + sum(t.numel() * t.element_size() for t in (self.row_inputs, self.step_out))

@@ -106,3 +106,19 @@ def test_graph_memory_and_time_are_recorded_per_manager_size_and_k(pairs):
         assert {(r["num_reqs"], r["num_speculative_tokens"]) for r in records} == set(keys)
         assert all(r["capture_s"] > 0 for r in records)
     assert engine.graph_summary()["graph_capture_bytes"] > 0
+
+
+def test_synthetic_acceptance_set_between_runs_reaches_the_captured_graphs(pairs):
+    """The verify graphs sample with the engine's synthetic rates: changing them on a built engine changes what
+    its replays accept (a rate baked into the capture would keep the first one)."""
+    target_dir, draft_dir = pairs["llama+llama"]
+    target, draft = load_model(target_dir, device="cuda"), load_model(draft_dir, device="cuda")
+    spec = dict(num_speculative_tokens=4, rejection="synthetic", synthetic_acceptance_rate=1.0)
+    engine = _engine(target, draft, spec, graphs=True)
+    prompts = _prompts(8, seed=5)
+    for rate in (1.0, 0.0, 1.0):
+        engine.set_synthetic_acceptance(rate=rate)
+        out = engine.generate(prompts, max_new_tokens=16)
+        verifies = [s for s in out.steps if s.num_prefill_tokens == 0 and s.num_draft_tokens]
+        assert verifies and engine.verify_graphs.num_replays > 0
+        assert all(s.num_accepted_tokens == (s.num_draft_tokens if rate else 0) for s in verifies), rate

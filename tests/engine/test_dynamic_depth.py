@@ -231,3 +231,24 @@ def test_left_out_depths_run_eager_and_are_counted_per_size_and_k(pair_dirs, pro
     assert engine.verify_graphs.num_eager_uncaptured == dict(verify)
     assert engine.speculator.decode_graphs.num_eager_uncaptured == dict(decode)
     assert all(k in (0, 2, 5) for _, k, _ in engine.verify_graphs.graphs)
+
+
+def test_synthetic_acceptance_changes_between_runs_of_one_engine(pair_dirs, prompts):
+    """`set_synthetic_acceptance` on a built engine (graphs emulated): rate 1 accepts every verified draft, rate 0
+    none, and a value out of range or an engine without synthetic rejection gets one line naming it."""
+    from specexp.engine.config import EngineConfigError
+
+    target, draft = (load_model(d) for d in pair_dirs["lfm2+llama"])
+    engine = _engine(target, draft, dict(num_speculative_tokens=3, rejection="synthetic",
+                                         synthetic_acceptance_rate=0.5), 4, mode="full", capture_sizes=[1, 2, 4])
+    for rate in (1.0, 0.0, 1.0):
+        engine.set_synthetic_acceptance(rate=rate)
+        steps = [s for s in engine.generate(prompts).steps if s.num_draft_tokens]
+        assert steps and all(s.num_accepted_tokens == (s.num_draft_tokens if rate else 0) for s in steps), rate
+    engine.set_synthetic_acceptance(length=2.5)
+    assert engine.spec_cfg.synthetic_acceptance_length == 2.5
+    with pytest.raises(EngineConfigError, match="synthetic_acceptance_rate=1.5"):
+        engine.set_synthetic_acceptance(rate=1.5)
+    greedy = _engine(target, draft, dict(num_speculative_tokens=3), 4)
+    with pytest.raises(EngineConfigError, match="rejection=synthetic"):
+        greedy.set_synthetic_acceptance(rate=0.5)
