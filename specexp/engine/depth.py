@@ -102,6 +102,9 @@ class StaticDepth:
     def step_k(self, rows) -> int:
         return self.max_k
 
+    def reset(self) -> None:
+        """A new run (nothing to forget)."""
+
     def step_depths(self, num_reqs: int) -> frozenset[int]:
         """Every k a step of num_reqs rows may take."""
         return frozenset({self.max_k})
@@ -116,6 +119,9 @@ class ScheduledDepth:
 
     def step_k(self, rows) -> int:
         return self.schedule.k_for(len(rows))
+
+    def reset(self) -> None:
+        """A new run (nothing to forget)."""
 
     def step_depths(self, num_reqs: int) -> frozenset[int]:
         return frozenset({self.schedule.k_for(num_reqs)})

@@ -7,7 +7,7 @@ per-position rates)
 
     E(k) = 1 + sum_{i <= k} prod_{j <= i} alpha_j            (E(0) = 1: the target's own token)
 
-and costs t(k) = t_verify(k + 1, n) + k * t_draft(n) at the step's batch size n, from the engine's step costs
+and costs t(k) = fixed(n) + t_verify(k + 1, n) + k * t_draft(n) at the step's batch size n, from the engine's step costs
 measured at start-up (`StepCostTable`: a verify of k + 1 tokens a row and one draft decode step, each timed as
 the engine runs it, graph replay or eager, at every batch size it pads to). The request's k is
 argmax_k E(min(k, c)) / t(k) over k = 0..K, where c is the drafts it can still use (tokens left - 1); ties go to
@@ -20,8 +20,20 @@ d drafts with a accepted, the positions it observed move by an exponential movin
 `ema_weight` (default 0.25): alpha_j <- (1 - w) alpha_j + w x_j with x_j = 1 for j <= a and x_{a+1} = 0 (if
 a < d); positions past a + 1 were not observed (conditional on a rejection) and stay. When all d drafts were
 accepted, positions past d relax the same way towards alpha_d, so a request whose k fell can find its way back
-up. The run's estimate takes the same updates from every request. Everything is a function of the verifies in
-step order and the cost table, so a fixed seed (and table: `metrics.adaptive_step_costs`) gives the same ks.
+up. The run's estimate takes the same updates from every request; it starts again at the prior with every
+`generate` call (`reset`). k = 0 is not a trap: a step that verifies none of a request's drafts teaches nothing,
+so a request that chose k = 0 moves its estimate by the same weight towards the prior (the run's estimate too,
+on a step of k = 0); an estimate that fell by chance climbs back until drafting pays again, and drafts then
+measure it anew.
+
+The cost table's third term (`StepCostTable.fixed_ms`, measured at start-up by `NativeEngine.measure_fixed_ms`)
+is what a real step of n rows costs beyond the replays: the host's scheduling, staging and commit, and the draft's
+prefill of the tokens just committed. It weighs on every k alike, so it is what makes drafting pay on a pair
+whose step is bound by the host (t(k) = fixed + t_verify(k + 1) + k t_draft; without it a tiny pair's table says
+k = 0 where k = 4 runs 2.4 times as fast).
+
+Everything is a function of the verifies in step order and the cost table, so a fixed seed (and table:
+`metrics.adaptive_step_costs`) gives the same ks.
 """
 
 from __future__ import annotations
@@ -39,26 +51,28 @@ class GoodputSettings:
 
 @dataclass
 class StepCostTable:
-    """Step costs in ms by batch size: verify_ms[size][q - 1] (a verify of q tokens a row, q = 1..K+1) and
-    draft_ms[size] (one draft decode step). A batch of n rows costs what the smallest size >= n costs (the
+    """Step costs in ms by batch size: verify_ms[size][q - 1] (a verify of q tokens a row, q = 1..K+1),
+    draft_ms[size] (one draft decode step) and fixed_ms[size] (what a real step costs beyond them, at any k). A batch of n rows costs what the smallest size >= n costs (the
     largest size's beyond it)."""
 
     verify_ms: dict[int, list[float]]
     draft_ms: dict[int, float]
+    fixed_ms: dict[int, float] = field(default_factory=dict)  # by size; missing sizes cost 0
 
     def size_for(self, num_reqs: int) -> int:
         sizes = sorted(self.verify_ms)
         return next((s for s in sizes if s >= num_reqs), sizes[-1])
 
     def step_ms(self, k: int, num_reqs: int) -> float:
-        """t(k) = t_verify(k + 1, n) + k * t_draft(n) at batch size n = num_reqs."""
+        """t(k) = fixed(n) + t_verify(k + 1, n) + k * t_draft(n) at batch size n = num_reqs."""
         size = self.size_for(num_reqs)
-        return self.verify_ms[size][k] + k * self.draft_ms[size]
+        return self.fixed_ms.get(size, 0.0) + self.verify_ms[size][k] + k * self.draft_ms[size]
 
     def to_dict(self) -> dict:
-        """JSON-ready: {"verify_ms": {"SIZE": [q=1..]}, "draft_ms": {"SIZE": ms}}."""
+        """JSON-ready: {"verify_ms": {"SIZE": [q=1..]}, "draft_ms": {"SIZE": ms}, "fixed_ms": {"SIZE": ms}}."""
         return {"verify_ms": {str(s): list(v) for s, v in sorted(self.verify_ms.items())},
-                "draft_ms": {str(s): v for s, v in sorted(self.draft_ms.items())}}
+                "draft_ms": {str(s): v for s, v in sorted(self.draft_ms.items())},
+                "fixed_ms": {str(s): v for s, v in sorted(self.fixed_ms.items())}}
 
 
 @dataclass
@@ -80,6 +94,11 @@ class AcceptanceEstimate:
         if num_accepted == num_drafts:
             for j in range(num_drafts, len(alpha)):
                 alpha[j] += weight * (alpha[num_drafts - 1] - alpha[j])
+
+    def relax(self, prior: float, weight: float) -> None:
+        """A step that verified none of this estimate's drafts: every position moves towards the prior."""
+        for j, alpha in enumerate(self.conditional):
+            self.conditional[j] = alpha + weight * (prior - alpha)
 
 
 def expected_tokens(conditional: list[float], k: int) -> float:
@@ -112,6 +131,10 @@ class GoodputDepth:
     settings: GoodputSettings = field(default_factory=GoodputSettings)
 
     def __post_init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        """A new run: the run's estimate starts again at the prior."""
         self.run_estimate = AcceptanceEstimate([self.settings.prior_acceptance] * self.max_k)
 
     def step_depths(self, num_reqs: int) -> frozenset[int]:
@@ -130,11 +153,20 @@ class GoodputDepth:
         return estimate
 
     def step_k(self, rows) -> int:
-        k = 0
+        k, idle = 0, []
+        prior, weight = self.settings.prior_acceptance, self.settings.ema_weight
         for row in rows:
             estimate = self.estimate_of(row.request)
             if row.samples:
                 request = row.request
                 usable = request.max_new_tokens - request.num_output_tokens - 1
-                k = max(k, best_depth(estimate.conditional, usable, self.costs, len(rows), self.max_k))
+                row_k = best_depth(estimate.conditional, usable, self.costs, len(rows), self.max_k)
+                if row_k == 0 and usable > 0:
+                    idle.append(estimate)
+                k = max(k, row_k)
+        if k == 0:  # nothing of this step will be verified: its estimates learn nothing, and relax
+            for estimate in idle:
+                estimate.relax(prior, weight)
+            if idle:
+                self.run_estimate.relax(prior, weight)
         return k

@@ -254,8 +254,41 @@ class NativeEngine(TargetGraphs, TargetStepInputs):
         # adaptive: goodput weighs each k by the step costs measured here, once (or those given).
         self.step_costs: StepCostTable | None = None
         if self.k > 0 and speculator.adaptive == "goodput":
-            self.step_costs = step_costs or self.measure_step_costs()
+            if step_costs is None:
+                step_costs = self.measure_step_costs()
+                step_costs.fixed_ms = self.measure_fixed_ms(step_costs)
+            self.step_costs = step_costs
             self.depth.costs = self.step_costs
+
+    def measure_fixed_ms(self, costs: StepCostTable, reps: int = 3) -> dict[int, float]:
+        """Per batch size of `costs`, what a real step of that many rows costs beyond its table replay t(0): the
+        host's scheduling, staging and commit, and the draft's prefill of the committed token. Serves that many
+        dummy one-token-a-step requests (k = 0, the depth policy set aside) to 4 and to 16 new tokens (fewer where
+        max_model_len is short): the
+        difference of the two runs' wall times over the difference of their step counts, less
+        t_verify(1, size); the median of `reps` such pairs, in ms, at least 0. Leaves no request behind."""
+        fixed: dict[int, float] = {}
+        long_new = min(16, self.cfg.max_model_len - 4 - (2 * self.k + 1))
+        if long_new <= 4:
+            return fixed
+        step_depth = self.scheduler.step_depth
+        self.scheduler.step_depth = lambda rows: 0
+        token = min(3, self.target.config.vocab_size - 1)
+        try:
+            for size in sorted(costs.verify_ms):
+                prompts = [[token] * 4 for _ in range(min(size, self.cfg.max_num_seqs))]
+                samples = []
+                for _ in range(reps):
+                    short = self.generate(prompts, max_new_tokens=4)
+                    long = self.generate(prompts, max_new_tokens=long_new)
+                    extra_steps = len(long.steps) - len(short.steps)
+                    if extra_steps > 0:
+                        samples.append(1e3 * (long.total_s - short.total_s) / extra_steps - costs.verify_ms[size][0])
+                fixed[size] = max(sorted(samples)[len(samples) // 2], 0.0) if samples else 0.0
+        finally:
+            self.scheduler.step_depth = step_depth
+            self.steps = []
+        return fixed
 
     def _sample(self, logits: torch.Tensor, num_rows: int) -> None:
         """Rejection-sample rows [0, num_rows) from logits fp32[num_rows, v+1, V] (v: the most drafts a row
@@ -317,6 +350,7 @@ class NativeEngine(TargetGraphs, TargetStepInputs):
         max_new = max_new_tokens or self.sampling.max_new_tokens
         requests = [Request(i, list(p), max_new) for i, p in enumerate(prompts)]
         self.steps, self._pending, self._in_flight = [], None, None
+        self.depth.reset()
         for request in requests:
             self.scheduler.check(request)
         gate = ArrivalGate(requests, arrival_s, max_concurrency)

@@ -198,3 +198,37 @@ def test_goodput_steps_run_the_deepest_k_a_sampling_row_chose_and_learn_from_eve
     # a new request starts from the run's estimate, which took every verify above
     fresh = policy.estimate_of(_row(3, []).request)
     assert fresh.conditional == policy.run_estimate.conditional != [0.7] * 6
+
+
+def test_k_zero_is_no_trap_an_idle_estimate_climbs_back_to_drafting():
+    """A request whose estimate fell by chance to where k = 0 wins learns nothing from its k = 0 steps; it relaxes
+    towards the prior (and the run's estimate with it) until drafting pays again."""
+    costs = _costs(2.0)  # at alpha 0.7, k >= 1 pays; at alpha 0.05, k = 0 does
+    settings_ = GoodputSettings(prior_acceptance=0.7, ema_weight=0.25)
+    policy = GoodputDepth(6, costs, settings_)
+    row = _row(0, [(1, 0)] * 12)  # twelve rejections of the first draft
+    assert policy.step_k([row]) == 0
+    low = list(row.request.acceptance_estimate.conditional)
+    ks = [policy.step_k([row]) for _ in range(40)]
+    assert ks[0] == 0 and max(ks) >= 1, ks
+    assert row.request.acceptance_estimate.conditional[0] > low[0]
+    assert policy.run_estimate.conditional[0] > low[0] - 1e-12
+
+
+def test_a_new_run_starts_the_run_estimate_again_at_the_prior():
+    policy = GoodputDepth(4, _costs(1.0), GoodputSettings(prior_acceptance=0.6, ema_weight=0.5))
+    policy.step_k([_row(0, [(4, 0)] * 5)])
+    assert policy.run_estimate.conditional != [0.6] * 4
+    policy.reset()
+    assert policy.run_estimate.conditional == [0.6] * 4
+
+
+def test_the_fixed_cost_of_a_step_makes_drafting_pay_on_a_host_bound_pair():
+    """Replays alone say a draft step costs as much as a verify (k = 0 wins); a host cost that every step pays
+    alike (fixed_ms) makes the expected tokens per unit of time favour drafting."""
+    costs = StepCostTable({1: [1.0] * 7}, {1: 1.0})
+    assert best_depth([0.8] * 6, 50, costs, 1, 6) == 0
+    costs.fixed_ms = {1: 5.0}
+    assert costs.step_ms(2, 1) == 5.0 + 1.0 + 2 * 1.0
+    assert best_depth([0.8] * 6, 50, costs, 1, 6) >= 2
+    assert costs.to_dict()["fixed_ms"] == {"1": 5.0}

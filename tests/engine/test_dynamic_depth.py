@@ -135,6 +135,9 @@ def test_goodput_measures_the_step_costs_it_weighs_at_start_up(pair_dirs):
     assert sorted(costs.verify_ms) == sorted(costs.draft_ms) == [1, 2, 4]
     assert all(len(v) == 4 and min(v) > 0 for v in costs.verify_ms.values()) and min(costs.draft_ms.values()) > 0
     assert engine.depth.costs is costs
+    # what a real step costs beyond its replays, measured on dummy requests that leave nothing behind
+    assert sorted(costs.fixed_ms) == [1, 2, 4] and min(costs.fixed_ms.values()) >= 0
+    assert not engine.scheduler.has_work and engine.steps == []
     out = engine.generate([[3, 4, 5], [6, 7]], max_new_tokens=4)
     assert out.step_costs == costs.to_dict()
 
