@@ -20,13 +20,18 @@ Columns of :func:`load_runs` (one row per run):
 - ``env.*``: where the run ran (``env.device``, ``env.gpu``, ``env.git_sha``, ...);
 - ``steps.*``: decode-step timings summarised from ``steps.parquet`` when it exists (see
   :func:`decode_step_summary`); absent for runs loaded from W&B. With several repeats,
-  ``steps.by_repeat.decode_verify_ms`` and ``steps.by_repeat.draft_ms_per_forward`` hold one value per repeat;
+  ``steps.by_repeat.decode_verify_ms``, ``steps.by_repeat.draft_ms_per_forward`` and ``steps.by_repeat.num_reqs_mean``
+  (the mean batch over all of the repeat's steps) hold one value per repeat;
 - the measurement (docs/design.md §4, "Repeats and intervals"): ``num_repeats``, the intervals
   ``intervals.<figure>.{mean,std,low,high,n}`` (over repeats) and ``intervals.acceptance.*`` (bootstrap over
   requests), ``sample_counts.*``, ``noise.flags`` / ``noise.figures`` / ``noise.warnings`` (lists),
-  ``repeats.<figure>`` (the per-repeat values of :data:`REPEAT_FIGURES`, a list) and ``measurement.order``,
-  ``measurement.engine_builds``, ``measurement.warmup_requests``. A record written before repeats existed
-  reads as one repeat with no intervals.
+  ``repeats.<figure>`` (the per-repeat values of :data:`REPEAT_FIGURES`, a list), ``repeats.by_task`` and
+  ``repeats.by_category`` (``{group: {figure: [one value per repeat]}}``, the per-group timing figures each
+  repeat kept; ``{}`` for records without them), ``measurement.order``, ``measurement.engine_builds``,
+  ``measurement.warmup_requests``, ``measurement.load_avg_1m`` (the 1-minute load averages read before the
+  first repeat and after each one, a list), ``measurement.cpu_count`` and ``measurement.repeat_times`` (each
+  repeat's start, ISO time, and ``measurement.repeat_wall_s`` its wall seconds, lists). A record written before repeats
+  existed reads as one repeat with no intervals.
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ NESTED_METRICS = ("acceptance_histogram_per_request", "drafted_per_position_per_
                   "by_category", "by_task", "adaptive_step_costs")
 # Per-repeat figures (result.json's ``repeats``) kept as one list per run: ``repeats.<figure>``.
 REPEAT_FIGURES = ("output_tokens_per_s", "tpot_ms.p50", "ttft_ms.p50", "e2e_ms.mean", "acceptance_length")
+GROUP_LEVELS = ("by_task", "by_category")  # per-group figures a repeat may keep: ``repeats.by_task`` ...
 STEP_PHASES = ("schedule_ms", "draft_ms", "verify_ms", "sample_ms")
 RECORD_COLUMNS = (
     "status", "error", "experiment", "run_dir", "started_at", "run_duration_s", "sweep_group", "job_num",
@@ -185,6 +191,8 @@ def decode_step_summary(steps: pd.DataFrame, k: int) -> dict:
         parts = [decode_step_summary(part.drop(columns="repeat"), k) for _, part in steps.groupby("repeat", sort=True)]
         for name in ("decode_verify_ms", "draft_ms_per_forward"):
             summary[f"steps.by_repeat.{name}"] = [part.get(f"steps.{name}") for part in parts]
+        summary["steps.by_repeat.num_reqs_mean"] = [float(part["num_reqs"].mean())
+                                                    for _, part in steps.groupby("repeat", sort=True)]
     return summary
 
 
@@ -215,10 +223,33 @@ def measurement_columns(record: dict) -> dict:
     if not repeats:  # a record from before repeats: its one pass
         metrics = record.get("metrics") or {}
         row = {f"repeats.{name}": [_figure(metrics, name)] for name in REPEAT_FIGURES}
+    for level in GROUP_LEVELS:
+        row[f"repeats.{level}"] = _group_repeats(repeats, level)
     measure = record.get("measure") or {}
     for key in ("order", "engine_builds", "warmup_requests"):
         row[f"measurement.{key}"] = measure.get(key)
+    readings = [(measure.get("machine") or {}).get("before")]
+    readings += [(r.get("machine") or {}).get("after") for r in repeats]
+    row["measurement.load_avg_1m"] = [(reading.get("load_avg") or [None])[0] for reading in readings
+                                      if isinstance(reading, dict) and reading.get("load_avg")]
+    row["measurement.cpu_count"] = ((measure.get("machine") or {}).get("before") or {}).get("cpu_count")
+    row["measurement.repeat_times"] = [r.get("started_at") for r in repeats]
+    row["measurement.repeat_wall_s"] = [r.get("wall_s") for r in repeats]
     return row
+
+
+def _group_repeats(repeats: list[dict], level: str) -> dict:
+    """``{group: {figure: [value of repeat 0, 1, ...]}}`` from the repeats' ``figures.<level>``; ``{}`` unless
+    every repeat kept them."""
+    per_repeat = [(r.get("figures") or {}).get(level) for r in repeats]
+    if not per_repeat or not all(isinstance(groups, dict) for groups in per_repeat):
+        return {}
+    out: dict = {}
+    for groups in per_repeat:
+        for name, figures in groups.items():
+            for figure, value in (figures or {}).items():
+                out.setdefault(name, {}).setdefault(figure, []).append(value)
+    return out
 
 
 def _depth(value) -> int | None:

@@ -1,8 +1,9 @@
 """A measurement's repeats -> the parts of result.json that carry them (docs/design.md §4-5).
 
 - ``repeats``: one entry per repeat: its ``figures`` (every latency and throughput figure of that pass, plus
-  its acceptance length), when it started, its slot in a sweep's order, its wall and CPU seconds, and the
-  machine's state before and after it.
+  its acceptance length, and ``by_task`` / ``by_category``: each group's :data:`GROUP_TIMING` figures of
+  that pass), when it started, its slot in a sweep's order, its wall and CPU seconds, and the machine's
+  state before and after it.
 - ``metrics``: the §4 metrics. Latency and throughput figures are the **mean over the repeats**; acceptance
   figures, per-request rows (outputs.jsonl) and the per-category groups are those of the first repeat (under
   greedy decoding every repeat emits the same tokens; under sampling each repeat's acceptance length is in
@@ -32,6 +33,10 @@ TIMING_SCALARS = ("output_tokens_per_s", "duration_s", "requests_per_s", "total_
                   "goodput_requests_per_s")
 TIMING_DISTRIBUTIONS = (*LATENCY_KEYS, *STEP_TIME_KEYS, "tokens_per_s_per_user", "verify_share")
 STATS = ("mean", "p50", "p90", "p99")
+# The per-group (metrics.by_task / by_category) timing figures each repeat keeps, so a group's speedup gets an
+# interval from the repeats of both points like the run's does.
+GROUP_LEVELS = ("by_task", "by_category")
+GROUP_TIMING = ("output_tokens_per_s", "tpot_ms.p50", "e2e_ms.mean")
 
 
 def timing_figures(metrics: dict) -> dict:
@@ -49,6 +54,19 @@ def figure_value(figures: dict, name: str):
     for part in name.split("."):
         node = node.get(part) if isinstance(node, dict) else None
     return node
+
+
+def group_timing_figures(metrics: dict) -> dict:
+    """``{"by_task": {task: {"output_tokens_per_s": x, "tpot_ms.p50": x, "e2e_ms.mean": x}}, "by_category":
+    {...}}``: the :data:`GROUP_TIMING` figures of each group of one pass's metrics (levels without groups
+    left out)."""
+    out = {}
+    for level in GROUP_LEVELS:
+        groups = metrics.get(level)
+        if isinstance(groups, dict) and groups:
+            out[level] = {name: {figure: figure_value(group, figure) for figure in GROUP_TIMING}
+                          for name, group in groups.items()}
+    return out
 
 
 def _over_repeats(per_repeat: list[dict]) -> dict:
@@ -121,7 +139,8 @@ def summarize(measurement: Measurement, settings: MeasureSettings, order: str, o
     repeats = []
     for record, figures, result in zip(measurement.repeats, per_repeat, results):
         figures = {**figures, "acceptance_length": result.metrics.get("acceptance_length"),
-                   "num_output_tokens": result.metrics.get("num_output_tokens")}
+                   "num_output_tokens": result.metrics.get("num_output_tokens"),
+                   **group_timing_figures(result.metrics)}
         repeats.append({**record, "figures": figures})
     guarded = {name: [figure_value(f, name) for f in per_repeat] for name in guards.GUARDED_FIGURES}
     metrics["noise"] = guards.noise_report(measurement.machine, repeats, guarded, settings.busy_load_per_core,
