@@ -9,6 +9,10 @@ matplotlib ``Figure`` (a figure that says so when there is nothing to plot), lik
   (the plot ``vllm bench sweep plot_pareto`` draws).
 - :func:`oracle_vs_static`: per load, the measured best speedup, the modelled best static k's and the
   per-step oracle's (:func:`specexp.analysis.load_tables.oracle_table`).
+
+Error bars are 95% intervals: Student's t over each run's repeats for tokens/s, per-user tokens/s and the
+verify share; for speedups the interval from the repeats of both points (measured) or over the repeats' step
+costs (modelled); the titles say how many repeats. Runs measured once have no bar.
 """
 
 from __future__ import annotations
@@ -40,11 +44,35 @@ def _panels(table: pd.DataFrame, width: float = 5.2, height: float = 3.6):
     return fig, list(zip(series, axes, strict=True))
 
 
+def _bars(rows: pd.DataFrame, column: str) -> np.ndarray | None:
+    """matplotlib error bars ([2, n]: below, above) of ``column`` from its ``_low`` / ``_high`` columns (0 where
+    unknown); ``None`` when no row has an interval."""
+    low, high = f"{column}_low", f"{column}_high"
+    if low not in rows or rows[low].isna().all():
+        return None
+    value = pd.to_numeric(rows[column], errors="coerce")
+    below = (value - pd.to_numeric(rows[low], errors="coerce")).clip(lower=0).fillna(0.0)
+    above = (pd.to_numeric(rows[high], errors="coerce") - value).clip(lower=0).fillna(0.0)
+    return np.vstack([below.to_numpy(), above.to_numpy()])
+
+
 def _k_lines(fig: Figure, ax, table: pd.DataFrame, x: str, y: str, k_max: int) -> None:
+    """One line per k of ``y`` against ``x``, with each point's 95% interval as error bars (both axes where
+    both have one)."""
     for k, rows in table.groupby("k"):
         rows = rows.dropna(subset=[x, y]).sort_values(x)
-        ax.plot(rows[x], rows[y], marker="o", ms=3, color=k_color(int(k), k_max), label=f"k={int(k)}")
+        ax.errorbar(rows[x], rows[y], xerr=_bars(rows, x), yerr=_bars(rows, y), marker="o", ms=3, capsize=2,
+                    elinewidth=0.8, color=k_color(int(k), k_max), label=f"k={int(k)}")
     ax.legend(fontsize=7, ncol=2)
+
+
+def _repeats(table: pd.DataFrame, column: str = "output_tokens_per_s") -> str:
+    """``n = 3 repeats`` (or ``n = 1-3 repeats``) of ``column`` for a title; "1 repeat, no error bars"."""
+    counts = sorted({int(n) for n in table.get(f"{column}_n", pd.Series(dtype=float)).dropna()})
+    if not counts or counts[-1] <= 1:
+        return "one repeat: no error bars"
+    n = str(counts[0]) if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
+    return f"error bars: 95% t interval over n = {n} repeats"
 
 
 def _log2(ax, values) -> None:
@@ -67,7 +95,7 @@ def throughput_vs_load(df: pd.DataFrame) -> Figure:
         _log2(ax, rows["load"])
         ax.set(xlabel=AXIS_LABELS.get(axis, axis), ylabel="output tokens/s",
                title=panel_title(series, "", len(panels)))
-    title(fig, "Output tokens/s vs load, per k", df)
+    title(fig, f"Output tokens/s vs load, per k\n{_repeats(table)}", df)
     return fig
 
 
@@ -85,15 +113,30 @@ def best_k_vs_batch(df: pd.DataFrame) -> Figure:
         ax.step(rows["batch"], rows["best_k"], where="mid", color="#1f77b4")
         ax.scatter(rows["batch"], rows["best_k"], c=rows["speedup"], cmap="RdYlGn", vmin=0.5, vmax=1.5,
                    edgecolor="k", zorder=3)
-        for _, r in rows.iterrows():
-            if pd.notna(r["speedup"]):
-                ax.annotate(f"{r['speedup']:.2f}x", (r["batch"], r["best_k"]), fontsize=7,
-                            xytext=(3, 4), textcoords="offset points")
+        for i, (_, r) in enumerate(rows.iterrows()):
+            if pd.notna(r["speedup"]):  # labels alternate above and below, so neighbours do not overlap
+                ax.annotate(_best_label(r), (r["batch"], r["best_k"]), fontsize=6, xytext=(3, 5 if i % 2 else -18),
+                            textcoords="offset points")
         _log2(ax, rows["batch"])
         ax.set(xlabel=BATCH_LABEL, ylabel="fastest k", title=panel_title(series, "", len(panels)))
-        ax.set_yticks(sorted(set(load_table(df)["k"])))
-    title(fig, "Fastest k vs batch (labels: its speedup over k = 0)", df)
+        ks = sorted(set(load_table(df)["k"]))
+        ax.set_yticks(ks)
+        ax.set_ylim(min(ks) - 0.8, max(ks) + 0.5)
+    title(fig, "Fastest k vs batch\nlabels: speedup over k = 0 [95%, repeats of both points];\nat k = 0: the"
+               " runner-up's", df)
     return fig
+
+
+def _best_label(row: pd.Series) -> str:
+    """``1.06x [0.76, 1.48]`` for a fastest k > 0; for k = 0 (speedup 1 by definition) the runner-up's:
+    ``k=2: 0.73x [0.45, 1.17]``."""
+    def interval(low, high) -> str:
+        return f"\n[{low:.2f}, {high:.2f}]" if pd.notna(low) and pd.notna(high) else ""
+
+    if row["best_k"] != 0 or pd.isna(row.get("next_best_speedup")):
+        return f"{row['speedup']:.2f}x" + interval(row["speedup_low"], row["speedup_high"])
+    return (f"k={int(row['next_best_k'])}: {row['next_best_speedup']:.2f}x"
+            + interval(row["next_best_low"], row["next_best_high"]))
 
 
 def verify_share_vs_batch(df: pd.DataFrame) -> Figure:
@@ -110,7 +153,7 @@ def verify_share_vs_batch(df: pd.DataFrame) -> Figure:
         _log2(ax, rows["num_reqs_per_step.mean"])
         ax.set_ylim(0, 1)
         ax.set(xlabel=BATCH_LABEL, ylabel="verify share of step time", title=panel_title(series, "", len(panels)))
-    title(fig, "Verification's share of step time vs batch, per k", df)
+    title(fig, f"Verification's share of step time vs batch, per k\n{_repeats(table, 'verify_share.mean')}", df)
     return fig
 
 
@@ -143,7 +186,7 @@ def pareto(df: pd.DataFrame) -> Figure:
         ax.legend(handles=handles[:10], fontsize=7, ncol=2)
         ax.set(xlabel="total output tokens/s", ylabel="tokens/s per user (1000 / TPOT p50)",
                title=panel_title(series, "", len(panels)))
-    title(fig, "Per-user speed vs total throughput (each point: one load)", df)
+    title(fig, f"Per-user speed vs total throughput (each point: one load)\n{_repeats(table)}, both axes", df)
     return fig
 
 
@@ -162,7 +205,8 @@ def oracle_vs_static(df: pd.DataFrame) -> Figure:
         rows = table[table[SERIES] == series].sort_values("load")
         positions = np.arange(len(rows))
         for i, (column, _, color) in enumerate(bars):
-            ax.bar(positions + (i - 1) * 0.27, rows[column], width=0.27, color=color)
+            ax.bar(positions + (i - 1) * 0.27, rows[column], width=0.27, color=color, yerr=_bars(rows, column),
+                   capsize=2, error_kw={"elinewidth": 0.8})
         for p, (_, r) in zip(positions, rows.iterrows(), strict=True):
             ax.annotate(f"k={r['measured_best_k']}/{r['model_best_static_k']}", (p, 0.02), fontsize=6,
                         ha="center", xycoords=("data", "axes fraction"))
@@ -171,7 +215,8 @@ def oracle_vs_static(df: pd.DataFrame) -> Figure:
         ax.set(xlabel="load", ylabel="speedup over k = 0", title=panel_title(series, "", len(panels)))
     handles = [Line2D([], [], color=color, lw=6, label=label) for _, label, color in bars]
     panels[0][1].legend(handles=handles, fontsize=7)
-    title(fig, "Speedup: measured best k, best static k, per-step oracle", df)
+    title(fig, "Speedup: measured best k, best static k, per-step oracle\nerror bars: 95%, measured from the"
+                 " repeats of both points,\nmodelled: t interval over the repeats' step costs", df)
     return fig
 
 
