@@ -41,18 +41,49 @@ def _signal_group(pid: int, signum: int) -> bool:
     return True
 
 
-def stop_job(proc: subprocess.Popen, signum: int, grace_s: float = STOP_GRACE_S) -> None:
-    """Stop a job's process: forward ``signum`` to its group (again every half second, in case it had not
-    installed its handlers), wait up to ``grace_s`` for it to record itself and exit, then SIGKILL the group."""
+def stop_jobs(procs: list[subprocess.Popen], signum: int, grace_s: float = STOP_GRACE_S) -> None:
+    """Stop jobs' processes together: forward ``signum`` to each one's group (again every half second, in
+    case one had not installed its handlers), wait up to ``grace_s`` for them to record themselves and exit,
+    then SIGKILL the groups left."""
     deadline = time.monotonic() + grace_s
-    while proc.poll() is None and time.monotonic() < deadline:
-        if not _signal_group(proc.pid, signum):
-            break
+    live = [p for p in procs if p.poll() is None]
+    while live and time.monotonic() < deadline:
+        live = [p for p in live if p.poll() is None and _signal_group(p.pid, signum)]
+        for proc in live:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=min(0.5 / len(live), max(deadline - time.monotonic(), 0.01)))
+        live = [p for p in live if p.poll() is None]
+    for proc in procs:
+        _signal_group(proc.pid, signal.SIGKILL)  # the job, if it is still there, and anything it started
         with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=min(0.5, max(deadline - time.monotonic(), 0.01)))
-    _signal_group(proc.pid, signal.SIGKILL)  # the job, if it is still there, and anything it started
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=5)
+            proc.wait(timeout=5)
+
+
+def stop_job(proc: subprocess.Popen, signum: int, grace_s: float = STOP_GRACE_S) -> None:
+    """Stop one job's process (:func:`stop_jobs`)."""
+    stop_jobs([proc], signum, grace_s)
+
+
+def start_job_process(payload: dict, env: dict | None = None, output=None, pass_fds=()) -> subprocess.Popen:
+    """A job's fresh interpreter, in a process group of its own, fed ``payload`` (JSON) on stdin. ``env``: its
+    environment (default: this one's); ``output``: a file its stdout and stderr go to (default: this
+    process's). Signals wait while it starts (:func:`specexp.interrupts.signals_blocked`); an interruption
+    that arrives before it is handed back stops it (:func:`stop_job`) and is re-raised."""
+    text = json.dumps(payload, default=str)
+    streams = {"stdout": output, "stderr": subprocess.STDOUT} if output is not None else {}
+    proc = None
+    try:
+        with interrupts.signals_blocked():
+            proc = subprocess.Popen([sys.executable, "-c", CHILD_CODE, json.dumps(sys.path)], stdin=subprocess.PIPE,
+                                    text=True, process_group=0, env=env, pass_fds=tuple(pass_fds), **streams)
+        with contextlib.suppress(BrokenPipeError):
+            proc.stdin.write(text)
+            proc.stdin.close()
+    except interrupts.RunInterrupted as e:
+        if proc is not None:
+            stop_job(proc, e.signum)
+        raise
+    return proc
 
 
 def run_in_fresh_process(cfg: dict, ctx, order_note: str | None = None) -> str:
@@ -60,15 +91,9 @@ def run_in_fresh_process(cfg: dict, ctx, order_note: str | None = None) -> str:
     result.json records it (written by the parent when the job could not). An interruption of the parent
     (:class:`specexp.interrupts.RunInterrupted`) stops the job (:func:`stop_job`), makes sure it is recorded,
     and is re-raised. ``order_note``: why the job's repeats run back to back (kept in its record)."""
-    payload = json.dumps({"config": cfg, "context": ctx.to_dict(), "order_note": order_note}, default=str)
     proc = None
     try:
-        with interrupts.signals_blocked():  # a signal arriving now is raised just after, with proc set
-            proc = subprocess.Popen([sys.executable, "-c", CHILD_CODE, json.dumps(sys.path)],
-                                    stdin=subprocess.PIPE, text=True, process_group=0)
-        with contextlib.suppress(BrokenPipeError):
-            proc.stdin.write(payload)
-            proc.stdin.close()
+        proc = start_job_process({"config": cfg, "context": ctx.to_dict(), "order_note": order_note})
         returncode = proc.wait()
     except interrupts.RunInterrupted as e:
         if proc is not None:

@@ -16,14 +16,11 @@ recorded ``interrupted``.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import subprocess
-import sys
 from dataclasses import dataclass
 
-from specexp import interrupts
-from specexp.job_process import CHILD_CODE, ensure_record, stop_job
+from specexp.job_process import ensure_record, start_job_process, stop_jobs
 from specexp.measure.rounds import interleaved_order
 
 REPEAT, FINISH, GO = "repeat", "finish", "go"
@@ -68,29 +65,25 @@ class ResidentJob:
 class RoundsCoordinator:
     """Starts a sweep's jobs and paces their repeats in rounds (see the module docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, env: dict | None = None, placement: dict | None = None) -> None:
         self.jobs: list[ResidentJob] = []
+        self.env, self.placement = env, placement  # a sweep on one device slot: every job's GPU
 
     def start(self, cfg: dict, ctx) -> str:
         """Start the job's process and wait until it is ready to measure (``pending``) or has ended (its
         status as recorded)."""
         to_job_r, to_job_w = os.pipe()
         from_job_r, from_job_w = os.pipe()
-        payload = json.dumps({"config": cfg, "context": ctx.to_dict(), "pace_fds": [to_job_r, from_job_w]},
-                             default=str)
+        if self.placement is not None:
+            ctx.placement = dict(self.placement)
+        payload = {"config": cfg, "context": ctx.to_dict(), "pace_fds": [to_job_r, from_job_w]}
         try:
-            with interrupts.signals_blocked():
-                proc = subprocess.Popen([sys.executable, "-c", CHILD_CODE, json.dumps(sys.path)],
-                                        stdin=subprocess.PIPE, text=True, process_group=0,
-                                        pass_fds=(to_job_r, from_job_w))
+            proc = start_job_process(payload, env=self.env, pass_fds=(to_job_r, from_job_w))
         finally:
             os.close(to_job_r)
             os.close(from_job_w)
         job = ResidentJob(cfg, ctx, proc, os.fdopen(to_job_w, "w"), os.fdopen(from_job_r, "r"))
         self.jobs.append(job)
-        with contextlib.suppress(BrokenPipeError):
-            proc.stdin.write(payload)
-            proc.stdin.close()
         self._read(job)
         if job.pending is None:
             return self._ended(job)
@@ -140,8 +133,7 @@ class RoundsCoordinator:
 
     def stop(self, signum: int) -> None:
         """Stop every job still running (forward ``signum``, then kill) and make sure each has a record."""
-        for job in self.jobs:
-            if job.status is not None:
-                continue
-            stop_job(job.proc, signum)
+        running = [job for job in self.jobs if job.status is None]
+        stop_jobs([job.proc for job in running], signum)
+        for job in running:
             job.status = ensure_record(job.cfg, job.ctx, job.proc.returncode, interrupted_by=signum)
