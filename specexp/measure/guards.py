@@ -8,8 +8,10 @@ per-repeat figures), so it can be checked on recorded values and re-made later f
   competed for them (the run's own threads count too, and never exceed the cores torch uses).
 - **repeats disagree** (:func:`disagreeing_figures`): a guarded figure (:data:`GUARDED_FIGURES`) whose
   relative standard deviation over the repeats exceeds ``max_relative_std``.
-- **GPU shared** (:func:`other_gpu_processes`): compute processes on the run's GPU other than this one and
-  its sibling sweep jobs.
+- **GPU shared** (:func:`other_gpu_processes`): compute processes on the run's GPU other than this one, its
+  own children (vLLM's tensor-parallel workers) and its sibling sweep jobs.
+- **jobs overlapped** (:func:`specexp.measure.overlap.disturbing`): in a sweep that runs jobs in parallel, other
+  jobs of the sweep ran on this host while this one measured (:mod:`specexp.measure.overlap`).
 
 :func:`noise_report` joins them into the record's ``metrics.noise``: ``flags`` (codes), ``figures`` (the
 figures they mark: ``timing`` = every latency and throughput figure of the run) and ``warnings`` (one line
@@ -21,8 +23,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from specexp.measure.intervals import relative_std
+from specexp.measure.overlap import disturbing
 
-BUSY, DISAGREE, GPU_SHARED = "machine_busy", "repeats_disagree", "gpu_shared"
+BUSY, DISAGREE, GPU_SHARED, OVERLAPPED = "machine_busy", "repeats_disagree", "gpu_shared", "jobs_overlapped"
 ALL_TIMING = "timing"
 GUARDED_FIGURES = ("output_tokens_per_s", "tpot_ms.p50", "e2e_ms.mean")
 
@@ -59,10 +62,11 @@ def _load_samples(machine: dict, repeats: list[dict]) -> list[float | None]:
 
 def noise_report(machine: dict, repeats: list[dict], per_repeat: dict[str, Sequence[float | None]],
                  load_per_core: float, max_relative_std: float, own_pid: int,
-                 siblings: Sequence[int] = ()) -> dict:
+                 siblings: Sequence[int] = (), concurrent: Sequence[dict] = ()) -> dict:
     """``{"flags", "figures", "warnings"}`` of one measurement (see the module docstring). ``machine``:
     ``{"before": reading, "after": reading}``; ``repeats``: the per-repeat records (each with ``machine.after``);
-    ``per_repeat``: the guarded figures' values, one per repeat."""
+    ``per_repeat``: the guarded figures' values, one per repeat; ``concurrent``: the other jobs of a parallel
+    sweep that overlapped this one (:func:`specexp.measure.overlap.concurrent_jobs`)."""
     flags, figures, warnings = [], [], []
     loads = _load_samples(machine, repeats)
     cpus = (machine.get("before") or {}).get("cpu_count")
@@ -88,7 +92,20 @@ def noise_report(machine: dict, repeats: list[dict], per_repeat: dict[str, Seque
             figures.append(ALL_TIMING)
         warnings.append(f"other processes ran on the GPU (pids {', '.join(map(str, sorted(others)))}):"
                         " this run's timings are marked noisy")
+    during = disturbing(concurrent)
+    if during:
+        flags.append(OVERLAPPED)
+        if ALL_TIMING not in figures:
+            figures.append(ALL_TIMING)
+        named = ", ".join(f"{c['job']}: {_overlap_text(c)}" for c in during)
+        warnings.append(f"other jobs of this sweep ran on this host while it measured (job{'s' if len(during) > 1 else ''}"
+                        f" {named}): its timings are marked disturbed")
     return {"flags": flags, "figures": figures, "warnings": warnings}
+
+
+def _overlap_text(entry: dict) -> str:
+    seconds = entry["measured_overlap_s"] if entry.get("measured_overlap_s") is not None else entry["overlap_s"]
+    return f"{seconds:.1f} s"
 
 
 def is_marked(noise: dict | None, figure: str) -> bool:

@@ -4,6 +4,8 @@ temperature and the other processes on it, wherever they can be read.
 Every reading is optional: a field that cannot be read (no ``os.getloadavg`` on this OS, no ``pynvml``, no
 ``nvidia-smi``) is ``None`` or absent, never an error. GPU readings come from ``pynvml`` when it imports,
 else from ``nvidia-smi`` when it is on the PATH (:func:`parse_nvidia_smi`), plus torch's own memory counters.
+Both tools number GPUs as the machine does, not as ``CUDA_VISIBLE_DEVICES`` shows them to this process, so
+the GPU read is the one this process's device stands for (:func:`physical_gpu`).
 """
 
 from __future__ import annotations
@@ -51,10 +53,26 @@ def snapshot(device: str = "cpu") -> dict:
     return state
 
 
+def physical_gpu(index: int, cuda_visible_devices: str | None) -> int | str | None:
+    """The machine's name for this process's CUDA device ``index``: its entry of ``cuda_visible_devices``
+    (an index as an int, a ``GPU-...`` UUID as a string), ``index`` itself when that is unset, ``None`` when
+    the entry cannot be read by pynvml or nvidia-smi (a MIG instance) or is missing."""
+    if cuda_visible_devices is None:
+        return index
+    entries = [e.strip() for e in cuda_visible_devices.split(",") if e.strip()]
+    if index >= len(entries):
+        return None
+    entry = entries[index]
+    if entry.isdigit():
+        return int(entry)
+    return entry if entry.startswith("GPU-") else None
+
+
 def gpu_state() -> dict:
     """What can be read about the GPU this process uses: torch's memory counters, and clocks (MHz),
     temperature (°C), utilisation (%), power (W) and the other compute processes (pid, MiB) from pynvml or
-    nvidia-smi. ``source`` names where the clocks came from (``None``: nowhere)."""
+    nvidia-smi. ``source`` names where the clocks came from (``None``: nowhere); ``physical_index``: the
+    machine's name for the GPU (:func:`physical_gpu`)."""
     state: dict = {"source": None}
     torch = sys.modules.get("torch")
     if torch is not None:
@@ -67,10 +85,12 @@ def gpu_state() -> dict:
                              memory_free_bytes=free, memory_total_bytes=total)
         except Exception as e:  # noqa: BLE001 - a reading, never a failure
             state["torch_error"] = type(e).__name__
-    readers = (_from_pynvml, _from_nvidia_smi)
+    physical = physical_gpu(state.get("index", 0), os.environ.get("CUDA_VISIBLE_DEVICES"))
+    state["physical_index"] = physical
+    readers = (_from_pynvml, _from_nvidia_smi) if physical is not None else ()
     for reader in readers:
         try:
-            found = reader(state.get("index", 0))
+            found = reader(physical)
         except Exception:  # noqa: BLE001 - a reading, never a failure
             found = None
         if found:
@@ -79,14 +99,15 @@ def gpu_state() -> dict:
     return state
 
 
-def _from_pynvml(index: int) -> dict | None:
+def _from_pynvml(index: int | str) -> dict | None:
     try:
         import pynvml
     except ImportError:
         return None
     pynvml.nvmlInit()
     try:
-        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        handle = (pynvml.nvmlDeviceGetHandleByUUID(index) if isinstance(index, str)
+                  else pynvml.nvmlDeviceGetHandleByIndex(index))
         apps = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
         return {
             "source": "pynvml",
@@ -102,7 +123,7 @@ def _from_pynvml(index: int) -> dict | None:
         pynvml.nvmlShutdown()
 
 
-def _from_nvidia_smi(index: int) -> dict | None:
+def _from_nvidia_smi(index: int | str) -> dict | None:
     if shutil.which("nvidia-smi") is None:
         return None
 
@@ -147,3 +168,26 @@ def parent_pid(pid: int) -> int | None:
             return int(f.read().rsplit(")", 1)[1].split()[1])
     except (OSError, ValueError, IndexError):
         return None
+
+
+def descends_from(pid: int, ancestor: int, max_depth: int = 8) -> bool:
+    """Whether process ``pid`` is a child, grandchild, ... (up to ``max_depth`` levels) of ``ancestor``."""
+    for _ in range(max_depth):
+        found = parent_pid(pid)
+        if found is None or found <= 1:
+            return False
+        if found == ancestor:
+            return True
+        pid = found
+    return False
+
+
+def related_gpu_pids(readings: list[dict | None], own_pid: int, sibling_parent: int | None = None) -> list[int]:
+    """The compute processes of the GPU ``readings`` (:func:`snapshot`) that belong to this run: descendants
+    of ``own_pid`` (a backend's engine core or tensor-parallel workers) and, with ``sibling_parent``, its
+    children (the other jobs of a sweep measuring in rounds)."""
+    pids = {p["pid"] for reading in readings for p in ((reading or {}).get("gpu") or {}).get("processes") or []}
+    related = {pid for pid in pids if descends_from(pid, own_pid)}
+    if sibling_parent is not None:
+        related |= {pid for pid in pids if parent_pid(pid) == sibling_parent}
+    return sorted(related)

@@ -121,9 +121,10 @@ def step_rows(results: list) -> list[dict]:
 
 
 def summarize(measurement: Measurement, settings: MeasureSettings, order: str, order_note: str,
-              own_pid: int, siblings=()) -> dict:
+              own_pid: int, siblings=(), concurrent=()) -> dict:
     """``{"metrics", "repeats", "measure", "requests", "steps", "traces"}`` for the run record (module
-    docstring)."""
+    docstring). ``siblings``: pids the GPU guard ignores; ``concurrent``: the other jobs of a parallel sweep
+    that overlapped this one (:func:`specexp.measure.overlap.concurrent_jobs`)."""
     results = measurement.results
     per_repeat = [timing_figures(r.metrics) for r in results]
     metrics = copy.deepcopy(results[0].metrics)
@@ -144,7 +145,7 @@ def summarize(measurement: Measurement, settings: MeasureSettings, order: str, o
         repeats.append({**record, "figures": figures})
     guarded = {name: [figure_value(f, name) for f in per_repeat] for name in guards.GUARDED_FIGURES}
     metrics["noise"] = guards.noise_report(measurement.machine, repeats, guarded, settings.busy_load_per_core,
-                                           settings.max_relative_std, own_pid, siblings)
+                                           settings.max_relative_std, own_pid, siblings, concurrent)
     measure = {
         **dataclasses.asdict(settings),
         "warmup_requests": measurement.warmup_requests,

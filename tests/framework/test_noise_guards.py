@@ -1,5 +1,6 @@
-"""Noise guards decide from recorded readings: a busy machine, repeats that disagree, a shared GPU. The
-decisions are checked on recorded values (no timing thresholds that could flake), the wiring into a run once."""
+"""Noise guards decide from recorded readings: a busy machine, repeats that disagree, a shared GPU, other jobs
+of a parallel sweep running beside a job. The decisions are checked on recorded values (no timing thresholds
+that could flake), the wiring into a run once."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from omegaconf import OmegaConf
 
 from specexp.cli import compose_config
 from specexp.experiment import RunContext, execute
-from specexp.measure import guards, machine
+from specexp.measure import guards, machine, overlap
 
 # Readings recorded on the project's 2-core machine: while two other sweeps ran, and with nothing else running.
 LOADED = {"before": {"load_avg": [3.41, 2.9, 1.7], "cpu_count": 2}}
@@ -60,6 +61,51 @@ def test_nvidia_smi_fields_it_cannot_read_are_none():
     gpu = machine.parse_nvidia_smi("0, 1980, [N/A], 1980, 41, [Not Supported], [N/A]\n", "")
     assert gpu["memory_clock_mhz"] is None and gpu["utilization_pct"] is None and gpu["processes"] == []
     assert machine.parse_nvidia_smi("", "") is None
+
+
+def test_a_jobs_gpu_is_read_under_the_name_the_machine_gives_it():
+    assert machine.physical_gpu(0, None) == 0 and machine.physical_gpu(1, None) == 1
+    assert machine.physical_gpu(0, "3") == 3 and machine.physical_gpu(1, "2, 5") == 5
+    assert machine.physical_gpu(0, "GPU-8f0e") == "GPU-8f0e"
+    assert machine.physical_gpu(0, "MIG-1c2d") is None, "a MIG slice is not a GPU nvidia-smi --id reads"
+    assert machine.physical_gpu(1, "3") is None and machine.physical_gpu(0, "") is None
+
+
+# Spans of three jobs of a sweep on two GPUs (seconds): 0 and 1 start together, 2 takes job 0's GPU after it.
+SPANS = [{"job": 0, "start_s": 100.0, "end_s": 160.0, "devices": [0]},
+         {"job": 1, "start_s": 100.5, "end_s": None, "devices": [1]},
+         {"job": 2, "start_s": 160.2, "end_s": 175.0, "devices": [0]}]
+
+
+def test_overlap_is_the_time_two_spans_share():
+    assert overlap.overlap_s(0, 10, 5, 20) == 5 and overlap.overlap_s(0, 10, 10, 20) == 0
+    assert overlap.overlap_s(0, 10, 12, 20) == 0 and overlap.overlap_s(2, 3, 0, 10) == 1
+
+
+def test_a_job_lists_the_jobs_that_ran_beside_it_and_while_it_measured():
+    # job 1 is still running at 170 s; it measured from 150 s to 165 s
+    seen = overlap.concurrent_jobs(1, SPANS, now_s=170.0, measured=(150.0, 165.0))
+    assert seen == [{"job": 0, "devices": [0], "overlap_s": 59.5, "measured_overlap_s": 10.0},
+                    {"job": 2, "devices": [0], "overlap_s": 9.8, "measured_overlap_s": 4.8}]
+    # job 2 measured after job 0 had ended: only job 1 ran beside it
+    assert [c["job"] for c in overlap.concurrent_jobs(2, SPANS, now_s=175.0, measured=(170.0, 174.0))] == [1]
+    assert overlap.concurrent_jobs(0, SPANS[:1], now_s=170.0) == [], "alone on the host"
+    assert overlap.concurrent_jobs(7, SPANS, now_s=170.0) == [], "a job without a span overlaps nothing"
+
+
+def test_jobs_that_ran_while_a_job_measured_mark_its_timings_disturbed():
+    beside = overlap.concurrent_jobs(1, SPANS, now_s=170.0, measured=(150.0, 165.0))
+    noise = guards.noise_report(IDLE, IDLE_REPEATS, {}, 1.0, 0.05, own_pid=1, concurrent=beside)
+    assert noise["flags"] == [guards.OVERLAPPED] and noise["figures"] == [guards.ALL_TIMING]
+    assert noise["warnings"] == [("other jobs of this sweep ran on this host while it measured (jobs 0: 10.0 s,"
+                                  " 2: 4.8 s): its timings are marked disturbed")]
+    assert guards.is_marked(noise, "output_tokens_per_s")
+    # job 2 measured while job 1 still ran
+    beside_2 = overlap.concurrent_jobs(2, SPANS, now_s=175.0, measured=(170.0, 174.0))
+    assert guards.noise_report(IDLE, IDLE_REPEATS, {}, 1.0, 0.05, 1, concurrent=beside_2)["flags"] == [guards.OVERLAPPED]
+    measured_alone = [{**c, "measured_overlap_s": 0.0} for c in beside]
+    calm = guards.noise_report(IDLE, IDLE_REPEATS, {}, 1.0, 0.05, own_pid=1, concurrent=measured_alone)
+    assert calm == {"flags": [], "figures": [], "warnings": []}, "overlap outside the measurement disturbs nothing"
 
 
 def test_a_reading_of_this_machine_has_its_load_and_cores():
