@@ -222,6 +222,8 @@ TOP_LEVEL: dict[str, Any] = {
         "tpot_ms": Key("float", nullable=True, minimum=0, above_minimum=True, note="null = no objective"),
     },
     "isolate_sweep_jobs": Key("bool"),
+    # sweep.devices takes an index, a list or "0,1": specexp.device_slots.parse_devices checks it
+    "sweep": {"devices": None, "gpus_per_job": POSITIVE_INT},
     "measure": {
         "repeats": POSITIVE_INT,
         "warmup_requests": Key("int", minimum=0, note="0 = no warm-up"),

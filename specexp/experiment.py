@@ -41,13 +41,16 @@ log = logging.getLogger("specexp")
 class RunContext:
     """Where a run lives. ``sweep_dir``/``job_num`` are set for sweep jobs (the W&B group is the sweep
     directory's name); ``choices`` (group -> option, Hydra's ``hydra.runtime.choices``) makes the key check
-    exact for the options chosen (without it a key of any option of a group is accepted)."""
+    exact for the options chosen (without it a key of any option of a group is accepted); ``placement``: the
+    device slot a sweep on GPU slots gave the job (:meth:`specexp.device_slots.SlotPlan.placement`, plus
+    ``host`` and ``sweep_file``, the sweep's ``sweep.json`` when its jobs may overlap)."""
 
     run_dir: Path
     experiment: str
     sweep_dir: Path | None = None
     job_num: int | None = None
     choices: dict[str, str | None] | None = None
+    placement: dict | None = None
 
     def __post_init__(self) -> None:
         self.run_dir = Path(self.run_dir)
@@ -56,7 +59,8 @@ class RunContext:
     def to_dict(self) -> dict:
         """JSON-ready fields (to hand the context to a job's own process)."""
         return {"run_dir": str(self.run_dir), "experiment": self.experiment, "job_num": self.job_num,
-                "sweep_dir": str(self.sweep_dir) if self.sweep_dir is not None else None, "choices": self.choices}
+                "sweep_dir": str(self.sweep_dir) if self.sweep_dir is not None else None, "choices": self.choices,
+                "placement": self.placement}
 
 
 # ---------------------------------------------------------------------------------------------- record
@@ -75,8 +79,9 @@ def _git_sha() -> str | None:
 
 def environment(device: str) -> dict:
     """Facts about where the run ran: python, torch, transformers, device, gpu, specexp version, git sha,
-    host, process id and the Slurm job it ran in (``slurm``: :func:`specexp.cluster.slurm.job_facts`, None
-    outside Slurm)."""
+    host, process id, the GPUs this process was shown (``cuda_visible_devices``: ``CUDA_VISIBLE_DEVICES``, None
+    when unset) and the Slurm job it ran in (``slurm``: :func:`specexp.cluster.slurm.job_facts`, None outside
+    Slurm)."""
     from specexp.cluster.slurm import job_facts
 
     env = {
@@ -87,6 +92,7 @@ def environment(device: str) -> dict:
         "gpu": None,
         "hostname": platform.node(),
         "pid": os.getpid(),
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "slurm": job_facts(),
     }
     for module in ("torch", "transformers"):
@@ -162,6 +168,7 @@ def _track(record: dict) -> None:
 
 
 def _new_record(cfg: dict, ctx: RunContext, started: float) -> dict:
+    placement = {"placement": dict(ctx.placement)} if ctx.placement is not None else {}
     return {
         "status": "failed",
         "error": None,
@@ -173,6 +180,7 @@ def _new_record(cfg: dict, ctx: RunContext, started: float) -> dict:
         "env": {},
         "metrics": {},
         "wandb": wandb_options(cfg, ctx),
+        **placement,
     }
 
 
@@ -200,6 +208,8 @@ def fallback_record(cfg: dict, ctx: RunContext, status: str, error: str) -> dict
     if status == "interrupted":
         record["interrupted_by"] = error.removeprefix("interrupted by ")
     record["env"] = environment(str((cfg.get("engine") or {}).get("device")))
+    if ctx.placement is not None:  # written by the sweep's process: the job's GPUs, not this process's
+        record["env"]["cuda_visible_devices"] = ctx.placement.get("cuda_visible_devices")
     records.write_result(ctx.run_dir, record)
     return record
 
@@ -241,6 +251,8 @@ def _finish_ok(record: dict, run_dir: Path, measured: dict, spec, started: float
         record["metrics"] = result.metrics
         record["status"] = "ok"
     record["measure"], record["repeats"] = measured["measure"], measured["repeats"]
+    if measured.get("concurrent_jobs") is not None:
+        record["concurrent_jobs"] = measured["concurrent_jobs"]
     record["env"] = {**environment(spec.engine.device), **result.env}
     record["duration_s"] = time.time() - started
     records.write_result(run_dir, record)
@@ -258,23 +270,25 @@ def _write_record(record: dict, run_dir: Path, cfg: dict, started: float) -> Non
                   file=sys.stderr, flush=True)
 
 
-def _sibling_pids(measurement) -> list[int]:
-    """Processes on this job's GPU that are other jobs of its sweep (they share this process's parent)."""
-    from specexp.measure.machine import parent_pid
+def _related_pids(measurement, siblings: bool) -> list[int]:
+    """Processes on this job's GPU that are its own (vLLM's engine core, tensor-parallel workers) or, with
+    ``siblings``, other jobs of its sweep (:func:`specexp.measure.machine.related_gpu_pids`)."""
+    from specexp.measure.machine import related_gpu_pids
 
     readings = [measurement.machine.get("before"), *(r["machine"]["after"] for r in measurement.repeats)]
-    pids = {p["pid"] for reading in readings for p in ((reading or {}).get("gpu") or {}).get("processes") or []}
-    return sorted(pid for pid in pids if parent_pid(pid) == os.getppid())
+    return related_gpu_pids(readings, os.getpid(), os.getppid() if siblings else None)
 
 
 def measure_run(backend, spec, cfg: dict, progress, pace=None, order_note: str | None = None,
-                sweep_job: bool = False) -> dict:
+                sweep_job: bool = False, placement: dict | None = None, job_num: int | None = None) -> dict:
     """Warm-up and the repeats of ``spec`` on ``backend`` (:mod:`specexp.measure`), summarised for the record;
-    each noise warning is printed as one line."""
+    each noise warning is printed as one line. ``placement``/``job_num``: a sweep job's device slot and
+    number (the other jobs that overlapped it are read from the sweep's ``sweep.json``)."""
     from specexp.measure.loop import measure
     from specexp.measure.rounds import BACK_TO_BACK, INTERLEAVED
     from specexp.measure.settings import MeasureSettings
     from specexp.measure.summary import summarize
+    from specexp.sweep_timeline import jobs_beside
 
     settings = MeasureSettings.from_config(cfg)
     measurement = measure(backend, spec, settings, progress, pace)
@@ -282,9 +296,11 @@ def measure_run(backend, spec, cfg: dict, progress, pace=None, order_note: str |
     note = order_note or ("the sweep's jobs ran their repeats in rounds" if pace is not None else
                           "a sweep job run on its own: its repeats ran back to back" if sweep_job else
                           "a single run: its repeats ran back to back")
+    concurrent = jobs_beside(placement, job_num, measurement.repeats)
     measured = summarize(measurement, settings, order, note, os.getpid(),
-                         _sibling_pids(measurement) if pace is not None else ())
+                         _related_pids(measurement, siblings=pace is not None), concurrent or ())
     measured["env"] = measurement.results[0].env
+    measured["concurrent_jobs"] = concurrent
     for line in measured["metrics"]["noise"]["warnings"]:
         print(f"specexp: warning: {line}", file=sys.stderr, flush=True)
     return measured
@@ -321,7 +337,8 @@ def execute(cfg: dict, ctx: RunContext, pace=None, order_note: str | None = None
         log.info("starting backend %s: %s, k=%d, %d prompts", spec.backend, spec.pair.name,
                  spec.speculator.num_speculative_tokens, len(spec.prompts))
         with console_progress() as progress:
-            measured = measure_run(backend, spec, cfg, progress, pace, order_note, ctx.sweep_dir is not None)
+            measured = measure_run(backend, spec, cfg, progress, pace, order_note, ctx.sweep_dir is not None,
+                                   ctx.placement, ctx.job_num)
         with interrupts.deferred():
             _finish_ok(record, run_dir, measured, spec, started)
             written = True
@@ -378,12 +395,13 @@ class SweepState:
     own_process: bool = False
     rounds: object = None  # a specexp.sweep_rounds.RoundsCoordinator when the sweep measures in rounds
     order_note: str | None = None  # else: why each job runs its repeats back to back
+    slots: object = None  # a specexp.sweep_slots.SlotRunner when the sweep runs its jobs on device slots
 
     def reset(self, keep=(), resuming: bool = False, own_process: bool = False, rounds=None,
-              order_note: str | None = None) -> None:
+              order_note: str | None = None, slots=None) -> None:
         self.jobs.clear()
         self.keep, self.resuming, self.own_process = set(keep), resuming, own_process
-        self.rounds, self.order_note = rounds, order_note
+        self.rounds, self.order_note, self.slots = rounds, order_note, slots
 
 
 SWEEP = SweepState()
@@ -400,8 +418,8 @@ def _job_status(run_dir: Path) -> str:
 def run_sweep_job(plain: dict, ctx: RunContext) -> str:
     """One job of a sweep, in a fresh process unless ``isolate_sweep_jobs`` is false or this process is the
     job's own (``SWEEP.own_process``); returns its status (``pending`` for a job started to measure in rounds,
-    :mod:`specexp.sweep_rounds`). A job a resume keeps is not run. An interruption is recorded in
-    :data:`SWEEP` and re-raised."""
+    :mod:`specexp.sweep_rounds`, or started on a device slot beside others, :mod:`specexp.sweep_slots`). A job
+    a resume keeps is not run. An interruption is recorded in :data:`SWEEP` and re-raised."""
     from specexp.job_process import run_in_fresh_process
 
     if ctx.job_num in SWEEP.keep:
@@ -413,6 +431,8 @@ def run_sweep_job(plain: dict, ctx: RunContext) -> str:
     try:
         if plain.get("isolate_sweep_jobs", True) and not SWEEP.own_process and SWEEP.rounds is not None:
             status = SWEEP.rounds.start(plain, ctx)  # "pending": it measures in the rounds after the launch
+        elif plain.get("isolate_sweep_jobs", True) and not SWEEP.own_process and SWEEP.slots is not None:
+            status = SWEEP.slots.launch(plain, ctx)  # "pending": it runs on its slot beside the others
         elif plain.get("isolate_sweep_jobs", True) and not SWEEP.own_process:
             status = run_in_fresh_process(plain, ctx, SWEEP.order_note)
         else:

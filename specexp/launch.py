@@ -6,19 +6,24 @@
 2. The run's (or sweep's) directory is claimed (:mod:`specexp.run_dirs`): the configured one, or the first
    free ``NAME-1``, ``NAME-2``, ...; a resume takes its directory over unless a live run owns it.
 3. Hydra runs it there with SIGINT/SIGTERM handled (:mod:`specexp.interrupts`): the job in flight stops
-   within seconds and is recorded ``interrupted``; a sweep stops launching jobs.
+   within seconds and is recorded ``interrupted``; a sweep stops launching jobs. A sweep of CUDA jobs on a
+   machine with GPUs runs as many jobs at once as it has device slots (``sweep.devices``,
+   ``sweep.gpus_per_job``: :mod:`specexp.device_slots`, :mod:`specexp.sweep_slots`); without a GPU its jobs
+   run one after another.
 4. Every directory the run created is left with a result.json, the directory is released, and a sweep
-   prints what each job ended as. Exit status: 0 ok, 1 a run or job failed, 2 bad input, 130/143 interrupted.
+   prints what each job ended as (and on which GPUs). Exit status: 0 ok, 1 a run or job failed, 2 bad input,
+   130/143 interrupted.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specexp import cluster, experiment, interrupts, overrides, resume
+from specexp import cluster, device_slots, experiment, interrupts, overrides, resume
 from specexp import run_dirs as rd
 from specexp.errors import ConfigError
 
@@ -50,6 +55,7 @@ class RunPlan:
     resume_dir: Path | None = None
     keep: set = field(default_factory=set)
     interleave: tuple[bool, str] = (False, "a single run: its repeats ran back to back")
+    slots: device_slots.SlotPlan | None = None  # a sweep on device slots (None: its jobs one after another)
 
 
 def _split(args: list[str]) -> tuple[bool, list[str]]:
@@ -103,6 +109,39 @@ def _check_environment() -> None:
 
     progress_mode()
     progress_interval_s()
+
+
+def _fake_gpus() -> int | None:
+    """:data:`specexp.device_slots.FAKE_GPUS_ENV` as a count (None when unset); :class:`ConfigError` otherwise."""
+    value = os.environ.get(device_slots.FAKE_GPUS_ENV)
+    if value is None or value == "":
+        return None
+    if not value.strip().isdigit() or int(value) < 1:
+        raise ConfigError(f"{device_slots.FAKE_GPUS_ENV}={value!r} is not valid: use a number of GPUs >= 1 (a test"
+                          " hook: the sweep acts as if that many GPUs were visible), or unset it")
+    return int(value)
+
+
+def _visible_gpus(configs: list[dict]) -> tuple[tuple[str, ...], bool]:
+    """(the GPUs this process sees, as ``CUDA_VISIBLE_DEVICES`` names them; whether they are fake). torch is
+    asked only when a job runs on CUDA or names ``sweep.devices``."""
+    fake = _fake_gpus()
+    if fake is not None:
+        return tuple(str(i) for i in range(fake)), True
+    wanted = any((c.get("engine") or {}).get("device") == "cuda" or (c.get("sweep") or {}).get("devices") is not None
+                 for c in configs)
+    if not wanted:
+        return (), False
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return device_slots.visible_entries(os.environ.get("CUDA_VISIBLE_DEVICES"), count), False
+
+
+def _check_sweep_settings(configs: list[dict]) -> None:
+    """``sweep.devices`` of a single run is not used, but still checked."""
+    for cfg in configs:
+        device_slots.parse_devices((cfg.get("sweep") or {}).get("devices"))
 
 
 def plan_run(argv: list[str]) -> RunPlan:
@@ -166,8 +205,14 @@ def plan_run(argv: list[str]) -> RunPlan:
         from specexp.measure.rounds import interleave_decision
 
         launcher = first.hydra.get("launcher", {}).get("_target_")
-        plan.interleave = interleave_decision([j.config for j in jobs if j.num not in plan.keep],
-                                              str(launcher) if launcher else None)
+        launcher = str(launcher) if launcher else None
+        to_run = [j.config for j in jobs if j.num not in plan.keep]
+        visible, fake = _visible_gpus(to_run)
+        plan.slots = device_slots.plan_slots(to_run, launcher, visible, fake)
+        parallel = len(plan.slots.slots) if plan.slots is not None and plan.slots.parallel else 1
+        plan.interleave = interleave_decision(to_run, launcher, parallel)
+    else:
+        _check_sweep_settings([j.config for j in jobs])
     return plan
 
 
@@ -216,10 +261,14 @@ def _sweep_summary(plan: RunPlan, run_dir: Path, interrupted) -> int:
     if interrupted:
         line += f" (interrupted by {experiment.signal_name(interrupted.signum)})"
     print(line, flush=True)
-    _print_job_lines(plan, job_dirs, statuses)
+    where = _where_jobs_ran(plan)
+    _print_job_lines(plan, job_dirs, statuses, where)
     for num, status in statuses.items():
         if status not in ("ok", None):
-            print(f"  job {num}: {status} (see {job_dirs[num] / 'result.json'})", flush=True)
+            on = f" on {where[num]}" if where.get(num) else ""
+            print(f"  job {num}: {status}{on} (see {job_dirs[num] / 'result.json'})", flush=True)
+    if experiment.SWEEP.slots is not None:
+        print(f"  where and when each job ran: {experiment.SWEEP.slots.timeline.path}", flush=True)
     if not_ok or not_run:
         print(f"  resume (runs only the jobs without an ok record): python -m specexp resume {run_dir}", flush=True)
     if interrupted:
@@ -227,8 +276,19 @@ def _sweep_summary(plan: RunPlan, run_dir: Path, interrupted) -> int:
     return experiment.EXIT_FAILED if not_ok or not_run else experiment.EXIT_OK
 
 
-def _print_job_lines(plan: RunPlan, job_dirs: dict, statuses: dict) -> None:
-    """Per finished job: its own overrides, acceptance with its interval, tokens/s mean ± std over repeats."""
+def _where_jobs_ran(plan: RunPlan) -> dict[int, str]:
+    """``{job: "GPU 1"}`` for the jobs a sweep on device slots ran (empty for a sweep without slots)."""
+    if experiment.SWEEP.slots is not None:
+        labels = {job.num: experiment.SWEEP.slots.label(job.num) for job in plan.jobs}
+        return {num: label for num, label in labels.items() if label}
+    if experiment.SWEEP.rounds is not None and plan.slots is not None:  # one slot, every job resident on it
+        return {job.num: plan.slots.label(0) for job in plan.jobs if job.num not in plan.keep}
+    return {}
+
+
+def _print_job_lines(plan: RunPlan, job_dirs: dict, statuses: dict, where: dict) -> None:
+    """Per finished job: its own overrides, where it ran (a sweep on device slots), acceptance with its
+    interval, tokens/s mean ± std over repeats."""
     from specexp.tracking import records
     from specexp.tracking.summary import job_line
 
@@ -240,7 +300,8 @@ def _print_job_lines(plan: RunPlan, job_dirs: dict, statuses: dict) -> None:
             record = records.read_result(job_dirs[job.num])
         except (OSError, ValueError):
             continue
-        print(f"  job {job.num} ({_distinct(overrides, i)}): {job_line(record)}", flush=True)
+        on = f" on {where[job.num]}" if where.get(job.num) else ""
+        print(f"  job {job.num} ({_distinct(overrides, i)}){on}: {job_line(record)}", flush=True)
 
 
 def _passthrough(args: list[str]) -> int:
@@ -260,12 +321,26 @@ def _passthrough(args: list[str]) -> int:
 
 
 def _rounds(plan: RunPlan):
-    """A :class:`specexp.sweep_rounds.RoundsCoordinator` when the sweep measures its repeats in rounds."""
+    """A :class:`specexp.sweep_rounds.RoundsCoordinator` when the sweep measures its repeats in rounds (on a
+    sweep with one device slot, every job is shown that slot's GPUs)."""
     if not plan.multirun or not plan.interleave[0]:
         return None
     from specexp.sweep_rounds import RoundsCoordinator
 
-    return RoundsCoordinator()
+    if plan.slots is None:
+        return RoundsCoordinator()
+    placement = {**plan.slots.placement(0), "host": rd.hostname(), "sweep_file": None}
+    return RoundsCoordinator(env=device_slots.env_for_slot(plan.slots, 0, os.environ), placement=placement)
+
+
+def _slot_runner(plan: RunPlan, run_dir: Path, rounds):
+    """A :class:`specexp.sweep_slots.SlotRunner` when the sweep runs its jobs on device slots (and not in
+    rounds, which keep every job resident on the one slot)."""
+    if not plan.multirun or plan.slots is None or rounds is not None:
+        return None
+    from specexp.sweep_slots import SlotRunner
+
+    return SlotRunner(plan.slots, run_dir, rd.hostname(), plan.interleave[1], keep=plan.keep)
 
 
 def run_command(argv: list[str]) -> int:
@@ -293,11 +368,16 @@ def run_command(argv: list[str]) -> int:
         key = "hydra.sweep.dir" if plan.multirun else "hydra.run.dir"
         args = [*_without_dir_overrides(plan.hydra_args), _dir_override(key, run_dir)]
         rounds = _rounds(plan)
+        slots = _slot_runner(plan, run_dir, rounds)
         experiment.SWEEP.reset(keep=plan.keep if plan.multirun else (), resuming=plan.resume_dir is not None,
-                               rounds=rounds, order_note=None if rounds else plan.interleave[1])
+                               rounds=rounds, order_note=None if rounds else plan.interleave[1], slots=slots)
+        if slots is not None:
+            print(slots.announce(), flush=True)
         _run_hydra("config", experiment.hydra_task, args)
         if rounds is not None:
             rounds.run()
+        if slots is not None:
+            slots.drain()
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else experiment.EXIT_FAILED
     except interrupts.RunInterrupted as e:
@@ -308,6 +388,9 @@ def run_command(argv: list[str]) -> int:
         if experiment.SWEEP.rounds is not None:  # jobs still waiting for their rounds: stop and record them
             with interrupts.deferred():
                 experiment.SWEEP.rounds.stop(interrupted.signum if interrupted else signal.SIGTERM)
+        if experiment.SWEEP.slots is not None:  # jobs still running on their slots: stop and record them
+            with interrupts.deferred():
+                experiment.SWEEP.slots.stop(interrupted.signum if interrupted else signal.SIGTERM)
         if run_dir is not None:
             with interrupts.deferred():
                 _ensure_records(plan, run_dir, interrupted)

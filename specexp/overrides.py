@@ -5,7 +5,8 @@ Hydra alone gives seven lines for a typo'd key and none of the valid names, and 
 vocabulary (:mod:`specexp.config_schema`) first: a group must exist and name one of its options, a key must
 be valid for the options chosen. A valid key the option file leaves out needs no ``+``
 (``engine.num_kv_blocks=64`` is rewritten to Hydra's add-or-override ``++``), and ``+`` on a key that exists
-just sets it. :func:`sweep_jobs` expands a sweep into its jobs exactly as Hydra's basic sweeper numbers them.
+just sets it. ``sweep.devices=0,1`` names two GPUs, not a sweep over them (:func:`device_list`).
+:func:`sweep_jobs` expands a sweep into its jobs exactly as Hydra's basic sweeper numbers them.
 """
 
 from __future__ import annotations
@@ -178,11 +179,25 @@ def _present(cfg, key: str) -> bool:
     return isinstance(node, DictConfig) and name in node.keys()  # noqa: SIM118 - `in node` is False for ???
 
 
+DEVICE_LIST_KEY = "sweep.devices"
+
+
+def device_list(override: str) -> str:
+    """``sweep.devices=0,1`` as Hydra's list ``sweep.devices=[0,1]`` (a comma there lists GPUs; it never sweeps
+    over them); every other override as it is."""
+    key, eq, value = override.partition("=")
+    text = value.strip()
+    if eq and key.lstrip("+~") == DEVICE_LIST_KEY and "," in text and not text.startswith(("[", "'", '"')):
+        return f"{key}=[{text}]"
+    return override
+
+
 def normalize(overrides: list[str], conf_dir: Path, multirun: bool) -> list[str]:
     """Check ``overrides`` (groups, then keys against the vocabulary of every combination of options they
     choose) and return them as Hydra should get them: a valid key the composed config lacks gets ``++``, a
-    ``+`` on a key it has is dropped. :class:`ConfigError` (one line) for the first bad one."""
-    parsed = parse(overrides, conf_dir)
+    ``+`` on a key it has is dropped, ``sweep.devices=0,1`` becomes a list (:func:`device_list`).
+    :class:`ConfigError` (one line) for the first bad one."""
+    parsed = parse([device_list(o) for o in overrides], conf_dir)
     check_groups(parsed, conf_dir)
     check_top_level(parsed, conf_dir)
     group_texts = [o.text for o in parsed if o.kind == "group"]

@@ -8,6 +8,11 @@ neighbour that starts) then lands on every point alike instead of on the last po
 once; between its repeats it sits idle while the other jobs measure. After the last round the jobs write
 their records one after another, in job order.
 
+A sweep that runs several jobs at once on separate GPUs (device slots, :mod:`specexp.device_slots`) does not
+interleave: each job runs its repeats back to back while the others run beside it, and its record lists the
+jobs that overlapped it (:mod:`specexp.measure.overlap`). Limiting the sweep to one GPU (``sweep.devices=0``)
+brings the rounds back.
+
 What is *not* interleaved: model loading, engine building (CUDA-graph capture) and warm-up run job by job
 before the first round, and a job's requests within one repeat are served as usual. Interleaving keeps every
 job's process (its models, caches and graphs) resident until the sweep ends, so :func:`interleave_decision`
@@ -30,14 +35,20 @@ def interleaved_order(repeats_per_job: Sequence[int]) -> list[tuple[int, int]]:
     return [(job, r) for r in range(rounds) for job, n in enumerate(repeats_per_job) if r < n]
 
 
-def interleave_decision(configs: Sequence[dict], launcher: str | None) -> tuple[bool, str]:
+def interleave_decision(configs: Sequence[dict], launcher: str | None,
+                        parallel_jobs: int = 1) -> tuple[bool, str]:
     """(interleave?, why) for a sweep of the resolved job ``configs`` run by the Hydra ``launcher``
-    (its ``_target_``). It interleaves only when all hold: at least two jobs to run; every job sets
+    (its ``_target_``), ``parallel_jobs`` at a time (its device slots, :mod:`specexp.device_slots`). It
+    interleaves only when all hold: at least two jobs to run; one job at a time (rounds keep every job
+    resident, so jobs spread over several GPUs would need every job on a GPU of its own at once); every job sets
     ``measure.interleave`` and more than one ``measure.repeats``; ``isolate_sweep_jobs`` (one process per job);
     Hydra's basic launcher (jobs one at a time on this machine; a cluster launcher runs them elsewhere); and no
     job on backend ``vllm`` (which reserves a fixed share of the GPU, so two resident jobs cannot fit)."""
     if len(configs) < 2:
         return False, "a single job"
+    if parallel_jobs > 1:
+        return False, (f"the sweep ran up to {parallel_jobs} jobs at once on separate GPUs: each job's repeats ran"
+                       " back to back (sweep.devices=<one GPU> measures in rounds)")
     measure = [c.get("measure") or {} for c in configs]
     if not all(m.get("interleave", True) for m in measure):
         return False, "measure.interleave=false"

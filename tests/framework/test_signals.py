@@ -109,6 +109,28 @@ def test_a_signal_stops_a_sweep_and_records_the_job_in_flight(tmp_path, signum, 
     assert f"python -m specexp resume {sweep_dir}" in out
 
 
+@pytest.mark.parametrize("whom", ["main", "group"])
+def test_ctrl_c_stops_every_job_of_a_parallel_sweep_and_launches_no_more(tmp_path, monkeypatch, whom):
+    """Two jobs on two (fake) GPUs in flight, a third waiting for a slot: all stop, each recorded."""
+    monkeypatch.setenv("SPECEXP_FAKE_GPUS", "2")
+    runs, sweep_dir = tmp_path / "runs", tmp_path / "sweep"
+    proc = start_cli([*LONG_SWEEP[:-1], "speculator.num_speculative_tokens=0,1,2", "sweep.devices=0,1",
+                      f"hydra.sweep.dir={sweep_dir}"], runs)
+    wait_for(lambda: started(sweep_dir / "0")() and started(sweep_dir / "1")(), 240, proc)
+    time.sleep(0.2)  # both generating now
+    sent_at = send(proc, signal.SIGINT, whom)
+    out = assert_stopped(proc, sent_at, signal.SIGINT, runs)
+    records = job_records(sweep_dir)
+    assert [records[n]["status"] for n in (0, 1)] == ["interrupted", "interrupted"]
+    assert all(records[n]["env"]["pid"] != proc.pid for n in (0, 1)), "each job recorded itself"
+    if 2 in records:  # Hydra had made its directory while it waited for a slot: it never started
+        assert records[2]["status"] == "interrupted" and records[2]["error"].endswith("before the run started")
+    timeline = json.loads((sweep_dir / "sweep.json").read_text())
+    assert sorted(s["job"] for s in timeline["jobs"]) == [0, 1], "the waiting job never got a slot"
+    assert all(s["status"] == "interrupted" and s["end_s"] is not None for s in timeline["jobs"])
+    assert "(interrupted by SIGINT)" in out
+
+
 def test_ctrl_c_while_a_job_process_starts_leaves_a_record_and_no_traceback(tmp_path):
     runs, sweep_dir = tmp_path / "runs", tmp_path / "sweep"
     proc = start_cli([*LONG_SWEEP, f"hydra.sweep.dir={sweep_dir}"], runs)
