@@ -153,6 +153,8 @@ SCHEMA: dict[str, dict[str, Any]] = {
         "synthetic_acceptance_rates": Key("float_list", nullable=True, minimum=0, maximum=1,
                                           note="one per draft position, non-increasing"),
         "synthetic_acceptance_length": Key("float", nullable=True, minimum=1, note="at most k + 1"),
+        "draft_tensor_parallel_size": Key("int", nullable=True, minimum=1,
+                                          note="vllm: 1 or engine.tensor_parallel_size; null = the target's"),
     },
     "short_conv": {"use_full_cuda_graph": Key("bool")},
     "engine": {
@@ -176,6 +178,7 @@ SCHEMA: dict[str, dict[str, Any]] = {
         "attention_kernel": Key("str"),
         "conv_kernel": Key("str"),
         "plain_decode_lookahead": Key("bool"),
+        "tensor_parallel_size": Key("int", minimum=1, note="GPUs the target is split over; > 1: backend vllm"),
     },
     "sampling": {
         "temperature": Key("float", minimum=0, note="0 = greedy"),

@@ -47,12 +47,50 @@ def _check_backend_support(backend: str, speculator, engine) -> None:
         raise ConfigError(f"speculator.rejection={rejection!r} is implemented by backends"
                           f" {', '.join(SYNTHETIC_BACKENDS)} only (backend={backend}): use backend=native, or"
                           " speculator.rejection=standard")
+    _check_tensor_parallel(backend, speculator, engine)
     if backend == "vllm":
         if engine.device != "cuda":
             raise ConfigError(f"backend vllm runs on CUDA only, engine.device={engine.device}: use engine=cuda")
         if importlib.util.find_spec("vllm") is None:
             raise ConfigError("backend vllm needs the 'vllm' package, which is not installed: pip install -e"
                               " '.[vllm]' on a GPU machine with torch 2.11")
+        _check_visible_gpus(backend, engine)
+
+
+def _check_tensor_parallel(backend: str, speculator, engine) -> None:
+    """``engine.tensor_parallel_size`` and ``speculator.draft_tensor_parallel_size``: more than one GPU per model
+    only on vLLM, and a draft split as vLLM allows (1 or the target's size, as its ``SpeculativeConfig`` checks).
+    Checked before vLLM's presence, so the refusal is the same on any machine."""
+    tp = int(engine.options.get("tensor_parallel_size") or 1)
+    draft_tp = speculator.options.get("draft_tensor_parallel_size")
+    if backend != "vllm":
+        if tp > 1:
+            raise ConfigError(f"engine.tensor_parallel_size={tp}: backend {backend} runs the target on one device;"
+                              " tensor parallelism needs backend=vllm (or engine.tensor_parallel_size=1)")
+        if draft_tp not in (None, 1):
+            raise ConfigError(f"speculator.draft_tensor_parallel_size={draft_tp}: backend {backend} runs the draft on"
+                              " one device; tensor parallelism needs backend=vllm (or leave it null)")
+        return
+    if draft_tp not in (None, 1, tp):
+        raise ConfigError(f"speculator.draft_tensor_parallel_size={draft_tp} is not valid with"
+                          f" engine.tensor_parallel_size={tp}: vLLM takes 1 or {tp} (null = the target's, {tp})")
+
+
+def _check_visible_gpus(backend: str, engine) -> None:
+    """A vLLM run split over N GPUs needs N visible (a sweep job sees its slot's: sweep.gpus_per_job)."""
+    tp = int(engine.options.get("tensor_parallel_size") or 1)
+    if backend != "vllm" or tp <= 1:
+        return
+    import os
+
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count < tp:
+        shown = os.environ.get("CUDA_VISIBLE_DEVICES")
+        where = f" (CUDA_VISIBLE_DEVICES={shown})" if shown is not None else ""
+        raise ConfigError(f"engine.tensor_parallel_size={tp} needs {tp} GPUs, and this process sees {count}{where}:"
+                          " lower it, or run where more GPUs are visible")
 
 
 def _check_prompt_lengths(prompts: list, max_new_tokens: int, max_model_len: int) -> None:

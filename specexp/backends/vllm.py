@@ -8,7 +8,9 @@ reachable) downloads the wheels vLLM 0.26 needs beside an installed torch; then
 
 What maps where:
 - :func:`llm_kwargs` / :func:`sampling_params_kwargs`: RunSpec -> ``vllm.LLM(...)`` / ``SamplingParams(...)``
-  keywords (plain dicts; unit-tested without vLLM). Prompts go in as the target tokenizer's ids
+  keywords (plain dicts; unit-tested without vLLM). ``engine.tensor_parallel_size`` and
+  ``speculator.draft_tensor_parallel_size`` pass through under vLLM's names; with more than one GPU vLLM's
+  workers capture the graphs in processes of their own, whose log is not read (graph metrics ``None``). Prompts go in as the target tokenizer's ids
   (``{"prompt_token_ids": ...}``); vLLM's own tokenizer is not loaded (``skip_tokenizer_init``) and output
   text is decoded with the target's tokenizer.json, as every backend does. EOS ids come from config.json /
   generation_config.json (the native loader's reading) as ``stop_token_ids``.
@@ -104,6 +106,7 @@ def llm_kwargs(spec: RunSpec, target_dir: str | None = None, draft_dir: str | No
         "enforce_eager": e.cudagraph_mode == "none",
         "gpu_memory_utilization": float(options.get("gpu_memory_utilization", DEFAULT_GPU_MEMORY_UTILIZATION)),
         "disable_log_stats": False,
+        "tensor_parallel_size": int(e.options.get("tensor_parallel_size") or 1),
     }
     if "max_num_batched_tokens" in e.options:
         kwargs["max_num_batched_tokens"] = e.options["max_num_batched_tokens"]
@@ -117,6 +120,8 @@ def llm_kwargs(spec: RunSpec, target_dir: str | None = None, draft_dir: str | No
             "enforce_eager": s.draft_graph_mode(e.cudagraph_mode) == "none",
             **vllm_load.synthetic_speculative_config(spec),
         }
+        if s.options.get("draft_tensor_parallel_size") is not None:  # unset: vLLM gives the draft the target's
+            kwargs["speculative_config"]["draft_tensor_parallel_size"] = int(s.options["draft_tensor_parallel_size"])
     kwargs.update(options.get("llm_kwargs") or {})
     return kwargs
 
@@ -480,7 +485,8 @@ class VllmServer(BackendServer):
         metrics["startup_s"] = startup_record(self.clock.phases_s, self.import_s, graph.get("graph_capture_s"))
         import torch
 
-        env = {"device": "cuda:0", "gpu": torch.cuda.get_device_name(0), "vllm": getattr(vllm, "__version__", None)}
+        env = {"device": "cuda:0", "gpu": torch.cuda.get_device_name(0), "vllm": getattr(vllm, "__version__", None),
+               "tensor_parallel_size": int(spec.engine.options.get("tensor_parallel_size") or 1)}
         return RunResult(requests, [], metrics, env)
 
 

@@ -107,6 +107,42 @@ def test_materialised_dirs_and_backend_options_replace_the_defaults():
     assert kwargs["compilation_config"] == {"level": 0}
 
 
+def test_one_gpu_by_default_and_the_drafts_split_left_to_vllm():
+    kwargs = backend.llm_kwargs(make_spec(k=2))
+    assert kwargs["tensor_parallel_size"] == 1
+    assert "draft_tensor_parallel_size" not in kwargs["speculative_config"]
+
+
+@pytest.mark.parametrize(("tp", "draft_tp"), [(2, None), (4, 1), (2, 2)])
+def test_tensor_parallel_sizes_reach_vllm_under_its_names(tp, draft_tp):
+    spec = make_spec(k=3)
+    spec.engine.options["tensor_parallel_size"] = tp
+    spec.speculator.options["draft_tensor_parallel_size"] = draft_tp
+    kwargs = backend.llm_kwargs(spec)
+    assert kwargs["tensor_parallel_size"] == tp
+    assert kwargs["speculative_config"].get("draft_tensor_parallel_size") == draft_tp
+    no_draft = make_spec(k=0)
+    no_draft.engine.options["tensor_parallel_size"] = tp
+    assert backend.llm_kwargs(no_draft)["tensor_parallel_size"] == tp and "speculative_config" not in backend.llm_kwargs(no_draft)
+
+
+@pytest.mark.parametrize(("tp", "draft_tp", "valid"), [(2, None, True), (2, 1, True), (2, 2, True), (4, 2, False),
+                                                       (1, 2, False)])
+def test_a_draft_split_is_what_vllm_takes_one_or_the_targets(tp, draft_tp, valid):
+    from specexp.run_spec import _check_tensor_parallel
+
+    spec = make_spec(k=2)
+    spec.engine.options["tensor_parallel_size"] = tp
+    spec.speculator.options["draft_tensor_parallel_size"] = draft_tp
+    if valid:
+        _check_tensor_parallel("vllm", spec.speculator, spec.engine)
+        return
+    with pytest.raises(ConfigError) as e:
+        _check_tensor_parallel("vllm", spec.speculator, spec.engine)
+    assert str(e.value) == (f"speculator.draft_tensor_parallel_size={draft_tp} is not valid with"
+                            f" engine.tensor_parallel_size={tp}: vLLM takes 1 or {tp} (null = the target's, {tp})")
+
+
 def test_max_model_len_is_capped_at_the_targets_positions():
     assert backend.llm_kwargs(make_spec(), max_positions=512)["max_model_len"] == 512
     assert backend.llm_kwargs(make_spec(), max_positions=4096)["max_model_len"] == 1024

@@ -117,6 +117,17 @@ def test_bad_enum_values_name_the_choices(pair_overrides, tmp_path):
     expect_error(pair_overrides + ["engine.device=tpu"], tmp_path, "engine.device='tpu'", "cpu, cuda")
 
 
+@pytest.mark.parametrize("backend", ["native", "hf"])
+def test_tensor_parallelism_is_refused_where_a_model_runs_on_one_device(pair_overrides, tmp_path, backend):
+    expect_error(pair_overrides + [f"backend={backend}", "engine.tensor_parallel_size=2"], tmp_path,
+                 f"engine.tensor_parallel_size=2: backend {backend} runs the target on one device", "backend=vllm")
+    expect_error(pair_overrides + [f"backend={backend}", "speculator.draft_tensor_parallel_size=2"], tmp_path,
+                 "speculator.draft_tensor_parallel_size=2", "backend=vllm")
+    assert build(pair_overrides + [f"backend={backend}", "engine.tensor_parallel_size=1"], tmp_path)
+    expect_error(pair_overrides + ["engine.tensor_parallel_size=0"], tmp_path, "engine.tensor_parallel_size=0 is not"
+                 " valid", ">= 1")
+
+
 def test_empty_workload(pair_overrides, tmp_path):
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
@@ -141,12 +152,30 @@ def run_cli(args, tmp_path):
     (["run", "+exp=quickstart", "workload=nope"], "unknown workload 'nope': choose one of"),
     (["frobnicate"], "unknown command 'frobnicate'"),
     (["run", "pair=local", "tracking=disabled"], "no value for pair.draft.path, pair.target.path"),
+    (["run", "+exp=quickstart", "engine.tensor_parallel_size=2"],
+     "engine.tensor_parallel_size=2: backend native runs the target on one device"),
+    (["run", "-m", "+exp=quickstart", "speculator.num_speculative_tokens=1,2", "sweep.devices=0,x"],
+     "sweep.devices=0,x is not valid: 'x' is not a GPU index"),
+    (["run", "+exp=quickstart", "sweep.gpus_per_job=0"], "sweep.gpus_per_job=0 is not valid"),
 ])
 def test_cli_rejects_unknown_names_with_one_line_and_status_2(args, fragment, tmp_path):
     proc = run_cli(args, tmp_path)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("specexp: error: ") and fragment in lines[0], proc.stderr
+
+
+def test_cli_refuses_gpus_for_a_sweep_on_a_machine_without_any(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    proc = run_cli(["run", "-m", "+exp=quickstart", "speculator.num_speculative_tokens=1,2", "sweep.devices=0,1",
+                    f"hydra.sweep.dir={tmp_path}/sweep"], tmp_path)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("specexp: error: sweep.devices=0,1 names GPUs"), proc.stderr
+    assert not (tmp_path / "sweep").exists()
 
 
 def test_cli_run_with_a_bad_value_is_refused_before_a_directory_exists(pair_overrides, tmp_path):
