@@ -24,7 +24,7 @@ INTERVALS_NOTE = (
     "Intervals are 95%: acceptance [low, high] from a seeded bootstrap over the run's requests (the resampling "
     "unit); tokens/s and latencies mean ± std over the repeats (n = repeats) with Student's t interval; speedup "
     "[low, high] from the repeats of both points (delta method). A figure marked † was flagged noisy when it was "
-    "measured (busy machine, repeats that disagree, a shared GPU; see \"Noise\")."
+    "measured (busy machine, repeats that disagree, a shared GPU, other sweep jobs running beside it; see \"Noise\")."
 )
 ACCEPTANCE_INTERVALS_NOTE = (
     "Acceptance intervals [low, high] are 95%, from a seeded bootstrap over each run's requests (the resampling "

@@ -12,6 +12,7 @@ from matplotlib.container import ErrorbarContainer
 
 from specexp.analysis import fit_theory, load_runs, plots, speedup
 from specexp.analysis.report import write_report
+from specexp.measure import guards, overlap
 from specexp.measure.intervals import ratio_interval
 
 REPEATS = {0: [100.0, 103.0, 97.0], 1: [131.0, 128.0, 134.0], 2: [150.0, 146.0, 155.0], 4: [149.0, 152.0, 144.0]}
@@ -79,6 +80,23 @@ def test_report_md_shows_intervals_sample_counts_and_flags_noisy_runs(sweep, tmp
     assert "next best k=4" in text and "inside the interval: not told apart" in text
     assert "## Noise" in text and "the machine was busy" in text
     assert "Measured with 3 repeat(s) per run (interleaved), 1 warm-up request(s) each." in text
+
+
+def test_a_run_that_other_jobs_ran_beside_while_it_measured_is_flagged_in_the_report(write_run, tmp_path):
+    beside = overlap.concurrent_jobs(1, [{"job": 0, "start_s": 0.0, "end_s": 50.0, "devices": [0]},
+                                         {"job": 1, "start_s": 1.0, "end_s": None, "devices": [1]}],
+                                     now_s=60.0, measured=(30.0, 55.0))
+    for k, values in ((0, [100.0, 101.0]), (2, [140.0, 141.0])):
+        record = with_repeats(synthetic_record(k, alpha=0.7, num_requests=6), values)
+        if k == 2:
+            record["concurrent_jobs"] = beside
+            record["metrics"]["noise"] = guards.noise_report({}, [], {}, 1.0, 0.05, own_pid=1, concurrent=beside)
+        write_run(f"parallel/{k}", record)
+    text = write_report(tmp_path / "runs" / "parallel", tmp_path / "report").read_text()
+    runs = text.split("## Runs")[1].split("##")[0]
+    assert next(line for line in runs.splitlines() if "| 2 |" in line).count("†") >= 1
+    assert next(line for line in runs.splitlines() if "| 0 |" in line).count("†") == 0
+    assert "## Noise" in text and "other jobs of this sweep ran on this host while it measured (job 0: 20.0 s)" in text
 
 
 def test_an_acceptance_only_report_has_no_timing_figure(sweep, tmp_path):
