@@ -7,9 +7,9 @@ switches, graphs captured at the batch sizes measured. Random-weight 1B-class pa
 rate set on the built engines between runs); the trained demo pair runs its real greedy acceptance on held-out
 code prompts. Every run serves a fixed workload at a concurrency of b (`generate(max_concurrency=b)`: b requests
 in flight, a new one admitted when one finishes), 64-token prompts, a token budget of 1024 a step for every
-engine, `--new-tokens` tokens each, EOS ignored:
-max(8, b) prompts. Rounds interleave: each round runs every (batch, mode) once, the modes' order
-rotated from round to round, so drift of the machine reaches every mode alike.
+engine, `--new-tokens` tokens each, EOS ignored, max(8, b) prompts. One unmeasured round first, then rounds
+that interleave: each round runs every (batch, mode) once, the modes' order rotated from round to round, so
+drift of the machine reaches every mode alike.
 
 A second phase builds the schedule tuned from the first: at each batch size the best static k of that rate
 (`num_speculative_tokens_per_batch_size` over the measured batch sizes, K = 8), and measures it in rounds
@@ -157,9 +157,15 @@ def summarize(runs: list[dict]) -> dict:
 
 
 def measure_rounds(engines: dict[str, NativeEngine], prompts: dict[int, list[list[int]]], repeats: int,
-                   label: str) -> dict[str, dict[int, dict]]:
-    """`repeats` rounds; each runs every (batch, mode) once, the modes' order rotated by one each round."""
+                   label: str, warmup_rounds: int = 1) -> dict[str, dict[int, dict]]:
+    """`warmup_rounds` unmeasured rounds, then `repeats` measured ones; each runs every (batch, mode) once, the
+    modes' order rotated by one each round. The warm-up runs every shape a measured run meets once (on the H200,
+    an engine's first run at a batch size ran up to 5x slower than its later ones)."""
     names = list(engines)
+    for _ in range(warmup_rounds):
+        for b, batch_prompts in prompts.items():
+            for name in names:
+                timed_run(engines[name], batch_prompts, b)
     runs = {name: {b: [] for b in prompts} for name in names}
     for round_index in range(repeats):
         order = names[round_index % len(names):] + names[:round_index % len(names)]
@@ -229,10 +235,11 @@ def bench_pair(pair: str, args, result: dict, out_path: Path) -> None:
             best = best_static(cells, b)
             line = "  ".join(f"{m} {cells[m][b]['output_tokens_per_s']['mean']:.0f}" for m in args.modes)
             print(f"  {label} batch {b}: best static {best}; tokens/s {line}", flush=True)
+        entry["by_rate"][str(rate) if synthetic else "greedy"] = by_rate
+        out_path.write_text(json.dumps(result, indent=1))  # kept if the tuned phase is cut short
         if args.tuned_schedule:
             by_rate["tuned_schedule"] = measure_tuned(target, draft, cells, prompts, args, synthetic, rate)
-        entry["by_rate"][str(rate) if synthetic else "greedy"] = by_rate
-        out_path.write_text(json.dumps(result, indent=1))
+            out_path.write_text(json.dumps(result, indent=1))
     del engines
     if args.device == "cuda":
         torch.cuda.empty_cache()

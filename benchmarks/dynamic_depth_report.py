@@ -1,0 +1,143 @@
+"""Tables and a figure from `dynamic_depth_gpu.py` results: per pair and acceptance, tokens/s of every depth mode
+at every batch size (mean ± std over the rounds, n), each mode's ratio to that batch size's best static k with
+its 95% interval, the tuned schedule's ratio, and which single static k stays within a tolerance of the best at
+every batch size.
+
+    python benchmarks/dynamic_depth_report.py RESULTS.json [...] --md report.md [--png ratios.png] [--tolerance 0.03]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def _interval(ratio: dict) -> str:
+    if ratio.get("value") is None:
+        return "-"
+    if ratio.get("low") is None:
+        return f"{ratio['value']:.3f}"
+    return f"{ratio['value']:.3f} [{ratio['low']:.3f}, {ratio['high']:.3f}]"
+
+
+def _tokens(summary: dict) -> str:
+    std = summary.get("std")
+    return f"{summary['mean']:.0f} ± {std:.0f}" if std is not None else f"{summary['mean']:.0f}"
+
+
+def is_static(mode: str) -> bool:
+    return mode.startswith("k") and mode[1:].isdigit()
+
+
+def single_static_k(cells: dict, tolerance: float) -> tuple[list[str], str, float]:
+    """The static modes whose mean tokens/s is within `tolerance` of the best static's at every batch size, and
+    the static mode with the best worst-case ratio (with that ratio)."""
+    statics = [m for m in cells if is_static(m)]
+    batches = list(next(iter(cells.values())))
+    best = {b: max(cells[m][b]["output_tokens_per_s"]["mean"] for m in statics) for b in batches}
+    worst = {m: min(cells[m][b]["output_tokens_per_s"]["mean"] / best[b] for b in batches) for m in statics}
+    within = [m for m in statics if worst[m] >= 1 - tolerance]
+    top = max(worst, key=worst.get)
+    return within, top, worst[top]
+
+
+def render_rate(pair: str, rate: str, by_rate: dict, tolerance: float) -> list[str]:
+    cells, ratios = by_rate["cells"], by_rate["ratio_to_best_static"]
+    batches = list(next(iter(cells.values())))
+    n = next(iter(next(iter(cells.values())).values()))["output_tokens_per_s"]["n"]
+    label = f"synthetic acceptance {rate}" if rate != "greedy" else "greedy, real acceptance"
+    lines = [f"### {pair}, {label}", "",
+             f"Output tokens/s, mean ± std over n = {n} interleaved rounds (acceptance length, mean k a decode step):",
+             "", "| mode | " + " | ".join(f"batch {b}" for b in batches) + " |",
+             "|---|" + "---|" * len(batches)]
+    for mode, by_batch in cells.items():
+        row = [f"{_tokens(c['output_tokens_per_s'])} ({c['acceptance_length']:.2f}, k {c['mean_k_per_decode_step']:.1f})"
+               for c in by_batch.values()]
+        lines.append(f"| {mode} | " + " | ".join(row) + " |")
+    lines += ["", "Ratio to the best static k at that batch size, 95% interval (delta method over the rounds):", "",
+              "| mode | " + " | ".join(f"batch {b}" for b in batches) + " |", "|---|" + "---|" * len(batches)]
+    best_row = [ratios[next(iter(ratios))][b]["best_static"] for b in batches]
+    lines.append("| best static | " + " | ".join(best_row) + " |")
+    for mode, by_batch in ratios.items():
+        if not is_static(mode):
+            lines.append(f"| {mode} | " + " | ".join(_interval(x) for x in by_batch.values()) + " |")
+    tuned = by_rate.get("tuned_schedule")
+    if tuned:
+        lines.append("| tuned schedule | " + " | ".join(_interval(tuned["by_batch"][b]["ratio"]) for b in batches)
+                     + " |")
+        lines += ["", f"Tuned schedule `{tuned['schedule']}` (each batch size's best static k, K = 8), measured in "
+                  "its own rounds alternating with that best static engine."]
+    within, top, worst = single_static_k(cells, tolerance)
+    lines += ["", f"Single static k within {100 * tolerance:.0f}% of the best static at every batch size: "
+              + (", ".join(within) if within else "none") + f" (best worst case: {top}, {worst:.3f} of the best; "
+              "means)", ""]
+    return lines
+
+
+def render(results: list[dict], tolerance: float) -> str:
+    lines = []
+    for result in results:
+        m = result["machine"]
+        lines += [f"Measured {m['date']} on {m.get('gpu', m['device'])} (torch {m['torch']}): "
+                  f"`dynamic_depth_gpu.py {' '.join(a for a in result['argv'] if not a.startswith('/'))}`; "
+                  f"{result['prompt_tokens']}-token prompts, {result['new_tokens']} new tokens, "
+                  f"{result['repeats']} rounds.", ""]
+        for pair, entry in result["pairs"].items():
+            for rate, by_rate in entry["by_rate"].items():
+                lines += render_rate(pair, rate, by_rate, tolerance)
+    return "\n".join(lines)
+
+
+def figure(results: list[dict], path: Path) -> None:
+    """Per pair and rate, each dynamic mode's ratio to the best static k against batch size, with its interval."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [(pair, rate, by_rate) for r in results for pair, e in r["pairs"].items()
+              for rate, by_rate in e["by_rate"].items()]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6), sharey=True, squeeze=False)
+    for ax, (pair, rate, by_rate) in zip(axes[0], panels, strict=True):
+        series = {m: by_rate["ratio_to_best_static"][m] for m in by_rate["ratio_to_best_static"] if not is_static(m)}
+        if by_rate.get("tuned_schedule"):
+            series["tuned schedule"] = {b: x["ratio"] for b, x in by_rate["tuned_schedule"]["by_batch"].items()}
+        for offset, (mode, by_batch) in enumerate(series.items()):
+            xs = [int(b) * (1.06 ** (offset - 1)) for b in by_batch]
+            ys = [x["value"] for x in by_batch.values()]
+            err = [[y - (x["low"] if x["low"] is not None else y) for x, y in zip(by_batch.values(), ys, strict=True)],
+                   [(x["high"] if x["high"] is not None else y) - y for x, y in zip(by_batch.values(), ys, strict=True)]]
+            ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=mode)
+        ax.axhline(1.0, color="grey", lw=0.8)
+        ax.axhspan(0.97, 1.0, color="grey", alpha=0.15)
+        ax.set_ylim(0.4, 1.6)  # wider intervals run off the panel: the tables give them
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("batch size (requests in flight)")
+        ax.set_title(f"{pair}\n{'acceptance ' + rate if rate != 'greedy' else 'greedy'}", fontsize=9)
+    axes[0][0].set_ylabel("tokens/s ÷ best static k's (95% CI)")
+    axes[0][-1].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv: list[str] | None = None) -> str:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("results", nargs="+")
+    parser.add_argument("--md")
+    parser.add_argument("--png")
+    parser.add_argument("--tolerance", type=float, default=0.03)
+    args = parser.parse_args(argv)
+    results = [json.loads(Path(p).read_text()) for p in args.results]
+    text = render(results, args.tolerance)
+    if args.md:
+        Path(args.md).write_text(text + "\n")
+    else:
+        print(text)
+    if args.png:
+        figure(results, Path(args.png))
+    return text
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,49 @@
+"""benchmarks/dynamic_depth_gpu.py on the CPU (emulated graphs, the shipped demo pair) and its report: every cell
+has its rounds, the ratios their intervals, and the report names each batch size's best static k."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+import dynamic_depth_gpu
+import dynamic_depth_report
+
+
+def test_tuned_schedule_gives_each_measured_batch_size_its_k():
+    assert dynamic_depth_gpu.tuned_schedule({1: 4, 4: 3, 16: 2}) == ((1, 1, 4), (2, 4, 3), (5, 16, 2))
+
+
+def test_an_unknown_mode_or_pair_is_one_line(capsys):
+    with pytest.raises(SystemExit, match="unknown depth mode 'k5'"):
+        dynamic_depth_gpu.main(["--out", "x.json", "--modes", "k4,k5", "--device", "cpu"])
+    with pytest.raises(SystemExit, match="needs at least one static k"):
+        dynamic_depth_gpu.main(["--out", "x.json", "--modes", "goodput", "--device", "cpu"])
+
+
+@pytest.mark.slow
+def test_the_benchmark_measures_every_mode_and_batch_and_the_report_renders_it(tmp_path):
+    out = tmp_path / "dd.json"
+    dynamic_depth_gpu.main(["--out", str(out), "--device", "cpu", "--pairs", "tiny_lfm2", "--batches", "1,2",
+                            "--modes", "k1,k2,goodput", "--repeats", "2", "--new-tokens", "6"])
+    result = json.loads(out.read_text())
+    by_rate = result["pairs"]["tiny_lfm2"]["by_rate"]["greedy"]
+    for mode in ("k1", "k2", "goodput"):
+        for b in ("1", "2"):
+            cell = by_rate["cells"][mode][b]
+            assert cell["output_tokens_per_s"]["n"] == 2 and len(cell["runs"]) == 2
+            assert cell["eager_uncaptured_steps"] == 0  # every (size, k) a run visits was captured
+    assert by_rate["cells"]["k2"]["1"]["acceptance_length"] > by_rate["cells"]["k1"]["1"]["acceptance_length"]
+    ratio = by_rate["ratio_to_best_static"]["goodput"]["1"]
+    assert ratio["low"] <= ratio["value"] <= ratio["high"]
+    tuned = by_rate["tuned_schedule"]
+    assert [r[:2] for r in tuned["schedule"]] == [[1, 1], [2, 2]]
+    assert result["pairs"]["tiny_lfm2"]["engines"]["goodput"]["step_costs"]["fixed_ms"]
+    text = dynamic_depth_report.main([str(out), "--png", str(tmp_path / "r.png")])
+    assert "best static" in text and "tuned schedule" in text and "±" in text
+    assert (tmp_path / "r.png").stat().st_size > 0
