@@ -3,7 +3,8 @@ at every batch size (mean ± std over the rounds, n), each mode's ratio to that 
 its 95% interval, the tuned schedule's ratio, and which single static k stays within a tolerance of the best at
 every batch size.
 
-    python benchmarks/dynamic_depth_report.py RESULTS.json [...] --md report.md [--png ratios.png] [--tolerance 0.03]
+    python benchmarks/dynamic_depth_report.py tables RESULTS.json [...] [--tolerance 0.03]    # markdown on stdout
+    python benchmarks/dynamic_depth_report.py figure OUT.png RESULTS.json [...]
 """
 
 from __future__ import annotations
@@ -123,19 +124,20 @@ def figure(results: list[dict], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("results", nargs="+")
-    parser.add_argument("--md")
-    parser.add_argument("--png")
-    parser.add_argument("--tolerance", type=float, default=0.03)
+    commands = parser.add_subparsers(dest="command", required=True)
+    tables = commands.add_parser("tables", help="markdown tables on stdout")
+    tables.add_argument("results", nargs="+")
+    tables.add_argument("--tolerance", type=float, default=0.03)
+    drawing = commands.add_parser("figure", help="the ratio figure")
+    drawing.add_argument("out")
+    drawing.add_argument("results", nargs="+")
     args = parser.parse_args(argv)
     results = [json.loads(Path(p).read_text()) for p in args.results]
+    if args.command == "figure":
+        figure(results, Path(args.out))
+        return args.out
     text = render(results, args.tolerance)
-    if args.md:
-        Path(args.md).write_text(text + "\n")
-    else:
-        print(text)
-    if args.png:
-        figure(results, Path(args.png))
+    print(text)
     return text
 
 

@@ -20,7 +20,7 @@ REPORTS = sorted(p.parent for p in (ROOT / "experiments").glob("*/README.md"))
 TABLE_SCRIPTS = ("benchmarks/cudagraphs_report.py", "benchmarks/backends_report.py",
                  "benchmarks/native_vs_hf.py", "benchmarks/acceptance_replay.py", "benchmarks/load_report.py")
 # the scripts that draw a report's figures: `python SCRIPT NAME OUT.png ...`
-FIGURE_SCRIPTS = ("benchmarks/cudagraphs_figures.py", "benchmarks/load_figures.py")
+FIGURE_SCRIPTS = ("benchmarks/cudagraphs_figures.py", "benchmarks/load_figures.py", "benchmarks/dynamic_depth_report.py")
 # how a file was produced, not what it holds: s9, lease4, ... ([e] keeps the words themselves out of the source)
 PRODUCTION_WORDS = re.compile(r"(^|[_.-])(s\d+|l[e]ase\d*|s[e]ssion\d*|l[e]nt)([_.-]|$)", re.IGNORECASE)
 
@@ -102,7 +102,7 @@ def test_every_figure_has_a_command_that_draws_it(report, tmp_path):
         assert (report / figure).is_file(), f"{report.name}: {figure} is not in the folder"
     drawn = {}
     for argv, _ in _commands(report / "README.md"):
-        if argv[0] in FIGURE_SCRIPTS:
+        if argv[0] in FIGURE_SCRIPTS and argv[2].endswith(".png"):  # a script may print tables too
             drawn[Path(argv[2]).name] = argv
     if "specexp report" in readme:  # the CLI's report draws its figures (tested with specexp.analysis)
         return
