@@ -264,9 +264,9 @@ class NativeEngine(TargetGraphs, TargetStepInputs):
         """Per batch size of `costs`, what a real step of that many rows costs beyond its table replay t(0): the
         host's scheduling, staging and commit, and the draft's prefill of the committed token. Serves that many
         dummy one-token-a-step requests (k = 0, the depth policy set aside) to 4 and to 16 new tokens (fewer where
-        max_model_len is short): the
-        difference of the two runs' wall times over the difference of their step counts, less
-        t_verify(1, size); the median of `reps` such pairs, in ms, at least 0. Leaves no request behind."""
+        max_model_len is short): the difference of the two runs' wall times over the difference of their step
+        counts, less t_verify(1, size); the median of `reps` such pairs, in ms, at least 0. Leaves no request
+        behind."""
         fixed: dict[int, float] = {}
         long_new = min(16, self.cfg.max_model_len - 4 - (2 * self.k + 1))
         if long_new <= 4:
