@@ -67,12 +67,12 @@ def render_rate(pair: str, rate: str, by_rate: dict, tolerance: float) -> list[s
     if tuned:
         lines.append("| tuned schedule | " + " | ".join(_interval(tuned["by_batch"][b]["ratio"]) for b in batches)
                      + " |")
-        lines += ["", f"Tuned schedule `{tuned['schedule']}` (each batch size's best static k, K = 8), measured in "
-                  "its own rounds alternating with that best static engine."]
+        lines += ["", (f"Tuned schedule `{tuned['schedule']}` (each batch size's best static k, K = 8), measured "
+                       "in its own rounds alternating with that best static engine.")]
     within, top, worst = single_static_k(cells, tolerance)
-    lines += ["", f"Single static k within {100 * tolerance:.0f}% of the best static at every batch size: "
-              + (", ".join(within) if within else "none") + f" (best worst case: {top}, {worst:.3f} of the best; "
-              "means)", ""]
+    verdict = ", ".join(within) if within else "none"
+    lines += ["", (f"Single static k within {100 * tolerance:.0f}% of the best static at every batch size: {verdict} "
+                   f"(best worst case: {top}, {worst:.3f} of the best; means)"), ""]
     return lines
 
 

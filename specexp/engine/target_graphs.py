@@ -74,6 +74,36 @@ class TargetGraphs:
             draft_ms[size] = self._median_ms(lambda s=size: self.speculator.run_inert_decode(s, bucket), reps)
         return StepCostTable(verify_ms, draft_ms)
 
+    def measure_fixed_ms(self, costs: StepCostTable, reps: int = 3) -> dict[int, float]:
+        """Per batch size of `costs`, what a real step of that many rows costs beyond its table replay t(0): the
+        host's scheduling, staging and commit, and the draft's prefill of the committed token. Serves that many
+        dummy one-token-a-step requests (k = 0, the depth policy set aside) to 4 and to 16 new tokens (fewer where
+        max_model_len is short): the difference of the two runs' wall times over the difference of their step
+        counts, less t_verify(1, size); the median of `reps` such pairs, in ms, at least 0. Leaves no request
+        behind."""
+        fixed: dict[int, float] = {}
+        long_new = min(16, self.cfg.max_model_len - 4 - (2 * self.k + 1))
+        if long_new <= 4:
+            return fixed
+        step_depth = self.scheduler.step_depth
+        self.scheduler.step_depth = lambda rows: 0
+        token = min(3, self.target.config.vocab_size - 1)
+        try:
+            for size in sorted(costs.verify_ms):
+                prompts = [[token] * 4 for _ in range(min(size, self.cfg.max_num_seqs))]
+                samples = []
+                for _ in range(reps):
+                    short = self.generate(prompts, max_new_tokens=4)
+                    long = self.generate(prompts, max_new_tokens=long_new)
+                    extra_steps = len(long.steps) - len(short.steps)
+                    if extra_steps > 0:
+                        samples.append(1e3 * (long.total_s - short.total_s) / extra_steps - costs.verify_ms[size][0])
+                fixed[size] = max(sorted(samples)[len(samples) // 2], 0.0) if samples else 0.0
+        finally:
+            self.scheduler.step_depth = step_depth
+            self.steps = []
+        return fixed
+
     def _run_inert_verify(self, num_reqs: int, v: int, bucket: int) -> None:
         """One verify step (target forward + sampler) of num_reqs inert rows of v drafts, as dispatch would run it."""
         desc = self.verify_graphs.lookup(num_reqs, bucket, v) if self.use_graphs else None
