@@ -7,7 +7,9 @@ one 6-token prompt, 4 new tokens, no W&B.
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -45,3 +47,12 @@ def error_line(proc: subprocess.CompletedProcess) -> str:
 def run_dirs(runs_dir: Path) -> list[Path]:
     """The directories directly under ``runs_dir`` (none if it does not exist)."""
     return sorted(p for p in Path(runs_dir).glob("*") if p.is_dir()) if Path(runs_dir).exists() else []
+
+
+def mismatched_checkpoint(source: Path, dest: Path) -> Path:
+    """A copy of ``source`` whose config.json no longer matches its weights: it passes every check made before
+    loading and fails when its tensors are loaded (a failure after the run started)."""
+    shutil.copytree(source, dest)
+    config = json.loads((dest / "config.json").read_text())
+    (dest / "config.json").write_text(json.dumps({**config, "intermediate_size": config["intermediate_size"] + 8}))
+    return dest

@@ -2,7 +2,6 @@
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -10,6 +9,7 @@ import time
 
 import pandas as pd
 import pytest
+from cli_runs import mismatched_checkpoint
 
 # Each test runs the CLI on real models in subprocesses (25-90 s each on a 2-core CPU): `-m "not slow"` skips them.
 pytestmark = pytest.mark.slow
@@ -47,15 +47,6 @@ def test_one_run_writes_its_records_and_an_offline_wandb_run(cli, tmp_path, tiny
     assert len(pd.read_parquet(run_dir / "steps.parquet")) == record["metrics"]["num_steps"]
     (offline,) = (run_dir / "wandb").glob("offline-run-*")
     assert list(offline.glob("*.wandb"))
-
-
-def mismatched_checkpoint(source, dest):
-    """A copy of ``source`` whose config.json no longer matches its weights: it passes every check made before
-    loading and fails when its tensors are loaded (a failure after the run started)."""
-    shutil.copytree(source, dest)
-    config = json.loads((dest / "config.json").read_text())
-    (dest / "config.json").write_text(json.dumps({**config, "intermediate_size": config["intermediate_size"] + 8}))
-    return dest
 
 
 def test_sweep_jobs_run_in_separate_processes_in_one_group_and_survive_a_failure(

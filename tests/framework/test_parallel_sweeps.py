@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from datetime import datetime
 
 import pytest
-from cli_runs import run_cli
+from cli_runs import mismatched_checkpoint, run_cli
 
 from specexp.measure import guards, overlap
 
@@ -22,19 +21,11 @@ pytestmark = pytest.mark.slow
 SLACK_S = 5.0  # a freed slot is taken within the launcher's poll interval; this allows for a loaded machine
 
 
-def broken_copy(source, dest):
-    """A copy of a checkpoint whose config.json no longer matches its weights: its job fails once it loads."""
-    shutil.copytree(source, dest)
-    config = json.loads((dest / "config.json").read_text())
-    (dest / "config.json").write_text(json.dumps({**config, "intermediate_size": config["intermediate_size"] + 8}))
-    return dest
-
-
 def test_a_sweep_on_two_fake_gpus_runs_two_jobs_at_a_time_and_records_who_ran_beside_whom(
         tmp_path, monkeypatch, tiny_llama_dir, tiny_llama_draft_dir):
     monkeypatch.setenv("SPECEXP_FAKE_GPUS", "2")
     sweep_dir = tmp_path / "sweep"
-    broken = broken_copy(tiny_llama_draft_dir, tmp_path / "broken-draft")
+    broken = mismatched_checkpoint(tiny_llama_draft_dir, tmp_path / "broken-draft")
     proc = run_cli(["run", "-m", "pair=local", f"pair.target.path={tiny_llama_dir}",
                     f"pair.draft.path={tiny_llama_draft_dir},{tiny_llama_draft_dir},{broken}",
                     "speculator.num_speculative_tokens=2", "workload.num_prompts=2", "workload.input_len=6",
