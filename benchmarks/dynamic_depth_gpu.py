@@ -27,6 +27,7 @@ renders it.
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import json
 import platform
@@ -57,6 +58,7 @@ TOKEN_BUDGET = 1024
 DEFAULT_MODES = "k1,k2,k3,k4,k6,k8,schedule,confidence,goodput"
 
 
+@functools.cache
 def mode_settings(mode: str) -> dict:
     """The speculator keys of conf/speculator/depth/<mode>.yaml (e.g. {"num_speculative_tokens": 8, ...})."""
     path = DEPTH_CONF / f"{mode}.yaml"

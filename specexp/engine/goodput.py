@@ -52,8 +52,8 @@ class GoodputSettings:
 @dataclass
 class StepCostTable:
     """Step costs in ms by batch size: verify_ms[size][q - 1] (a verify of q tokens a row, q = 1..K+1),
-    draft_ms[size] (one draft decode step) and fixed_ms[size] (what a real step costs beyond them, at any k). A batch of n rows costs what the smallest size >= n costs (the
-    largest size's beyond it)."""
+    draft_ms[size] (one draft decode step) and fixed_ms[size] (what a real step costs beyond them, at any k). A
+    batch of n rows costs what the smallest size >= n costs (the largest size's beyond it)."""
 
     verify_ms: dict[int, list[float]]
     draft_ms: dict[int, float]
