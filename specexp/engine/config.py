@@ -143,7 +143,7 @@ class SpeculatorConfig:
     The depth of each step (`specexp.engine.depth`), at most one of: num_speculative_tokens_per_batch_size
     (inclusive [start_bs, end_bs, k] ranges, vLLM 0.33's schedule), draft_confidence_threshold (> 0: a row's
     drafts after its first one whose draft probability is below it are not verified), adaptive ("goodput":
-    each request's k maximises its expected tokens per unit of step time, `specexp.engine.goodput`).
+    each step's k maximises its requests' expected tokens per unit of step time, `specexp.engine.goodput`).
     cudagraph_num_speculative_tokens: the k whose graphs are captured (None: every k the depth policy takes).
     """
 

@@ -8,8 +8,8 @@ picked by the run's depth policy once the scheduler has chosen the step's rows:
                                              prefill chunks included (vLLM 0.33's dynamic speculative decoding)
     draft_confidence_threshold               k = K; each row's drafts after its first one whose draft probability
                                              is below the threshold are masked out of verification
-    adaptive: goodput                        k = the largest k the step's sampling rows chose
-                                             (`specexp.engine.goodput`)
+    adaptive: goodput                        k = the k that maximises the sampling rows' expected
+                                             tokens per ms of step (`specexp.engine.goodput`)
 
 A step's k does two things. Its verify rows carry at most k of their pending drafts: 1 + min(pending, k) tokens,
 so a row may carry fewer than k (drafts proposed by a step of smaller k, or masked by the confidence rule, or

@@ -22,6 +22,7 @@ from specexp.engine.goodput import (
     GoodputDepth,
     GoodputSettings,
     StepCostTable,
+    best_batch_depth,
     best_depth,
     expected_tokens,
 )
@@ -167,7 +168,38 @@ def test_the_chosen_k_maximises_expected_tokens_per_step_time(alpha, draft_ms, u
 def test_a_cheap_draft_drafts_deep_and_a_dear_one_not_at_all():
     assert best_depth([0.9] * 6, 10, _costs(0.01), 1, 6) == 6
     assert best_depth([0.9] * 6, 2, _costs(0.01), 1, 6) == 2  # drafts past the tokens left are worth nothing
-    assert best_depth([0.9] * 6, 10, _costs(50.0), 1, 6) == 0
+    # k = 1 needs no decode step (the draft's prefill, which every step runs, samples draft 1) ...
+    assert best_depth([0.9] * 6, 10, _costs(50.0), 1, 6) == 1
+    # ... so only a verify that costs more than its extra token is worth makes k = 0 win
+    assert best_depth([0.3] * 6, 10, _costs(50.0, verify_per_token_ms=20.0), 1, 6) == 0
+
+
+def test_ties_go_to_the_smaller_k():
+    assert best_batch_depth([[0.5] * 3], [5], [1.0, 1.5, 1.75, 10.0]) == 0  # 1/1 = 1.5/1.5 = 1.75/1.75
+    assert best_batch_depth([[0.5] * 3], [5], [1.0, 1.4, 1.75, 10.0]) == 1
+    # a row with no drafts left adds its one token at every k
+    assert best_batch_depth([[0.5] * 3, [0.9] * 3], [5, 0], [2.0, 2.4, 4.0, 8.0]) == 1
+
+
+def test_a_step_costs_its_verify_its_fixed_cost_and_one_decode_step_per_draft_past_the_first():
+    costs = StepCostTable({1: [1.0, 1.5, 2.0, 2.5]}, {1: 0.25}, {1: 0.75})
+    assert [costs.step_ms(k, 1) for k in range(4)] == [1.75, 2.25, 3.0, 3.75]
+    assert costs.step_ms_by_k(1, 3) == [1.75, 2.25, 3.0, 3.75]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.lists(st.floats(0.0, 1.0), min_size=6, max_size=6), st.integers(-1, 8)),
+                min_size=1, max_size=12),
+       st.lists(st.floats(0.1, 20.0), min_size=7, max_size=7))
+def test_the_step_k_maximises_the_batchs_expected_tokens_per_ms(rows, step_ms):
+    alphas, usables = [a for a, _ in rows], [u for _, u in rows]
+    k = best_batch_depth(alphas, usables, step_ms)
+    rates = [sum(expected_tokens(a, min(j, max(u, 0))) for a, u in rows) / step_ms[j] for j in range(7)]
+    # the best rate, and no smaller k as good (up to summation order: the policy sums in numpy)
+    assert rates[k] >= max(rates) * (1 - 1e-6) and all(r <= rates[k] * (1 + 1e-6) for r in rates[:k])
+    if len(rows) == 1:  # one request: its own best k
+        table = StepCostTable({1: step_ms}, {1: 0.0})
+        assert k == best_depth(alphas[0], usables[0], table, 1, 6)
 
 
 def test_the_estimate_moves_only_the_positions_a_verify_observed():
@@ -186,13 +218,17 @@ def _row(request_id, verifies, max_new=50, samples=True):
     return ScheduledRow(request, 1, 0, is_prefill=False, samples=samples)
 
 
-def test_goodput_steps_run_the_deepest_k_a_sampling_row_chose_and_learn_from_every_verify():
+def test_goodput_steps_run_the_batchs_best_k_and_learn_from_every_verify():
     policy = GoodputDepth(6, _costs(1.0), GoodputSettings(prior_acceptance=0.7, ema_weight=0.5))
     good, poor = _row(0, [(4, 4)] * 6), _row(1, [(4, 0)] * 6)
-    k_good = best_depth(policy.estimate_of(good.request).conditional, 49, policy.costs, 2, 6)
-    k_poor = best_depth(policy.estimate_of(poor.request).conditional, 49, policy.costs, 2, 6)
+    good_alpha, poor_alpha = (policy.estimate_of(r.request).conditional for r in (good, poor))
+    k_good = best_depth(good_alpha, 49, policy.costs, 2, 6)
+    k_poor = best_depth(poor_alpha, 49, policy.costs, 2, 6)
     assert k_good > k_poor
-    assert policy.step_k([good, poor]) == k_good and policy.step_k([poor]) == k_poor
+    k_both = policy.step_k([good, poor])
+    assert k_both == best_batch_depth([good_alpha, poor_alpha], [49, 49], policy.costs.step_ms_by_k(2, 6))
+    assert k_poor <= k_both <= k_good
+    assert policy.step_k([poor]) == best_depth(poor_alpha, 49, policy.costs, 1, 6)
     assert policy.step_k([_row(2, [], samples=False)]) == 0  # a mid-prompt chunk proposes nothing usable
     assert poor.request.acceptance_estimate.seen == 6
     # a new request starts from the run's estimate, which took every verify above
@@ -203,7 +239,7 @@ def test_goodput_steps_run_the_deepest_k_a_sampling_row_chose_and_learn_from_eve
 def test_k_zero_is_no_trap_an_idle_estimate_climbs_back_to_drafting():
     """A request whose estimate fell by chance to where k = 0 wins learns nothing from its k = 0 steps; it relaxes
     towards the prior (and the run's estimate with it) until drafting pays again."""
-    costs = _costs(2.0)  # at alpha 0.7, k >= 1 pays; at alpha 0.05, k = 0 does
+    costs = _costs(2.0, verify_per_token_ms=5.0)  # at alpha 0.7, k >= 1 pays; at alpha 0.05, k = 0 does
     settings_ = GoodputSettings(prior_acceptance=0.7, ema_weight=0.25)
     policy = GoodputDepth(6, costs, settings_)
     row = _row(0, [(1, 0)] * 12)  # twelve rejections of the first draft
@@ -224,11 +260,12 @@ def test_a_new_run_starts_the_run_estimate_again_at_the_prior():
 
 
 def test_the_fixed_cost_of_a_step_makes_drafting_pay_on_a_host_bound_pair():
-    """Replays alone say a draft step costs as much as a verify (k = 0 wins); a host cost that every step pays
-    alike (fixed_ms) makes the expected tokens per unit of time favour drafting."""
+    """Replays alone say a draft decode step costs as much as a verify (only k = 1, which needs none, pays); a
+    host cost that every step pays alike (fixed_ms) makes the expected tokens per unit of time favour drafting
+    deeper."""
     costs = StepCostTable({1: [1.0] * 7}, {1: 1.0})
-    assert best_depth([0.8] * 6, 50, costs, 1, 6) == 0
+    assert best_depth([0.8] * 6, 50, costs, 1, 6) == 1
     costs.fixed_ms = {1: 5.0}
-    assert costs.step_ms(2, 1) == 5.0 + 1.0 + 2 * 1.0
-    assert best_depth([0.8] * 6, 50, costs, 1, 6) >= 2
+    assert costs.step_ms(2, 1) == 5.0 + 1.0 + 1.0
+    assert best_depth([0.8] * 6, 50, costs, 1, 6) >= 3
     assert costs.to_dict()["fixed_ms"] == {"1": 5.0}
