@@ -1,0 +1,157 @@
+"""What a mixed step costs on a GPU: a new prompt's prefill beside the verify rows, against a pure verify step.
+
+Under load nearly every step that admits a request mixes its prompt into the verify batch. Per pair (real-size
+random weights, bf16, the kernels of `engine=cuda`, synthetic acceptance `--rate`) and per concurrency b, this
+script builds one engine at K = `--k` with graphs at the measured batch sizes, warms it up, and serves 4b prompts
+of `--prompt-tokens` tokens at concurrency b (a new request admitted when one finishes, so the steady state
+mixes one prompt into b - 1 verify rows every few steps). Per step it sums the device phases (schedule, verify,
+sample, draft: the step's period on the device) and reports, per batch size, the median of
+
+  - pure verify steps (every row a verify, no prefill token), and
+  - mixed steps (at least one verify row and one prompt chunk), with their ratio to the pure steps of the
+    same batch size,
+
+with the count of each. `--profile` adds a torch.profiler table of one more run at the largest b: the aten ops
+with the most host self time and the kernels with the most device time (text files beside the JSON).
+
+    python benchmarks/diagnostics/mixed_step.py --pairs llama-3.2-1b+llama-100m --batches 4,16,64 --out mixed.json
+        [--k 4] [--rate 0.8] [--prompt-tokens 64] [--new-tokens 128] [--profile]
+
+Needs only torch, safetensors and tokenizers (and a CUDA GPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root (specexp)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/
+
+from gpu_cudagraphs import CUDA_KERNELS, RANDOM_PAIRS, ZOO
+
+from specexp.engine.config import EngineConfig, SamplingConfig, SpeculatorConfig
+from specexp.engine.cudagraph import FULL
+from specexp.engine.runner import NativeEngine
+from specexp.models import load_model
+
+
+def build(target, draft, batches: list[int], k: int, rate: float, max_model_len: int) -> NativeEngine:
+    """One engine at K = k, graphs at `batches`, synthetic acceptance `rate`."""
+    engine = EngineConfig(device="cuda", dtype="bfloat16", max_num_seqs=max(batches), max_model_len=max_model_len,
+                          block_size=16, cudagraph_mode=FULL, cudagraph_capture_sizes=sorted(batches), **CUDA_KERNELS)
+    spec = SpeculatorConfig(num_speculative_tokens=k, cudagraph_mode=FULL, rejection="synthetic",
+                            synthetic_acceptance_rate=rate)
+    return NativeEngine(target, draft, engine, spec, SamplingConfig(temperature=0.0, ignore_eos=True))
+
+
+def device_ms(step) -> float:
+    """The step's period on the device: its four phases, ms."""
+    return step.schedule_ms + step.verify_ms + step.sample_ms + step.draft_ms
+
+
+def classify(steps) -> dict[str, dict[int, list[float]]]:
+    """{"pure": {rows: [ms]}, "mixed": {rows: [ms]}} over a run's steps (prefill-only steps left out)."""
+    out: dict[str, dict[int, list[float]]] = {"pure": {}, "mixed": {}}
+    for step in steps:
+        verify_rows = step.num_reqs - (1 if step.num_prefill_tokens else 0)
+        if step.num_prefill_tokens == 0:
+            out["pure"].setdefault(step.num_reqs, []).append(device_ms(step))
+        elif verify_rows > 0:
+            out["mixed"].setdefault(step.num_reqs, []).append(device_ms(step))
+    return out
+
+
+def summary(values: list[float]) -> dict:
+    return {"median_ms": statistics.median(values), "n": len(values),
+            "p10_ms": sorted(values)[len(values) // 10], "p90_ms": sorted(values)[(9 * len(values)) // 10]}
+
+
+PHASES = ("schedule_ms", "verify_ms", "sample_ms", "draft_ms", "step_ms")
+
+
+def phase_medians(steps) -> dict:
+    """Median of each phase (and the host's step_ms) over steps, ms."""
+    return {name: statistics.median(getattr(s, name) for s in steps) for name in PHASES} if steps else {}
+
+
+def measure(engine: NativeEngine, prompts: list[list[int]], batch: int, new_tokens: int) -> dict:
+    engine.generate(prompts[: 2 * batch], max_concurrency=batch, max_new_tokens=new_tokens)  # warm-up
+    out = engine.generate(prompts, max_concurrency=batch, max_new_tokens=new_tokens)
+    steps = classify(out.steps)
+    pure = steps["pure"].get(batch, [])
+    mixed = steps["mixed"].get(batch, [])
+    result = {"wall_s": out.total_s, "steps": len(out.steps),
+              "output_tokens": sum(r.num_output_tokens for r in out.requests),
+              "pure": summary(pure) if pure else None, "mixed": summary(mixed) if mixed else None,
+              "mixed_step_ms_total": sum(device_ms(s) for s in out.steps if s.num_prefill_tokens),
+              "device_ms_total": sum(device_ms(s) for s in out.steps)}
+    full = [s for s in out.steps if s.num_reqs == batch]
+    result["pure_phases"] = phase_medians([s for s in full if s.num_prefill_tokens == 0])
+    result["mixed_phases"] = phase_medians([s for s in full if s.num_prefill_tokens])
+    if pure and mixed:
+        result["mixed_over_pure"] = result["mixed"]["median_ms"] / result["pure"]["median_ms"]
+    return result
+
+
+def profile(engine: NativeEngine, prompts: list[list[int]], batch: int, new_tokens: int, out_dir: Path,
+            name: str) -> None:
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        engine.generate(prompts, max_concurrency=batch, max_new_tokens=new_tokens)
+    averages = prof.key_averages()
+    (out_dir / f"{name}_host.txt").write_text(averages.table(sort_by="self_cpu_time_total", row_limit=40))
+    (out_dir / f"{name}_device.txt").write_text(averages.table(sort_by="self_cuda_time_total", row_limit=40))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pairs", default="llama-3.2-1b+llama-100m")
+    parser.add_argument("--batches", default="4,16,64")
+    parser.add_argument("--k", type=int, default=4)
+    parser.add_argument("--rate", type=float, default=0.8)
+    parser.add_argument("--prompt-tokens", type=int, default=64)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    batches = sorted(int(b) for b in args.batches.split(","))
+    out_path = Path(args.out)
+    result = {"date": time.strftime("%Y-%m-%d"), "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
+              "k": args.k, "rate": args.rate, "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens,
+              "pairs": {}}
+    max_model_len = -(-(args.prompt_tokens + args.new_tokens + args.k + 2) // 16) * 16
+    for pair in args.pairs.split(","):
+        if pair not in RANDOM_PAIRS:
+            raise SystemExit(f"--pairs: unknown pair {pair!r}: valid are {', '.join(RANDOM_PAIRS)}")
+        target_path, draft_path = RANDOM_PAIRS[pair]
+        target = load_model(ZOO / target_path, dtype=torch.bfloat16, device="cuda", weights="random", seed=0)
+        draft = load_model(ZOO / draft_path, dtype=torch.bfloat16, device="cuda", weights="random", seed=1)
+        gen = torch.Generator().manual_seed(0)
+        prompts = [torch.randint(3, target.config.vocab_size, (args.prompt_tokens,), generator=gen).tolist()
+                   for _ in range(4 * max(batches))]
+        engine = build(target, draft, batches, args.k, args.rate, max_model_len)
+        result["pairs"][pair] = {}
+        for b in batches:
+            cell = measure(engine, prompts[: 4 * b], b, args.new_tokens)
+            result["pairs"][pair][str(b)] = cell
+            ratio = cell.get("mixed_over_pure")
+            print(f"{pair} batch {b}: pure {cell['pure_phases']} mixed {cell['mixed_phases']} ratio {ratio}", flush=True)
+            out_path.write_text(json.dumps(result, indent=1))
+        if args.profile:
+            profile(engine, prompts[: 4 * batches[-1]], batches[-1], args.new_tokens, out_path.parent,
+                    f"{out_path.stem}_{pair.replace('+', '_')}")
+        del engine
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
