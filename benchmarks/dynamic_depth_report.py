@@ -90,6 +90,10 @@ def render(results: list[dict], tolerance: float) -> str:
     return "\n".join(lines)
 
 
+# The dynamic modes in the order (and colour, C0, C1, ...) the figure draws them.
+MODE_ORDER = ("schedule", "confidence", "goodput", "tuned schedule")
+
+
 def figure(results: list[dict], path: Path) -> None:
     """Per pair and rate, each dynamic mode's ratio to the best static k against batch size, with its interval."""
     import matplotlib
@@ -104,12 +108,13 @@ def figure(results: list[dict], path: Path) -> None:
         series = {m: by_rate["ratio_to_best_static"][m] for m in by_rate["ratio_to_best_static"] if not is_static(m)}
         if by_rate.get("tuned_schedule"):
             series["tuned schedule"] = {b: x["ratio"] for b, x in by_rate["tuned_schedule"]["by_batch"].items()}
-        for offset, (mode, by_batch) in enumerate(series.items()):
+        for mode, by_batch in series.items():
+            offset = MODE_ORDER.index(mode) if mode in MODE_ORDER else len(MODE_ORDER)
             xs = [int(b) * (1.06 ** (offset - 1)) for b in by_batch]
             ys = [x["value"] for x in by_batch.values()]
             err = [[y - (x["low"] if x["low"] is not None else y) for x, y in zip(by_batch.values(), ys, strict=True)],
                    [(x["high"] if x["high"] is not None else y) - y for x, y in zip(by_batch.values(), ys, strict=True)]]
-            ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=mode)
+            ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=mode, color=f"C{offset}")
         ax.axhline(1.0, color="grey", lw=0.8)
         ax.axhspan(0.97, 1.0, color="grey", alpha=0.15)
         ax.set_ylim(0.4, 1.6)  # wider intervals run off the panel: the tables give them
@@ -117,7 +122,8 @@ def figure(results: list[dict], path: Path) -> None:
         ax.set_xlabel("batch size (requests in flight)")
         ax.set_title(f"{pair}\n{'acceptance ' + rate if rate != 'greedy' else 'greedy'}", fontsize=9)
     axes[0][0].set_ylabel("tokens/s ÷ best static k's (95% CI)")
-    axes[0][-1].legend(fontsize=8)
+    for ax in axes[0]:  # panels may show different modes; a mode keeps its colour in every panel
+        ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
