@@ -11,8 +11,8 @@ sample, draft: the step's period on the device) and reports, per batch size, the
   - mixed steps (at least one verify row and one prompt chunk), with their ratio to the pure steps of the
     same batch size,
 
-with the count of each. `--profile` adds a torch.profiler table of one more run at the largest b: the aten ops
-with the most host self time and the kernels with the most device time (text files beside the JSON).
+with the count of each. `--profile` adds torch.profiler tables of one more run at the largest b, written next to
+the JSON: the aten ops ranked by CPU self time, and the kernels ranked by GPU time.
 
     python benchmarks/diagnostics/mixed_step.py --pairs llama-3.2-1b+llama-100m --batches 4,16,64 --out mixed.json
         [--k 4] [--rate 0.8] [--prompt-tokens 64] [--new-tokens 128] [--profile]
@@ -56,21 +56,20 @@ def device_ms(step) -> float:
     return step.schedule_ms + step.verify_ms + step.sample_ms + step.draft_ms
 
 
-def classify(steps) -> dict[str, dict[int, list[float]]]:
-    """{"pure": {rows: [ms]}, "mixed": {rows: [ms]}} over a run's steps (prefill-only steps left out)."""
-    out: dict[str, dict[int, list[float]]] = {"pure": {}, "mixed": {}}
-    for step in steps:
-        verify_rows = step.num_reqs - (1 if step.num_prefill_tokens else 0)
-        if step.num_prefill_tokens == 0:
-            out["pure"].setdefault(step.num_reqs, []).append(device_ms(step))
-        elif verify_rows > 0:
-            out["mixed"].setdefault(step.num_reqs, []).append(device_ms(step))
-    return out
+def split_steps(steps, batch: int) -> tuple[list, list]:
+    """The steps of `batch` rows: (pure verify steps, no prefill token; mixed steps, prefill tokens beside at
+    least one verify row). Prefill-only steps are in neither."""
+    full = [s for s in steps if s.num_reqs == batch]
+    pure = [s for s in full if s.num_prefill_tokens == 0]
+    mixed = [s for s in full if s.num_prefill_tokens and s.num_reqs > 1]
+    return pure, mixed
 
 
 def summary(values: list[float]) -> dict:
-    return {"median_ms": statistics.median(values), "n": len(values),
-            "p10_ms": sorted(values)[len(values) // 10], "p90_ms": sorted(values)[(9 * len(values)) // 10]}
+    """Median, 10th and 90th percentile (ms) and count of step times."""
+    ordered = sorted(values)
+    return {"median_ms": statistics.median(ordered), "n": len(ordered),
+            "p10_ms": ordered[len(ordered) // 10], "p90_ms": ordered[(9 * len(ordered)) // 10]}
 
 
 PHASES = ("schedule_ms", "verify_ms", "sample_ms", "draft_ms", "step_ms")
@@ -82,19 +81,17 @@ def phase_medians(steps) -> dict:
 
 
 def measure(engine: NativeEngine, prompts: list[list[int]], batch: int, new_tokens: int) -> dict:
+    """One warm-up and one measured run at concurrency `batch`: the pure and mixed steps of `batch` rows."""
     engine.generate(prompts[: 2 * batch], max_concurrency=batch, max_new_tokens=new_tokens)  # warm-up
     out = engine.generate(prompts, max_concurrency=batch, max_new_tokens=new_tokens)
-    steps = classify(out.steps)
-    pure = steps["pure"].get(batch, [])
-    mixed = steps["mixed"].get(batch, [])
+    pure, mixed = split_steps(out.steps, batch)
     result = {"wall_s": out.total_s, "steps": len(out.steps),
               "output_tokens": sum(r.num_output_tokens for r in out.requests),
-              "pure": summary(pure) if pure else None, "mixed": summary(mixed) if mixed else None,
+              "pure": summary([device_ms(s) for s in pure]) if pure else None,
+              "mixed": summary([device_ms(s) for s in mixed]) if mixed else None,
+              "pure_phases": phase_medians(pure), "mixed_phases": phase_medians(mixed),
               "mixed_step_ms_total": sum(device_ms(s) for s in out.steps if s.num_prefill_tokens),
               "device_ms_total": sum(device_ms(s) for s in out.steps)}
-    full = [s for s in out.steps if s.num_reqs == batch]
-    result["pure_phases"] = phase_medians([s for s in full if s.num_prefill_tokens == 0])
-    result["mixed_phases"] = phase_medians([s for s in full if s.num_prefill_tokens])
     if pure and mixed:
         result["mixed_over_pure"] = result["mixed"]["median_ms"] / result["pure"]["median_ms"]
     return result

@@ -84,8 +84,10 @@ class StepCostTable:
         return self.fixed_ms.get(size, 0.0) + self.verify_ms[size][k] + max(k - 1, 0) * self.draft_ms[size]
 
     def step_ms_by_k(self, num_reqs: int, max_k: int) -> list[float]:
-        """[t(0), .., t(max_k)] in ms at batch size num_reqs."""
-        return [self.step_ms(k, num_reqs) for k in range(max_k + 1)]
+        """[t(0), .., t(max_k)] in ms at batch size num_reqs (`step_ms` for each k, the size looked up once)."""
+        size = self.size_for(num_reqs)
+        fixed, verify, draft = self.fixed_ms.get(size, 0.0), self.verify_ms[size], self.draft_ms[size]
+        return [fixed + verify[k] + max(k - 1, 0) * draft for k in range(max_k + 1)]
 
     def to_dict(self) -> dict:
         """JSON-ready: {"verify_ms": {"SIZE": [q=1..]}, "draft_ms": {"SIZE": ms}, "fixed_ms": {"SIZE": ms}}."""
