@@ -15,7 +15,10 @@ with the count of each. `--profile` adds torch.profiler tables of one more run a
 the JSON: the aten ops ranked by CPU self time, and the kernels ranked by GPU time.
 
     python benchmarks/diagnostics/mixed_step.py --pairs llama-3.2-1b+llama-100m --batches 4,16,64 --out mixed.json
-        [--k 4] [--rate 0.8] [--prompt-tokens 64] [--new-tokens 128] [--profile]
+        [--k 4] [--rate 0.8] [--prompt-tokens 64] [--new-tokens 128] [--mixed parts,eager] [--profile]
+
+`--mixed`: how mixed steps run, one engine each: `parts` (the verify rows' graph and a prompt graph per chunk,
+`specexp.engine.mixed_steps`; the default) and/or `eager` (no prompt graphs: one eager forward).
 
 Needs only torch, safetensors and tokenizers (and a CUDA GPU).
 """
@@ -42,10 +45,17 @@ from specexp.engine.runner import NativeEngine
 from specexp.models import load_model
 
 
-def build(target, draft, batches: list[int], k: int, rate: float, max_model_len: int) -> NativeEngine:
-    """One engine at K = k, graphs at `batches`, synthetic acceptance `rate`."""
+# How a mixed step runs: in parts (a graph each for the verify rows and the prompt chunk: the prompt graphs of
+# `engine=cuda`), or as one eager forward (no prompt graphs: what every mixed step did before parts).
+MIXED_MODES = {"parts": CUDA_KERNELS["cudagraph_prefill_tokens"], "eager": ()}
+
+
+def build(target, draft, batches: list[int], k: int, rate: float, max_model_len: int, mixed: str = "parts"
+          ) -> NativeEngine:
+    """One engine at K = k, graphs at `batches`, synthetic acceptance `rate`; mixed steps run as `mixed` says."""
+    kernels = {**CUDA_KERNELS, "cudagraph_prefill_tokens": MIXED_MODES[mixed]}
     engine = EngineConfig(device="cuda", dtype="bfloat16", max_num_seqs=max(batches), max_model_len=max_model_len,
-                          block_size=16, cudagraph_mode=FULL, cudagraph_capture_sizes=sorted(batches), **CUDA_KERNELS)
+                          block_size=16, cudagraph_mode=FULL, cudagraph_capture_sizes=sorted(batches), **kernels)
     spec = SpeculatorConfig(num_speculative_tokens=k, cudagraph_mode=FULL, rejection="synthetic",
                             synthetic_acceptance_rate=rate)
     return NativeEngine(target, draft, engine, spec, SamplingConfig(temperature=0.0, ignore_eos=True))
@@ -117,10 +127,14 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=0.8)
     parser.add_argument("--prompt-tokens", type=int, default=64)
     parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--mixed", default="parts", help="how mixed steps run, one or more of: parts, eager")
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     batches = sorted(int(b) for b in args.batches.split(","))
+    mixed_modes = args.mixed.split(",")
+    if any(m not in MIXED_MODES for m in mixed_modes):
+        raise SystemExit(f"--mixed={args.mixed!r}: valid are {', '.join(MIXED_MODES)} (comma-separated)")
     out_path = Path(args.out)
     result = {"date": time.strftime("%Y-%m-%d"), "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
               "k": args.k, "rate": args.rate, "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens,
@@ -135,19 +149,23 @@ def main() -> None:
         gen = torch.Generator().manual_seed(0)
         prompts = [torch.randint(3, target.config.vocab_size, (args.prompt_tokens,), generator=gen).tolist()
                    for _ in range(4 * max(batches))]
-        engine = build(target, draft, batches, args.k, args.rate, max_model_len)
         result["pairs"][pair] = {}
-        for b in batches:
-            cell = measure(engine, prompts[: 4 * b], b, args.new_tokens)
-            result["pairs"][pair][str(b)] = cell
-            ratio = cell.get("mixed_over_pure")
-            print(f"{pair} batch {b}: pure {cell['pure_phases']} mixed {cell['mixed_phases']} ratio {ratio}", flush=True)
-            out_path.write_text(json.dumps(result, indent=1))
-        if args.profile:
-            profile(engine, prompts[: 4 * batches[-1]], batches[-1], args.new_tokens, out_path.parent,
-                    f"{out_path.stem}_{pair.replace('+', '_')}")
-        del engine
-        torch.cuda.empty_cache()
+        for mode in mixed_modes:
+            engine = build(target, draft, batches, args.k, args.rate, max_model_len, mode)
+            result["pairs"][pair][mode] = {}
+            for b in batches:
+                cell = measure(engine, prompts[: 4 * b], b, args.new_tokens)
+                cell["mixed_steps_in_parts"] = engine.num_mixed_in_parts
+                result["pairs"][pair][mode][str(b)] = cell
+                ratio = cell.get("mixed_over_pure")
+                print(f"{pair} {mode} batch {b}: pure {cell['pure_phases']} mixed {cell['mixed_phases']} "
+                      f"ratio {ratio}", flush=True)
+                out_path.write_text(json.dumps(result, indent=1))
+            if args.profile:
+                profile(engine, prompts[: 4 * batches[-1]], batches[-1], args.new_tokens, out_path.parent,
+                        f"{out_path.stem}_{pair.replace('+', '_')}_{mode}")
+            del engine
+            torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":

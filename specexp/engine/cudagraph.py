@@ -295,6 +295,12 @@ class PromptGraphs:
         self.managers = {n: CudaGraphManager(f"{name}_{n}", [1], n, device, seq_len_buckets=seq_len_buckets, pool=pool)
                          for n in counts}
 
+    def holds(self, num_tokens: int, max_seq_len: int) -> bool:
+        """Whether a captured graph holds a one-row chunk of num_tokens tokens whose row reaches max_seq_len keys
+        (what `dispatch` would replay). Counts nothing."""
+        fits = next((n for n in self.managers if n >= num_tokens), None)
+        return fits is not None and self.managers[fits].lookup(1, max_seq_len) is not None
+
     def dispatch(self, num_tokens: int, max_seq_len: int
                  ) -> tuple[BatchExecutionDescriptor, CudaGraphManager] | None:
         """The smallest count's manager holding a one-row chunk of num_tokens tokens and its descriptor (that

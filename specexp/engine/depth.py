@@ -144,9 +144,13 @@ class GraphKeys:
 
 
 def graph_keys(step_depths: Callable[[int], Collection[int]], capture_sizes: list[int], max_num_seqs: int,
-               captured_depths: Collection[int] | None = None) -> GraphKeys:
+               captured_depths: Collection[int] | None = None, mixed_parts: bool = False) -> GraphKeys:
     """The keys a policy with `step_depths(num_reqs)` can produce when batches are padded to `capture_sizes`
-    (batch sizes 1..max_num_seqs), less those whose k is not in captured_depths (None: keep every k)."""
+    (batch sizes 1..max_num_seqs), less those whose k is not in captured_depths (None: keep every k).
+
+    mixed_parts: mixed steps run in parts (`specexp.engine.mixed_steps`), so the verify rows of a step of n rows
+    may be a batch of any size below n at that step's k: each verify key (size, v) is also kept at every
+    smaller capture size."""
     sizes = sorted(set(capture_sizes))
     every_k = set().union(*(step_depths(n) for n in range(1, max_num_seqs + 1)))
     verify, decode = set(), set()
@@ -156,6 +160,8 @@ def graph_keys(step_depths: Callable[[int], Collection[int]], capture_sizes: lis
         smaller = size
         decode |= {(size, k) for k in at_size if k >= 2}
         verify |= {(size, min(prev, k)) for k in at_size for prev in every_k}
+    if mixed_parts:
+        verify |= {(size, v) for _, v in verify for size in sizes if size <= max(s for s, w in verify if w == v)}
     keep = (lambda key: True) if captured_depths is None else (lambda key: key[1] in captured_depths)
     return GraphKeys(
         verify=tuple(sorted(key for key in verify if keep(key))),

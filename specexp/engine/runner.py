@@ -13,7 +13,8 @@ with no gap for the host's work. The drafts never leave the device: the next ste
 speculator's draft buffer into its input ids and the rejection sampler's inputs. Each step's phase times are
 read one step late, when its draft has finished.
 
-Around this file: `target_graphs` (the target's CUDA graphs: capture and dispatch), `commit` (how a read-back
+Around this file: `target_graphs` (the target's CUDA graphs: capture and dispatch), `mixed_steps` (a batch of
+verify rows and prompt chunks replayed in parts, one graph each), `commit` (how a read-back
 becomes requests' tokens), `output` (the step records and the run's output), `progress` (the events a caller's
 progress callback receives).
 """
@@ -48,6 +49,7 @@ from specexp.engine.cudagraph import (
 from specexp.engine.depth import StaticDepth, depth_policy, describe_graph_cost, graph_keys
 from specexp.engine.goodput import StepCostTable
 from specexp.engine.inputs import InputBuffers
+from specexp.engine.mixed_steps import TargetMixedSteps
 from specexp.engine.output import EngineOutput, StepRecord
 from specexp.engine.progress import ProgressCallback, RunReporter
 from specexp.engine.rejection_sampler import RejectionSampler
@@ -85,7 +87,7 @@ def check_pair(target: torch.nn.Module, draft: torch.nn.Module | None) -> None:
         )
 
 
-class NativeEngine(TargetGraphs, TargetStepInputs):
+class NativeEngine(TargetGraphs, TargetStepInputs, TargetMixedSteps):
     """Serves a list of prompts with the target model, optionally speculating with a draft model.
 
     eos_token_ids: tokens that end a request (unless sampling.ignore_eos). progress: receives the CUDA-graph
@@ -178,7 +180,7 @@ class NativeEngine(TargetGraphs, TargetStepInputs):
         # The (size, k) keys the depth policy can produce; a static K's, to report what the policy costs.
         captured_depths = speculator.cudagraph_num_speculative_tokens if self.k > 0 else None
         self.graph_keys = graph_keys(self.depth.step_depths, self.capture_sizes, engine.max_num_seqs,
-                                     captured_depths)
+                                     captured_depths, mixed_parts=bool(engine.cudagraph_prefill_tokens))
         self.static_graph_keys = graph_keys(StaticDepth(self.k).step_depths, self.capture_sizes, engine.max_num_seqs)
         # Target verify graphs: uniform batches of v+1 tokens a row (v drafts; 1 token without speculation).
         self.verify_graphs = CudaGraphManager("target_verify", self.capture_sizes, 1, self.device,
@@ -396,11 +398,15 @@ class NativeEngine(TargetGraphs, TargetStepInputs):
         for row in batch.rows:  # a request's queueing ends with the first step that runs it
             if row.request.scheduled_s is None:
                 row.request.scheduled_s = t_start - self._t0
-        desc, graphs = self._dispatch(batch)
-        prep = self._prepare_target_inputs(batch, desc)
+        parts = self._mixed_parts(batch)  # a mixed batch whose parts have graphs (`mixed_steps`)
+        if parts is None:
+            desc, graphs = self._dispatch(batch)
+            prep = self._prepare_target_inputs(batch, desc)
         timer.mark("verify")
         num_reqs = batch.num_reqs
-        if desc.cg_mode == FULL:  # the graph samples too: its sample phase is part of verify_ms
+        if parts is not None:  # staged and replayed part by part; each graph samples its rows
+            verified = self._verify_in_parts(batch, parts)
+        elif desc.cg_mode == FULL:  # the graph samples too: its sample phase is part of verify_ms
             graphs.replay(desc)
         else:
             logits = self._verify(batch, prep)
@@ -410,7 +416,7 @@ class NativeEngine(TargetGraphs, TargetStepInputs):
         timer.mark("draft")
         if self.speculator is not None:
             step_k = batch.num_speculative_tokens
-            _, probs = self.speculator.propose(self._verified_batch(batch, prep), step_k)
+            _, probs = self.speculator.propose(verified if parts else self._verified_batch(batch, prep), step_k)
             if probs is not None and step_k > 0:
                 self.req_draft_probs[self.row_inputs[:num_reqs, self.k + 4], :step_k] = probs[:, :step_k]
         timer.mark("end")

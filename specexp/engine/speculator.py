@@ -36,56 +36,25 @@ uniform prefill (v + 2 tokens a row), replayed from the `draft_prefill` graph of
 steps update positions, seq_lens and slot mappings in place on the device, so the whole loop is captured as ONE
 graph per (batch size, k), k >= 2 (`draft_decode`, FULL or eager — never piecewise). Which keys are captured
 is the depth policy's (`depth.graph_keys`); a key left out runs eagerly and is counted. Inputs are written into
-the persistent buffers eagerly before each replay.
+the persistent buffers eagerly before each replay. A batch of verify rows beside prompt chunks replays its
+prefill in parts, one graph each, before the one decode graph (`specexp.engine.mixed_steps`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 
 import torch
 
 from specexp.engine.cudagraph import FULL, NONE, BatchExecutionDescriptor, CudaGraphManager, PromptGraphs, graph_key
 from specexp.engine.inputs import InputBuffers, StepInputsCPU, build_step_inputs, uniform_dummy_inputs
+from specexp.engine.mixed_steps import DraftMixedSteps
 from specexp.engine.sampling import logits_to_probs, sample_from_probs
 from specexp.engine.short_conv import ShortConvMetadataBuilder
+from specexp.engine.verified import StagedRows, VerifiedBatch
 from specexp.models.caches import allocate_conv_state_stack, allocate_kv_caches
 from specexp.models.metadata import ForwardContext
 from specexp.models.short_conv_ops import window_columns
-
-
-@dataclass(frozen=True)
-class StagedRows:
-    """Device facts per row of one propose call, staged with the draft prefill's inputs: num_valid int64[R]
-    (region slots holding committed inputs), start int64[R] (each row's start position), samples int64[R]
-    (nonzero: the row sampled a token this step)."""
-
-    num_valid: torch.Tensor
-    start: torch.Tensor
-    samples: torch.Tensor
-
-
-@dataclass
-class VerifiedBatch:
-    """What the target step hands the speculator (R rows of the step just verified).
-
-    query_lens, start_positions: int64[R] (CPU); is_spec: bool[R] (CPU; decode/verify rows);
-    samples: bool[R] (CPU; rows that emitted tokens); conv_slots, num_accepted_prev: int32[R] (CPU);
-    block_table: int32[R, B] (CPU). target_input_ids: int64[T] (device); sampled: int64[R, k+1] and
-    num_sampled: int64[R] (device, from the rejection sampler).
-    """
-
-    query_lens: torch.Tensor
-    start_positions: torch.Tensor
-    is_spec: torch.Tensor
-    samples: torch.Tensor
-    conv_slots: torch.Tensor
-    num_accepted_prev: torch.Tensor
-    block_table: torch.Tensor
-    target_input_ids: torch.Tensor
-    sampled: torch.Tensor
-    num_sampled: torch.Tensor
 
 
 def seed_scratch_windows(conv_states: torch.Tensor, slots: torch.Tensor, scratch_slots: torch.Tensor,
@@ -102,7 +71,7 @@ def seed_scratch_windows(conv_states: torch.Tensor, slots: torch.Tensor, scratch
     conv_states[:, scratch_slots, :, : width - 1] = torch.gather(src, 3, index)
 
 
-class AutoRegressiveSpeculator:
+class AutoRegressiveSpeculator(DraftMixedSteps):
     """Owns the draft model, its caches and persistent input buffers; proposes k drafts per row.
 
     The draft shares the target's block ids (its own KV tensors, same block table). Conv slots: a request's
@@ -287,11 +256,15 @@ class AutoRegressiveSpeculator:
         uniform = bool(batch.is_spec.all()) and min(query_lens) == max(query_lens)
         # Keys of the longest row: the whole q+1-slot region (prefill); + k-1 decode steps past its new token.
         max_region_end = int((batch.start_positions + batch.query_lens).max()) + 1
-        prefill_desc, graphs = self._dispatch_prefill(batch, uniform, max_region_end)
-        rows = self._prepare_prefill_inputs(batch, prefill_desc)
-        self.on_prefill_begin(num_reqs)
-        graphs.execute(prefill_desc, self._prefill)
-        self.on_prefill_end(num_reqs)
+        parts = None if uniform else self._prefill_parts(batch)  # a mixed batch: replayed in parts
+        if parts is not None:
+            rows = self._prefill_in_parts(batch, parts)
+        else:
+            prefill_desc, graphs = self._dispatch_prefill(batch, uniform, max_region_end)
+            rows = self._prepare_prefill_inputs(batch, prefill_desc)
+            self.on_prefill_begin(num_reqs)
+            graphs.execute(prefill_desc, self._prefill)
+            self.on_prefill_end(num_reqs)
         if k > 1:
             decode_desc = self.decode_graphs.dispatch(num_reqs, num_reqs, uniform=True,
                                                       max_seq_len=max_region_end + k - 1, k=k)

@@ -138,7 +138,8 @@ class TargetGraphs:
         """Capture totals, per (manager, size) costs, and replayed vs eager step counts."""
         if self.graph_capture is None:
             return None
-        return {**self.graph_capture, "managers": {m.name: m.summary() for m in self.graph_managers()}}
+        return {**self.graph_capture, "mixed_steps_in_parts": self.num_mixed_in_parts,
+                "managers": {m.name: m.summary() for m in self.graph_managers()}}
 
     def _dispatch(self, batch: ScheduledBatch) -> tuple[BatchExecutionDescriptor, CudaGraphManager]:
         """How the step runs, and the graph manager that counts it: a lone prompt chunk that fits a prefill

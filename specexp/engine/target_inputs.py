@@ -14,7 +14,7 @@ import numpy as np
 from specexp.engine.cudagraph import FULL, BatchExecutionDescriptor
 from specexp.engine.inputs import build_step_inputs, host_tensor
 from specexp.engine.scheduler import ScheduledBatch
-from specexp.engine.speculator import VerifiedBatch
+from specexp.engine.verified import VerifiedBatch
 
 
 class TargetStepInputs:

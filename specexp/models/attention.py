@@ -40,9 +40,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from specexp.models import triton_attention
 from specexp.models.kernels import UniformKernel, set_on_modules
@@ -53,6 +56,12 @@ from specexp.models.metadata import AttentionMetadata
 SDPA = UniformKernel("sdpa", None)
 TRITON = UniformKernel("triton", triton_attention.paged_attention_uniform)
 ATTENTION_KERNELS = {kernel.name: kernel for kernel in (SDPA, TRITON)}
+
+# The SDPA backends a masked CUDA call may take. cuDNN's attention is left out: it plans every new shape on the
+# host (about 0.8 ms a call on an H200, at every layer of an eager step whose shape is new: mixed prefill+verify
+# batches), while the memory-efficient kernel takes the boolean mask as is; math is the fallback for shapes
+# it refuses.
+MASKED_SDPA_BACKENDS = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 def use_attention_kernel(model: nn.Module, kernel: UniformKernel) -> None:
@@ -230,9 +239,10 @@ def paged_attention(
     q = query.view(num_rows, max_query_len, num_heads, head_dim) if t["uniform"] else query[t["token_of_slot"]]
     q = q.view(num_rows, max_query_len, num_kv_heads, group, head_dim).permute(0, 2, 3, 1, 4)
     q = q.reshape(num_rows, num_kv_heads, group * max_query_len, head_dim)
-    out = F.scaled_dot_product_attention(
-        q, keys.transpose(1, 2).to(q.dtype), values.transpose(1, 2).to(q.dtype), attn_mask=t["mask"], scale=scale
-    )
+    with sdpa_kernel(MASKED_SDPA_BACKENDS) if q.is_cuda else contextlib.nullcontext():
+        out = F.scaled_dot_product_attention(
+            q, keys.transpose(1, 2).to(q.dtype), values.transpose(1, 2).to(q.dtype), attn_mask=t["mask"],
+            scale=scale)
     out = out.view(num_rows, num_kv_heads, group, max_query_len, head_dim).permute(0, 3, 1, 2, 4)
     if t["uniform"]:
         return out.reshape(num_tokens, num_heads * head_dim)

@@ -276,10 +276,11 @@ def test_compiled_pointwise_ops_stay_lossless(pair_dirs, prompts, hf_greedy, pai
 def test_prefill_graphs_serve_the_eager_tokens(pair_dirs, prompts, pair, k, max_num_seqs):
     """engine.cudagraph_prefill_tokens, emulated on the CPU: a lone prompt chunk is padded up to the smallest
     captured token count (8 or 16; chunks are cut at 16 tokens) and replayed through the persistent buffers,
-    including chunks after the first (cached keys, stored conv windows) and one-token prompts; prefill chunks
-    batched with other rows run eagerly. The draft's prefill of a lone chunk replays a graph of one more slot.
-    Attention-only, short-conv and hybrid targets and drafts: the greedy tokens are the eager engine's, and every
-    lone prefill chunk replayed, in the target and in the draft."""
+    including chunks after the first (cached keys, stored conv windows) and one-token prompts. A step of verify
+    rows beside prompt chunks runs in parts (the verify rows' graph, then a prompt graph per chunk); only steps of
+    several prompt chunks and no verify row run eagerly. The draft's prefill of a chunk replays a graph of one more
+    slot. Attention-only, short-conv and hybrid targets and drafts: the greedy tokens are the eager engine's, and
+    every chunk replayed, in the target and in the draft."""
     target_dir, draft_dir = pair_dirs[pair] if pair != "llama+lfm2" else (pair_dirs["llama+llama"][0],
                                                                            pair_dirs["lfm2+lfm2"][1])
     target, draft = load_model(target_dir), load_model(draft_dir)
@@ -302,14 +303,21 @@ def test_prefill_graphs_serve_the_eager_tokens(pair_dirs, prompts, pair, k, max_
     # accepted) show the draft's prefill graphs left its KV and conv state as the eager prefill does.
     assert [r.verifies for r in graphed.requests] == [r.verifies for r in eager.requests]
     lone_chunks = sum(1 for s in graphed.steps if s.num_prefill_tokens > 0 and s.num_reqs == 1)
+    mixed = sum(1 for s in graphed.steps if 0 < s.num_prefill_tokens < s.num_tokens)
+    prompts_only = sum(1 for s in graphed.steps if s.num_prefill_tokens == s.num_tokens and s.num_reqs > 1)
     replays = {n: engine.prefill_graphs.managers[n].num_replays for n in (8, 16)}
-    assert sum(replays.values()) == lone_chunks  # prefill chunks batched with other rows ran eagerly
+    assert engine.num_mixed_in_parts == mixed
+    assert engine.verify_graphs.num_eager == prompts_only  # every other step replayed graphs only
+    assert sum(replays.values()) >= lone_chunks + mixed
     if max_num_seqs == 1:  # every prefill chunk is alone: short ones take the 8-token graph, full ones the 16
-        assert replays[8] > 0 and replays[16] > 0
-    if k > 0:  # the draft's region of each lone chunk (its tokens + the sampled one) replays too
+        assert replays[8] > 0 and replays[16] > 0 and mixed == 0
+    else:
+        assert mixed > 0
+    if k > 0:  # the draft's region of each chunk it replayed (its tokens + the sampled one) replays too
         prompt_graphs = engine.speculator.prompt_graphs.managers
         assert set(prompt_graphs) == {9, 17}
-        assert sum(m.num_replays for m in prompt_graphs.values()) == lone_chunks
+        assert sum(m.num_replays for m in prompt_graphs.values()) == sum(replays.values())
+        assert engine.speculator.prefill_graphs.num_eager == prompts_only
     assert {f"target_prefill_{n}" for n in (8, 16)} <= {m.name for m in engine.graph_managers()}
 
 

@@ -1,0 +1,135 @@
+"""Mixed steps in parts (CUDA graphs emulated on the CPU): a step of verify rows beside prompt chunks replays the
+verify rows' graph and a prompt graph per chunk, in the target and in the draft, then one draft-decode graph; it
+serves the eager engine's tokens and keeps the target's distribution when sampling."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+from pairs import VOCAB, build_pairs, save_tiny, tiny_hf_model
+
+from specexp.engine.config import EngineConfig, SamplingConfig, SpeculatorConfig
+from specexp.engine.mixed_steps import split_point
+from specexp.engine.runner import NativeEngine
+from specexp.models import load_model
+
+EOS = 2
+PROMPT_LENS = [3, 11, 6, 17, 1, 9, 14, 2, 7, 20, 5, 12, 4, 15]
+SPECS = {
+    "k0": dict(num_speculative_tokens=0),
+    "k3": dict(num_speculative_tokens=3),
+    "schedule": dict(num_speculative_tokens=4, num_speculative_tokens_per_batch_size=((1, 1, 4), (2, 2, 1), (3, 4, 3))),
+    "confidence": dict(num_speculative_tokens=4, draft_confidence_threshold=0.5),
+}
+
+
+@pytest.fixture(scope="module")
+def pair_dirs(tmp_path_factory):
+    return build_pairs(tmp_path_factory.mktemp("pairs"))
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    gen = torch.Generator().manual_seed(7)
+    return [torch.randint(3, VOCAB, (n,), generator=gen).tolist() for n in PROMPT_LENS]
+
+
+def _engine(target, draft, spec: dict, mode: str, temperature=0.0, max_new=10, seed=0, prefill_tokens=(8, 16),
+            budget=16):
+    return NativeEngine(
+        target, draft,
+        EngineConfig(max_num_seqs=4, max_model_len=64, block_size=4, max_num_batched_tokens=budget, cudagraph_mode=mode,
+                     cudagraph_prefill_tokens=prefill_tokens if mode == "full" else (), seed=seed,
+                     plain_decode_lookahead=True),  # k = 0: a step's pending tokens come from the step before
+        SpeculatorConfig(cudagraph_mode=mode, **spec),
+        SamplingConfig(temperature=temperature, max_new_tokens=max_new, ignore_eos=False),
+        eos_token_ids=[EOS], emulate_graphs_on_cpu=True,
+    )
+
+
+def _kinds(steps):
+    """(mixed steps: prefill and verify tokens; steps of several prompt chunks and no verify row)."""
+    mixed = sum(1 for s in steps if 0 < s.num_prefill_tokens < s.num_tokens)
+    prompts_only = sum(1 for s in steps if s.num_prefill_tokens == s.num_tokens and s.num_reqs > 1)
+    return mixed, prompts_only
+
+
+def test_split_point_takes_only_verify_rows_of_one_length_then_prompt_chunks():
+    assert split_point([True, True, False], [4, 4, 9]) == 2
+    assert split_point([True, False, False], [1, 3, 16]) == 1
+    assert split_point([True, True], [4, 4]) is None  # pure verify
+    assert split_point([False, False], [3, 5]) is None  # prompts only
+    assert split_point([True, True, False], [4, 2, 9]) is None  # verify rows of two lengths
+    assert split_point([True, False, True], [4, 9, 4]) is None  # out of the scheduler's order
+
+
+@pytest.mark.parametrize("pair", ["lfm2+llama", "lfm2+lfm2", "llama+llama"])
+@pytest.mark.parametrize("spec", sorted(SPECS))
+def test_mixed_steps_in_parts_serve_the_eager_tokens(pair_dirs, prompts, pair, spec):
+    """A closed loop of 3 requests (each new one's prompt chunks join the running verify rows), prompts of 1-20
+    tokens in chunks of at most 16, requests ending at EOS or max_new_tokens: every mixed step runs in parts, only
+    steps of prompt chunks alone run eagerly, and tokens and verifies are the eager engine's."""
+    target, draft = (load_model(d) for d in pair_dirs[pair])
+    eager = _engine(target, draft, SPECS[spec], "none").generate(prompts, max_concurrency=3)
+    engine = _engine(target, draft, SPECS[spec], "full")
+    out = engine.generate(prompts, max_concurrency=3)
+    assert [r.output_token_ids for r in out.requests] == [r.output_token_ids for r in eager.requests]
+    assert [r.verifies for r in out.requests] == [r.verifies for r in eager.requests]
+    mixed, prompts_only = _kinds(out.steps)
+    assert mixed >= len(prompts) // 2, f"only {mixed} mixed steps"
+    assert engine.num_mixed_in_parts == mixed
+    assert engine.graph_summary()["mixed_steps_in_parts"] == mixed
+    assert engine.verify_graphs.num_eager == prompts_only
+    speculator = engine.speculator
+    if speculator is None:  # k = 0 without a draft
+        return
+    assert speculator.prefill_graphs.num_eager == prompts_only
+    target_prompts = sum(m.num_replays for m in engine.prefill_graphs.managers.values())
+    assert sum(m.num_replays for m in speculator.prompt_graphs.managers.values()) == target_prompts
+
+
+def test_a_chunk_without_a_graph_keeps_the_step_eager(pair_dirs, prompts):
+    """Prompt graphs of 8 tokens only, a budget of 32 tokens a step: a mixed step with a longer chunk runs as one
+    eager forward (target and draft), one with chunks of at most 8 in parts; the tokens are the eager engine's
+    either way."""
+    target, draft = (load_model(d) for d in pair_dirs["llama+llama"])
+    spec = SPECS["k3"]
+    eager = _engine(target, draft, spec, "none", budget=32).generate(prompts, max_concurrency=3)
+    engine = _engine(target, draft, spec, "full", prefill_tokens=(8,), budget=32)
+    out = engine.generate(prompts, max_concurrency=3)
+    assert [r.output_token_ids for r in out.requests] == [r.output_token_ids for r in eager.requests]
+    mixed, prompts_only = _kinds(out.steps)
+    assert 0 < engine.num_mixed_in_parts < mixed
+    assert engine.verify_graphs.num_eager == prompts_only + mixed - engine.num_mixed_in_parts
+
+
+@pytest.mark.parametrize("threshold", [0.0, 0.3])
+def test_sampling_through_mixed_steps_keeps_the_target_distribution(tmp_path, threshold):
+    """At temperature 1 in a closed loop of 6, each request's prompt is prefilled in a mixed step, in parts, and its
+    first verify checks the draft sampled there (its token, probabilities and draft length moved to its row):
+    the token after the first sampled one is distributed as the target's next-token distribution."""
+    from scipy.stats import chisquare
+    from transformers import AutoModelForCausalLM
+
+    target_dir = save_tiny(tiny_hf_model("llama", 32, 1, seed=21), tmp_path / "t")
+    draft_dir = save_tiny(tiny_hf_model("llama", 32, 1, seed=22), tmp_path / "d")
+    target, draft = load_model(target_dir), load_model(draft_dir)
+    prompt = [5, 9, 3, 7, 11, 4, 8, 6, 10, 12]
+    spec = dict(num_speculative_tokens=3, draft_confidence_threshold=threshold)
+    engine = _engine(target, draft, spec, "full", temperature=1.0, max_new=3, seed=3)
+    out = engine.generate([prompt] * 1200, max_concurrency=6)
+    assert engine.num_mixed_in_parts > 900
+    pairs = [tuple(r.output_token_ids[:2]) for r in out.requests]
+    first, _ = Counter(p[0] for p in pairs).most_common(1)[0]
+    seconds = torch.tensor([p[1] for p in pairs if p[0] == first])
+    with torch.no_grad():
+        hf = AutoModelForCausalLM.from_pretrained(target_dir).float().eval()
+        probs = torch.softmax(hf(torch.tensor([prompt + [first]])).logits[0, -1].double(), -1)
+    counts = torch.bincount(seconds, minlength=VOCAB).double()
+    expected = probs * counts.sum()
+    keep = expected > 5
+    obs = torch.cat([counts[keep], counts[~keep].sum().view(1)])
+    exp = torch.cat([expected[keep], expected[~keep].sum().view(1)])
+    assert chisquare(obs.numpy(), exp.numpy()).pvalue > 0.01
