@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/
 from gpu_cudagraphs import CUDA_KERNELS, RANDOM_PAIRS, ZOO
 
 from specexp.engine.config import EngineConfig, SamplingConfig, SpeculatorConfig
-from specexp.engine.cudagraph import FULL
+from specexp.engine.cudagraph import FULL, BatchExecutionDescriptor
 from specexp.engine.runner import NativeEngine
 from specexp.models import load_model
 
@@ -107,6 +107,37 @@ def measure(engine: NativeEngine, prompts: list[list[int]], batch: int, new_toke
     return result
 
 
+def graph_replay_ms(engine: NativeEngine, batch: int, reps: int = 20) -> dict[str, float]:
+    """GPU time of one replay of each graph a step of `batch` rows can replay at the smallest key-length bucket
+    (target verify and draft prefill/decode at the size holding `batch` rows, every one-row prompt graph), each
+    on the inert batch it was captured on and replayed alone `reps` times between CUDA events: median, ms."""
+    spec = engine.speculator
+    managers = [(engine.verify_graphs, engine._prepare_verify_capture)]
+    managers += [(m, engine._prepare_prefill_capture) for m in engine.prefill_graphs.managers.values()]
+    if spec is not None:
+        managers += [(spec.prefill_graphs, spec._prepare_prefill_capture), (spec.decode_graphs,
+                                                                            spec._prepare_decode_capture)]
+        managers += [(m, spec._prepare_prompt_capture) for m in spec.prompt_graphs.managers.values()]
+    times = {}
+    for manager, prepare in managers:
+        sizes = sorted({size for size, _, _ in manager.graphs})
+        held = next((size for size in sizes if size >= batch), sizes[-1] if sizes else None)  # prompt graphs: 1
+        for (size, k, bucket), graph in sorted(manager.graphs.items()):
+            if graph is None or bucket != min(manager.seq_len_buckets) or size != held:
+                continue
+            prepare(BatchExecutionDescriptor(size, size * manager.tokens_for(k), FULL, bucket, k))
+            samples = []
+            for _ in range(reps):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                graph.replay()
+                end.record()
+                end.synchronize()
+                samples.append(start.elapsed_time(end))
+            times[f"{manager.name} {size}x{bucket}@k{k}"] = statistics.median(samples)
+    return times
+
+
 def profile(engine: NativeEngine, prompts: list[list[int]], batch: int, new_tokens: int, out_dir: Path,
             name: str) -> None:
     from torch.profiler import ProfilerActivity
@@ -156,6 +187,8 @@ def main() -> None:
             for b in batches:
                 cell = measure(engine, prompts[: 4 * b], b, args.new_tokens)
                 cell["mixed_steps_in_parts"] = engine.num_mixed_in_parts
+                cell["graph_replay_ms"] = graph_replay_ms(engine, b)
+                print(json.dumps(cell["graph_replay_ms"], indent=1), flush=True)
                 result["pairs"][pair][mode][str(b)] = cell
                 ratio = cell.get("mixed_over_pure")
                 print(f"{pair} {mode} batch {b}: pure {cell['pure_phases']} mixed {cell['mixed_phases']} "

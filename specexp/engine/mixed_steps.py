@@ -107,10 +107,13 @@ class TargetMixedSteps:
             return torch.cat([prep[name] for prep in preps])
 
         num_reqs = batch.num_reqs
+        # The draft copies the block table to the device without blocking: from pageable memory such a copy
+        # first waits for the device to drain, which would leave the GPU idle while the host stages the draft.
+        block_table = torch.cat([prep["cpu"].block_table for prep in preps])
         return VerifiedBatch(
             query_lens=joined("query_lens"), start_positions=joined("starts"), is_spec=joined("is_spec"),
             samples=joined("samples_cpu"), conv_slots=joined("slots"), num_accepted_prev=joined("num_accepted"),
-            block_table=torch.cat([prep["cpu"].block_table for prep in preps]),
+            block_table=block_table.pin_memory() if self.pin_memory else block_table,
             target_input_ids=torch.cat(input_ids),
             sampled=self.step_out[:num_reqs, : self.k + 1], num_sampled=self.step_out[:num_reqs, self.k + 1],
         )
