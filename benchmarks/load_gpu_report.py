@@ -1,0 +1,164 @@
+"""Tables and a figure from `load_gpu.py` results (native and vLLM files): per pair, output tokens/s of every k
+at every concurrency (mean ± std over the rounds, n), the best k at each concurrency, TPOT p50/p99 and the verify
+share, the mixed steps' cost against a pure verify step, and native over vLLM at the same (pair, k, concurrency)
+with a 95% interval (delta method over the rounds of both).
+
+    python benchmarks/load_gpu_report.py tables NATIVE.json [VLLM.json]                # markdown on stdout
+    python benchmarks/load_gpu_report.py figure OUT.png NATIVE.json [VLLM.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from specexp.measure.intervals import ratio_interval
+
+
+def _mean_std(summary: dict | None, digits: int = 0) -> str:
+    if not summary or summary.get("mean") is None:
+        return "-"
+    std = summary.get("std")
+    return f"{summary['mean']:.{digits}f} ± {std:.{digits}f}" if std is not None else f"{summary['mean']:.{digits}f}"
+
+
+def _interval(ratio: dict) -> str:
+    if ratio.get("value") is None:
+        return "-"
+    if ratio.get("low") is None:
+        return f"{ratio['value']:.2f}"
+    return f"{ratio['value']:.2f} [{ratio['low']:.2f}, {ratio['high']:.2f}]"
+
+
+def _runs(cell: dict, name: str) -> list[float]:
+    return [r[name] for r in cell["runs"] if r.get(name) is not None]
+
+
+def load(paths: list[str]) -> dict[str, dict]:
+    """{engine: results} of the files given (each file's `engine`)."""
+    out = {}
+    for path in paths:
+        data = json.loads(Path(path).read_text())
+        out[data["engine"]] = data
+    return out
+
+
+def throughput_table(pair: str, data: dict) -> list[str]:
+    """Native tokens/s per k and concurrency, the best k, TPOT and verify share of that best k."""
+    by_k = data["pairs"][pair]
+    levels = [str(c) for c in data["concurrency"]]
+    n = data["repeats"]
+    lines = [f"| k \\ concurrency | {' | '.join(levels)} |", "|---|" + "---|" * len(levels)]
+    for k, entry in by_k.items():
+        cells = entry["cells"]
+        lines.append(f"| {k} | " + " | ".join(_mean_std(cells[c]["output_tokens_per_s"]) for c in levels) + " |")
+    best = {c: max(by_k, key=lambda k: by_k[k]["cells"][c]["output_tokens_per_s"]["mean"]) for c in levels}
+    lines.append("| **best k** | " + " | ".join(best[c] for c in levels) + " |")
+    for name, label, digits in (("tpot_ms_p50", "TPOT p50 ms (best k)", 2), ("tpot_ms_p99", "TPOT p99 ms (best k)", 2),
+                                ("verify_share", "verify share (best k)", 2),
+                                ("acceptance_length", "acceptance length (best k)", 2)):
+        lines.append(f"| {label} | " + " | ".join(_mean_std(by_k[best[c]]["cells"][c].get(name), digits)
+                                                  for c in levels) + " |")
+    lines.append("")
+    lines.append(f"Output tokens/s, mean ± std over n = {n} rounds per cell.")
+    return lines
+
+
+def mixed_table(pair: str, data: dict) -> list[str]:
+    """Per k > 0 and concurrency: the mixed steps' median device time over the pure verify steps' (same run)."""
+    by_k = data["pairs"][pair]
+    levels = [str(c) for c in data["concurrency"]]
+    lines = [f"| k \\ concurrency | {' | '.join(levels)} |", "|---|" + "---|" * len(levels)]
+    for k, entry in by_k.items():
+        row = []
+        for c in levels:
+            mixed, pure = _runs(entry["cells"][c], "mixed_step_ms_p50"), _runs(entry["cells"][c], "pure_step_ms_p50")
+            row.append(_interval(ratio_interval(mixed, pure)) if mixed and pure else "-")
+        lines.append(f"| {k} | " + " | ".join(row) + " |")
+    return lines
+
+
+def ratio_table(pair: str, native: dict, vllm: dict) -> list[str]:
+    """Native over vLLM output tokens/s at every k both measured, with 95% intervals."""
+    levels = [str(c) for c in native["concurrency"] if str(c) in map(str, vllm["concurrency"])]
+    ks = [k for k in native["pairs"][pair] if k in vllm["pairs"].get(pair, {})]
+    lines = [f"| k \\ concurrency | {' | '.join(levels)} |", "|---|" + "---|" * len(levels)]
+    for k in ks:
+        row = [_interval(ratio_interval(_runs(native["pairs"][pair][k]["cells"][c], "output_tokens_per_s"),
+                                        _runs(vllm["pairs"][pair][k]["cells"][c], "output_tokens_per_s")))
+               for c in levels]
+        lines.append(f"| {k} | " + " | ".join(row) + " |")
+        lines.append(f"| {k} vLLM tokens/s | " + " | ".join(
+            _mean_std(vllm["pairs"][pair][k]["cells"][c]["output_tokens_per_s"]) for c in levels) + " |")
+    return lines
+
+
+def tables(paths: list[str]) -> str:
+    results = load(paths)
+    native, vllm = results.get("native"), results.get("vllm")
+    out = []
+    for pair in (native or vllm)["pairs"]:
+        out += [f"### {pair}", ""]
+        if native:
+            out += ["Native engine:", "", *throughput_table(pair, native), "",
+                    "Mixed prefill+verify step over a pure verify step (median device times, ratio of round means, "
+                    "95% interval):", "", *mixed_table(pair, native), ""]
+        if native and vllm and pair in vllm["pairs"]:
+            out += ["Native over vLLM, output tokens/s (95% interval):", "", *ratio_table(pair, native, vllm), ""]
+    return "\n".join(out)
+
+
+def figure(out_png: str, paths: list[str]) -> None:
+    """Output tokens/s against concurrency per k, one panel per pair: native solid, vLLM dashed, ± std bars."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    results = load(paths)
+    pairs = list(next(iter(results.values()))["pairs"])
+    fig, axes = plt.subplots(1, len(pairs), figsize=(6 * len(pairs), 4.2), squeeze=False)
+    colours = {}
+    for ax, pair in zip(axes[0], pairs):
+        for engine, style in (("native", "-"), ("vllm", "--")):
+            data = results.get(engine)
+            if not data or pair not in data["pairs"]:
+                continue
+            for k, entry in data["pairs"][pair].items():
+                levels = data["concurrency"]
+                means = [entry["cells"][str(c)]["output_tokens_per_s"]["mean"] for c in levels]
+                stds = [entry["cells"][str(c)]["output_tokens_per_s"]["std"] or 0 for c in levels]
+                colour = colours.setdefault(k, f"C{len(colours)}")
+                ax.errorbar(levels, means, yerr=stds, fmt=style + "o", color=colour, ms=3, capsize=2,
+                            label=f"{engine} {k}")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrency (requests in flight)")
+        ax.set_ylabel("output tokens/s")
+        ax.set_title(pair)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    t = sub.add_parser("tables")
+    t.add_argument("files", nargs="+")
+    f = sub.add_parser("figure")
+    f.add_argument("png")
+    f.add_argument("files", nargs="+")
+    args = parser.parse_args()
+    if args.command == "tables":
+        print(tables(args.files))
+    else:
+        figure(args.png, args.files)
+
+
+if __name__ == "__main__":
+    main()
