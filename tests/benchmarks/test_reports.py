@@ -18,9 +18,11 @@ ROOT = Path(__file__).resolve().parents[2]
 REPORTS = sorted(p.parent for p in (ROOT / "experiments").glob("*/README.md"))
 # the scripts whose printed tables the reports paste (figure scripts are checked separately)
 TABLE_SCRIPTS = ("benchmarks/cudagraphs_report.py", "benchmarks/backends_report.py",
-                 "benchmarks/native_vs_hf.py", "benchmarks/acceptance_replay.py", "benchmarks/load_report.py")
+                 "benchmarks/native_vs_hf.py", "benchmarks/acceptance_replay.py", "benchmarks/load_report.py",
+                 "benchmarks/load_gpu_report.py")
 # the scripts that draw a report's figures: `python SCRIPT NAME OUT.png ...`
-FIGURE_SCRIPTS = ("benchmarks/cudagraphs_figures.py", "benchmarks/load_figures.py", "benchmarks/dynamic_depth_report.py")
+FIGURE_SCRIPTS = ("benchmarks/cudagraphs_figures.py", "benchmarks/load_figures.py", "benchmarks/dynamic_depth_report.py",
+                  "benchmarks/load_gpu_report.py")
 # how a file was produced, not what it holds: s9, lease4, ... ([e] keeps the words themselves out of the source)
 PRODUCTION_WORDS = re.compile(r"(^|[_.-])(s\d+|l[e]ase\d*|s[e]ssion\d*|l[e]nt)([_.-]|$)", re.IGNORECASE)
 
