@@ -69,7 +69,7 @@ def throughput_table(pair: str, data: dict) -> list[str]:
 
 
 def mixed_table(pair: str, data: dict) -> list[str]:
-    """Per k > 0 and concurrency: the mixed steps' median device time over the pure verify steps' (same run)."""
+    """Per k > 0 and concurrency: the mixed steps' median GPU time over the pure verify steps' (same run)."""
     by_k = data["pairs"][pair]
     levels = [str(c) for c in data["concurrency"]]
     lines = [f"| k \\ concurrency | {' | '.join(levels)} |", "|---|" + "---|" * len(levels)]
@@ -105,7 +105,7 @@ def tables(paths: list[str]) -> str:
         out += [f"### {pair}", ""]
         if native:
             out += ["Native engine:", "", *throughput_table(pair, native), "",
-                    "Mixed prefill+verify step over a pure verify step (median device times, ratio of round means, "
+                    "Mixed prefill+verify step over a pure verify step (median GPU times, ratio of round means, "
                     "95% interval):", "", *mixed_table(pair, native), ""]
         if native and vllm and pair in vllm["pairs"]:
             out += ["Native over vLLM, output tokens/s (95% interval):", "", *ratio_table(pair, native, vllm), ""]
