@@ -96,7 +96,7 @@ class NativeServer:
 
     def run(self, prompts: list[list[int]], concurrency: int) -> dict:
         engine = self.engine
-        parts_before = engine.num_mixed_in_parts
+        parts_before, joined_before = engine.num_mixed_in_parts, engine.num_mixed_joined
         gc.collect()
         gc.disable()
         try:
@@ -121,6 +121,7 @@ class NativeServer:
                 "mean_batch_occupancy": sum(s.num_reqs for s in steps) / len(steps) / concurrency,
                 "steps": len(steps), "mixed_steps": len(mixed),
                 "mixed_steps_in_parts": engine.num_mixed_in_parts - parts_before,
+                "mixed_steps_joined": engine.num_mixed_joined - joined_before,
                 "mixed_step_ms_p50": statistics.median(mixed) if mixed else None,
                 "pure_step_ms_p50": statistics.median(pure) if pure else None}
 

@@ -171,6 +171,7 @@ SCHEMA: dict[str, dict[str, Any]] = {
         "cudagraph_capture_sizes": Key("int_list", nullable=True, minimum=1),
         "cudagraph_seq_len_buckets": Key("int_list", nullable=True, minimum=1),
         "cudagraph_prefill_tokens": Key("int_list", minimum=1),
+        "cudagraph_mixed": Key("str", choices=("joined", "parts")),
         "cudagraph_shared_pool": Key("bool"),
         "compile_pointwise": Key("bool"),
         "linear_kernel": Key("str"),  # the choices are the engine's (checked with its other settings)

@@ -15,10 +15,11 @@ with the count of each. `--profile` adds torch.profiler tables of one more run a
 the JSON: the aten ops ranked by CPU self time, and the kernels ranked by GPU time.
 
     python benchmarks/diagnostics/mixed_step.py --pairs llama-3.2-1b+llama-100m --batches 4,16,64 --out mixed.json
-        [--k 4] [--rate 0.8] [--prompt-tokens 64] [--new-tokens 128] [--mixed parts,eager] [--profile]
+        [--k 4] [--rate 0.8] [--prompt-tokens 64] [--new-tokens 128] [--mixed joined,parts,eager] [--profile]
 
-`--mixed`: how mixed steps run, one engine each: `parts` (the verify rows' graph and a prompt graph per chunk,
-`specexp.engine.mixed_steps`; the default) and/or `eager` (no prompt graphs: one eager forward).
+`--mixed`: how mixed steps run, one engine each: `joined` (one target graph of the verify rows and the chunk,
+`specexp.engine.mixed_graphs`; the default), `parts` (the verify rows' graph and a prompt graph per chunk,
+`specexp.engine.mixed_steps`) and/or `eager` (no prompt graphs: one eager forward).
 
 Needs only torch, safetensors and tokenizers (and a CUDA GPU).
 """
@@ -26,6 +27,7 @@ Needs only torch, safetensors and tokenizers (and a CUDA GPU).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -45,15 +47,18 @@ from specexp.engine.runner import NativeEngine
 from specexp.models import load_model
 
 
-# How a mixed step runs: in parts (a graph each for the verify rows and the prompt chunk: the prompt graphs of
-# `engine=cuda`), or as one eager forward (no prompt graphs: what every mixed step did before parts).
-MIXED_MODES = {"parts": CUDA_KERNELS["cudagraph_prefill_tokens"], "eager": ()}
+# How a mixed step runs: one joined target graph, in parts (a graph each for the verify rows and the prompt chunk:
+# the prompt graphs of `engine=cuda`), or as one eager forward (no prompt graphs: what every mixed step did before
+# parts). Each mode: (engine.cudagraph_prefill_tokens, engine.cudagraph_mixed).
+PROMPT_GRAPHS = CUDA_KERNELS["cudagraph_prefill_tokens"]
+MIXED_MODES = {"joined": (PROMPT_GRAPHS, "joined"), "parts": (PROMPT_GRAPHS, "parts"), "eager": ((), "parts")}
 
 
-def build(target, draft, batches: list[int], k: int, rate: float, max_model_len: int, mixed: str = "parts"
+def build(target, draft, batches: list[int], k: int, rate: float, max_model_len: int, mixed: str = "joined"
           ) -> NativeEngine:
     """One engine at K = k, graphs at `batches`, synthetic acceptance `rate`; mixed steps run as `mixed` says."""
-    kernels = {**CUDA_KERNELS, "cudagraph_prefill_tokens": MIXED_MODES[mixed]}
+    prompt_graphs, mixed_steps = MIXED_MODES[mixed]
+    kernels = {**CUDA_KERNELS, "cudagraph_prefill_tokens": prompt_graphs, "cudagraph_mixed": mixed_steps}
     engine = EngineConfig(device="cuda", dtype="bfloat16", max_num_seqs=max(batches), max_model_len=max_model_len,
                           block_size=16, cudagraph_mode=FULL, cudagraph_capture_sizes=sorted(batches), **kernels)
     spec = SpeculatorConfig(num_speculative_tokens=k, cudagraph_mode=FULL, rejection="synthetic",
@@ -114,6 +119,8 @@ def graph_replay_ms(engine: NativeEngine, batch: int, reps: int = 20) -> dict[st
     spec = engine.speculator
     managers = [(engine.verify_graphs, engine._prepare_verify_capture)]
     managers += [(m, engine._prepare_prefill_capture) for m in engine.prefill_graphs.managers.values()]
+    managers += [(m, functools.partial(engine._prepare_mixed_capture, count))
+                 for count, m in engine.mixed_graphs.managers.items()]
     if spec is not None:
         managers += [(spec.prefill_graphs, spec._prepare_prefill_capture), (spec.decode_graphs,
                                                                             spec._prepare_decode_capture)]
@@ -158,7 +165,7 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=0.8)
     parser.add_argument("--prompt-tokens", type=int, default=64)
     parser.add_argument("--new-tokens", type=int, default=128)
-    parser.add_argument("--mixed", default="parts", help="how mixed steps run, one or more of: parts, eager")
+    parser.add_argument("--mixed", default="joined", help="how mixed steps run, one or more of: joined, parts, eager")
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
@@ -187,6 +194,7 @@ def main() -> None:
             for b in batches:
                 cell = measure(engine, prompts[: 4 * b], b, args.new_tokens)
                 cell["mixed_steps_in_parts"] = engine.num_mixed_in_parts
+                cell["mixed_steps_joined"] = engine.num_mixed_joined
                 cell["graph_replay_ms"] = graph_replay_ms(engine, b)
                 print(json.dumps(cell["graph_replay_ms"], indent=1), flush=True)
                 result["pairs"][pair][mode][str(b)] = cell

@@ -9,6 +9,9 @@ from specexp.models.attention import ATTENTION_KERNELS
 from specexp.models.linear_ops import LINEAR_KERNELS
 from specexp.models.short_conv_ops import CONV_KERNELS
 
+# engine.cudagraph_mixed: how mixed prefill+verify steps replay (see EngineConfig).
+MIXED_STEP_MODES = ("joined", "parts")
+
 
 class EngineConfigError(ValueError):
     """A setting the engine cannot run with; the message names the value and what would be valid."""
@@ -33,6 +36,11 @@ class EngineConfig:
     graph of count + 1 slots likewise. Attention-only, short-conv and hybrid models alike (a short-conv layer
     reads the chunk's conv-state slot from the builder's one-row persistent buffers); each count must fit a
     step (max_num_batched_tokens).
+    cudagraph_mixed: how a step that puts one prompt chunk beside verify rows of one length replays, when prompt
+    graphs exist: "joined" (the default) captures, per prompt-graph count and verify (rows, k) key, one target
+    graph of both, so the target reads its weights once (`specexp.engine.mixed_graphs`); "parts" replays the
+    verify graph and then the chunk's prompt graph (`specexp.engine.mixed_steps`), which captures nothing more.
+    Steps a joined graph does not hold (several chunks, more verify rows than it has) run in parts either way.
     cudagraph_shared_pool: capture every graph of the engine, target and draft, into one memory pool (vLLM's
     way: one process-wide pool), so the graph memory is about the largest graph's intermediates rather than the
     sum over managers (the default). False: a pool per manager (each model's prompt-prefill managers share one).
@@ -71,6 +79,7 @@ class EngineConfig:
     cudagraph_capture_sizes: tuple[int, ...] | None = None
     cudagraph_seq_len_buckets: tuple[int, ...] | None = None
     cudagraph_prefill_tokens: tuple[int, ...] = ()
+    cudagraph_mixed: str = "joined"
     cudagraph_shared_pool: bool = True
     compile_pointwise: bool = False
     linear_kernel: str = "cublas"
@@ -102,6 +111,9 @@ class EngineConfig:
             raise EngineConfigError(
                 f"engine.cudagraph_prefill_tokens={prefill!r}: must be a list of token counts in [1, "
                 f"{self.token_budget}] (a step's token budget, max_num_batched_tokens), or [] for none")
+        if self.cudagraph_mixed not in MIXED_STEP_MODES:
+            raise EngineConfigError(f"engine.cudagraph_mixed={self.cudagraph_mixed!r}: valid are "
+                                    + ", ".join(repr(m) for m in MIXED_STEP_MODES))
         for name in ("compile_pointwise", "plain_decode_lookahead", "fold_norm_weights", "cudagraph_shared_pool"):
             if not isinstance(getattr(self, name), bool):
                 raise EngineConfigError(f"engine.{name}={getattr(self, name)!r}: must be true or false")

@@ -38,11 +38,14 @@ from specexp.engine.verified import StagedRows, VerifiedBatch
 @dataclass(frozen=True)
 class MixedParts:
     """How a mixed batch runs: rows [0, num_verify) replay the graph of `verify`; prompt row i (batch row
-    num_verify + i) replays `prompts[i]` (its descriptor and the prompt-graph manager that holds it)."""
+    num_verify + i) replays `prompts[i]` (its descriptor and the prompt-graph manager that holds it). Or, when
+    `joined` is set (the target's half only), everything replays one joined graph: (its verify segment's
+    descriptor, its manager, its chunk count; `specexp.engine.mixed_graphs`), and verify/prompts are unused."""
 
     num_verify: int
-    verify: BatchExecutionDescriptor
+    verify: BatchExecutionDescriptor | None
     prompts: list[tuple[BatchExecutionDescriptor, CudaGraphManager]]
+    joined: tuple[BatchExecutionDescriptor, CudaGraphManager, int] | None = None
 
 
 def split_point(is_verify: list[bool], query_lens: list[int]) -> int | None:
@@ -73,6 +76,13 @@ class TargetMixedSteps:
             return None
         ends = [r.request.num_computed_tokens + r.num_query_tokens for r in rows]
         v = rows[0].num_query_tokens - 1
+        if len(rows) == num_verify + 1:  # one chunk: a joined graph, when one holds it
+            joined = self.mixed_graphs.lookup(num_verify, v, rows[-1].num_query_tokens, max(ends))
+            if joined is not None:
+                self.num_mixed_joined += 1
+                manager = joined[1]
+                manager.dispatch(num_verify, num_verify * (v + 1), True, max(ends), k=v)  # counts the replay
+                return MixedParts(num_verify, None, [], joined)
         if self.verify_graphs.lookup(num_verify, max(ends[:num_verify]), v) is None:
             return None
         prompts = list(zip(rows[num_verify:], ends[num_verify:]))
@@ -87,6 +97,8 @@ class TargetMixedSteps:
         """Stage and replay every part (verify rows, then each prompt chunk), leaving `step_out[:R]` and
         `row_inputs[:R]` in the batch's row order; returns what the speculator needs of the whole batch (None
         without a speculator)."""
+        if parts.joined is not None:
+            return self._verify_joined(batch, parts.num_verify, parts.joined)
         rows, k, nv = batch.rows, batch.num_speculative_tokens, parts.num_verify
         preps = [self._prepare_target_inputs(ScheduledBatch(rows[:nv], k), parts.verify)]
         self.verify_graphs.replay(parts.verify)
@@ -102,6 +114,12 @@ class TargetMixedSteps:
         self.row_inputs[0].copy_(first_line)
         if self.speculator is None:
             return None
+        return self._joined_verified(batch, preps, input_ids)
+
+    def _joined_verified(self, batch: ScheduledBatch, preps: list[dict], input_ids: list[torch.Tensor]
+                         ) -> VerifiedBatch:
+        """What the speculator needs of a batch staged in parts: each part's staging (`preps`, in batch order)
+        and target input ids, joined, and the device's sampled tokens (already in batch order)."""
 
         def joined(name: str) -> torch.Tensor:
             return torch.cat([prep[name] for prep in preps])

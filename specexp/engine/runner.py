@@ -49,6 +49,7 @@ from specexp.engine.cudagraph import (
 from specexp.engine.depth import StaticDepth, depth_policy, describe_graph_cost, graph_keys
 from specexp.engine.goodput import StepCostTable
 from specexp.engine.inputs import InputBuffers
+from specexp.engine.mixed_graphs import TargetMixedGraphs
 from specexp.engine.mixed_steps import TargetMixedSteps
 from specexp.engine.output import EngineOutput, StepRecord
 from specexp.engine.progress import ProgressCallback, RunReporter
@@ -87,7 +88,7 @@ def check_pair(target: torch.nn.Module, draft: torch.nn.Module | None) -> None:
         )
 
 
-class NativeEngine(TargetGraphs, TargetStepInputs, TargetMixedSteps):
+class NativeEngine(TargetGraphs, TargetStepInputs, TargetMixedSteps, TargetMixedGraphs):
     """Serves a list of prompts with the target model, optionally speculating with a draft model.
 
     eos_token_ids: tokens that end a request (unless sampling.ignore_eos). progress: receives the CUDA-graph
@@ -200,6 +201,7 @@ class NativeEngine(TargetGraphs, TargetStepInputs, TargetMixedSteps):
         self.prefill_graphs = PromptGraphs("target_prefill", prefill_tokens, self.device,
                                            tuple(self.seq_len_buckets), pool=self.graph_pool)
         self._prefill_graph_ctx: dict[tuple[int, int], ForwardContext] = {}  # by (tokens, key-length bucket)
+        self._init_mixed_graphs()  # a prompt chunk beside verify rows in one graph (`mixed_graphs`)
         self.rejection = RejectionSampler(
             temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
             mode=speculator.rejection, synthetic_acceptance_rate=speculator.synthetic_acceptance_rate,

@@ -39,8 +39,8 @@ class TargetGraphs:
 
     @torch.inference_mode()
     def capture(self, progress: ProgressCallback | None = None) -> None:
-        """Capture every graph once, at start-up: target verify, target prompt prefill, draft prefill, draft
-        prompt prefill, draft decode.
+        """Capture every graph once, at start-up: target verify, target prompt prefill, target joined mixed
+        steps, draft prefill, draft prompt prefill, draft decode.
 
         Records the free-memory delta of the whole capture (vLLM's figure) and each manager's per-size costs.
         progress (default: the engine's) receives a CAPTURE event before the first graph and after each."""
@@ -52,6 +52,7 @@ class TargetGraphs:
             start = time.perf_counter()
             self.verify_graphs.capture(self._verify_graph, self._prepare_verify_capture, graph_captured)
             self.prefill_graphs.capture(self._prefill_graph, self._prepare_prefill_capture, graph_captured)
+            self.mixed_graphs.capture(self._mixed_graph, self._prepare_mixed_capture, graph_captured)
             if self.speculator is not None:
                 self.speculator.capture(graph_captured)
             capture_s = time.perf_counter() - start
@@ -128,7 +129,7 @@ class TargetGraphs:
 
     def graph_managers(self) -> list[CudaGraphManager]:
         """Every graph manager of the engine, target's then draft's."""
-        managers = [self.verify_graphs, *self.prefill_graphs.managers.values()]
+        managers = [self.verify_graphs, *self.prefill_graphs.managers.values(), *self.mixed_graphs.managers.values()]
         if self.speculator is not None:
             managers += [self.speculator.prefill_graphs, *self.speculator.prompt_graphs.managers.values(),
                          self.speculator.decode_graphs]
@@ -139,6 +140,7 @@ class TargetGraphs:
         if self.graph_capture is None:
             return None
         return {**self.graph_capture, "mixed_steps_in_parts": self.num_mixed_in_parts,
+                "mixed_steps_joined": self.num_mixed_joined,
                 "managers": {m.name: m.summary() for m in self.graph_managers()}}
 
     def _dispatch(self, batch: ScheduledBatch) -> tuple[BatchExecutionDescriptor, CudaGraphManager]:

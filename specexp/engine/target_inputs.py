@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from specexp.engine.cudagraph import FULL, BatchExecutionDescriptor
-from specexp.engine.inputs import build_step_inputs, host_tensor
+from specexp.engine.inputs import InputBuffers, build_step_inputs, host_tensor
 from specexp.engine.scheduler import ScheduledBatch
 from specexp.engine.verified import VerifiedBatch
 
@@ -21,11 +21,17 @@ class TargetStepInputs:
     """The input half of `NativeEngine` (a mixin: it fills the engine's `buffers`, `row_inputs` and conv
     builder). `_prepare_target_inputs` stages one step; `_verified_batch` hands its facts to the speculator."""
 
-    def _prepare_target_inputs(self, batch: ScheduledBatch, desc: BatchExecutionDescriptor) -> dict:
+    def _prepare_target_inputs(self, batch: ScheduledBatch, desc: BatchExecutionDescriptor,
+                               buffers: InputBuffers | None = None, row_offset: int = 0, token_offset: int = 0) -> dict:
         """Stage one step of `batch`, as `desc` runs it (padded rows and tokens under FULL), into the persistent
         buffers; returns the step's CPU inputs (`cpu`), attention and conv metadata, and the per-row CPU
-        tensors the speculator reads (`_verified_batch`)."""
+        tensors the speculator reads (`_verified_batch`).
+
+        buffers: the input buffers to fill (None: the engine's); row_offset / token_offset: where the batch's
+        first row sits in `row_inputs` and its first token in the forward's hidden states, for a batch staged as
+        one segment of a joined forward (`specexp.engine.mixed_graphs`)."""
         k, dev = self.k, self.device
+        buffers = self.buffers if buffers is None else buffers
         rows = batch.rows
         token_lists, starts, block_ids = [], [], []
         for row in rows:
@@ -39,9 +45,9 @@ class TargetStepInputs:
             block_ids.append(req.block_ids)
         cpu = build_step_inputs(token_lists, starts, block_ids, self.cfg.block_size, self.max_blocks_per_req,
                                 desc.num_reqs, desc.num_tokens, pin_memory=self.pin_memory)
-        self.buffers.load(cpu, desc.num_reqs, desc.num_tokens)
+        buffers.load(cpu, desc.num_reqs, desc.num_tokens)
         num_reqs, num_tokens = cpu.num_reqs, cpu.num_tokens
-        attn = self.buffers.attention_metadata(
+        attn = buffers.attention_metadata(
             num_reqs, num_tokens, max_seq_len=desc.max_seq_len, max_query_len=cpu.max_query_len,
             num_actual_tokens=num_tokens,
         )
@@ -81,7 +87,8 @@ class TargetStepInputs:
         packed_rows, fill_tokens, fill_sources = [], [], []
         for row, start in zip(rows, cpu.query_start_loc.tolist()):
             req, last = row.request, row.num_query_tokens - 1
-            packed_rows += [start + (last if row.is_prefill else min(c, last)) for c in range(k + 1)]
+            scored = token_offset + start
+            packed_rows += [scored + (last if row.is_prefill else min(c, last)) for c in range(k + 1)]
             packed_rows += [max(req.draft_row, 0), row.num_draft_tokens, int(row.samples), req.conv_slot]
             if row.is_prefill:
                 continue
@@ -94,13 +101,14 @@ class TargetStepInputs:
         width, rows_padded = k + 5, max(desc.num_reqs, num_reqs)
         packed_rows += [0] * ((rows_padded - num_reqs) * width)
         packed = host_tensor(packed_rows + fill_tokens + fill_sources, np.int64, pin_memory=self.pin_memory)
-        self.row_inputs[:rows_padded].copy_(packed[: rows_padded * width].view(rows_padded, width), non_blocking=True)
+        self.row_inputs[row_offset : row_offset + rows_padded].copy_(
+            packed[: rows_padded * width].view(rows_padded, width), non_blocking=True)
         if fill_tokens:
             # drafts: flat in the draft buffer; a pending token (k = 0): the in-flight step's, in step_out's
             # first column, which this step's sampling overwrites only after this gather
             source = self.speculator.draft_tokens.view(-1) if self.speculator is not None else self.step_out[:, 0]
             fill = packed[rows_padded * width :].to(dev, non_blocking=True).view(2, -1)
-            self.buffers.input_ids[fill[0]] = source[fill[1]]
+            buffers.input_ids[fill[0]] = source[fill[1]]
         return {
             "cpu": cpu, "attn": attn, "conv": conv, "query_lens": query_lens, "is_spec": is_spec,
             "slots": slots, "num_accepted": num_accepted, "samples_cpu": samples_cpu, "starts": starts_t,

@@ -26,6 +26,7 @@ from specexp.models.layers import QKVAttention, RMSNorm, RotaryEmbedding, add_pr
 from specexp.models.linear_ops import CUBLAS, LinearOps
 from specexp.models.metadata import AttentionMetadata, ShortConvMetadata
 from specexp.models.pointwise import EAGER, PointwiseOps
+from specexp.models.segments import forward_plans
 from specexp.models.short_conv_ops import TORCH_CONV, ConvPlan, gated_short_conv
 from specexp.models.stacked import StackedLinear
 
@@ -149,8 +150,7 @@ class Lfm2Model(nn.Module):
             )
         h = self.embed_tokens(input_ids)
         rope = self.rotary_emb(positions, h.dtype) if ctx.kv_caches else None
-        plan = AttentionPlan(ctx.attn, positions) if ctx.kv_caches else None  # shared by every layer
-        conv_plan = ConvPlan(ctx.conv) if ctx.conv_states else None  # likewise, for the conv layers
+        plan, conv_plan = forward_plans(ctx, positions)  # shared by every attention / conv layer
         kv_caches, conv_states = iter(ctx.kv_caches), iter(ctx.conv_states)
         for layer in self.layers:
             cache = next(kv_caches if layer.is_attention else conv_states)

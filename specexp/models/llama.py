@@ -9,11 +9,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from specexp.models.attention import AttentionPlan
 from specexp.models.causal_lm import CausalLM
 from specexp.models.config import ModelConfig
 from specexp.models.layers import GatedMLP, QKVAttention, RMSNorm, RotaryEmbedding, add_projection_
 from specexp.models.metadata import AttentionMetadata
+from specexp.models.segments import forward_plans
 
 
 class LlamaAttention(QKVAttention):
@@ -76,7 +76,7 @@ class LlamaModel(nn.Module):
     def forward(self, input_ids, positions, ctx):
         h = self.embed_tokens(input_ids)
         rope = self.rotary_emb(positions, h.dtype)
-        plan = AttentionPlan(ctx.attn, positions)  # index tensors shared by every layer of this forward
+        plan, _ = forward_plans(ctx, positions)  # index tensors shared by every layer of this forward
         for layer, kv_cache in zip(self.layers, ctx.kv_caches, strict=True):
             h = layer(h, positions, rope, kv_cache, plan)
         return self.norm(h)

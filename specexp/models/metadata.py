@@ -124,6 +124,30 @@ class ShortConvMetadata:
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
+@dataclass(frozen=True)
+class Segment:
+    """Tokens [start, start + num_tokens) of a forward's flat batch and what their token-mixing layers read
+    (attn: None for a model without attention layers; conv: None without short-conv layers)."""
+
+    start: int
+    num_tokens: int
+    attn: AttentionMetadata | None
+    conv: ShortConvMetadata | None
+
+    @property
+    def stop(self) -> int:
+        return self.start + self.num_tokens
+
+
+class SegmentedPlan:
+    """Per segment, (start, stop, the per-forward plan of its metadata: an `AttentionPlan` or a `ConvPlan`):
+    what attention and conv layers read in place of one plan (`specexp.models.segments`). Built once per
+    forward."""
+
+    def __init__(self, parts: list[tuple[int, int, object]]) -> None:
+        self.parts = parts
+
+
 @dataclass
 class ForwardContext:
     """Everything a model forward needs besides token ids and positions.
@@ -132,9 +156,12 @@ class ForwardContext:
                  `[2, num_blocks, block_size, num_kv_heads, head_dim]` (index 0 = keys, 1 = values).
     conv_states: one tensor per short-conv layer (in layer order), shape `[num_slots, dim, state_len]`,
                  `state_len = (L_cache - 1) + num_spec_tokens`; slot 0 is the NULL slot.
+    segments:    None, or the parts of a segmented forward (`specexp.models.segments`): then attn and conv are
+                 None and each token-mixing layer runs once per segment with that segment's metadata.
     """
 
     attn: AttentionMetadata | None
     conv: ShortConvMetadata | None
     kv_caches: list[torch.Tensor] = field(default_factory=list)
     conv_states: list[torch.Tensor] = field(default_factory=list)
+    segments: list[Segment] | None = None

@@ -41,7 +41,7 @@ from torch import nn
 
 from specexp.models import triton_short_conv
 from specexp.models.kernels import UniformKernel, set_on_modules
-from specexp.models.metadata import NULL_BLOCK_ID, ShortConvMetadata
+from specexp.models.metadata import NULL_BLOCK_ID, SegmentedPlan, ShortConvMetadata
 
 
 def _token_rows(query_start_loc: torch.Tensor, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -372,7 +372,11 @@ def gated_short_conv(
 
     bcx: [T, 3 * D] (in_proj's output); the rest as :func:`short_conv`. A uniform batch on the GPU runs on
     `kernel.uniform` when it supports the layer; every other batch on :func:`short_conv`. Returns [T, D].
+    A `SegmentedPlan` runs each segment's tokens with its own plan (`specexp.models.segments`).
     """
+    if isinstance(meta, SegmentedPlan):
+        return torch.cat([gated_short_conv(bcx[a:b], weight, bias, conv_state, plan, taps, kernel)
+                          for a, b, plan in meta.parts])
     plan = meta if isinstance(meta, ConvPlan) else ConvPlan(meta)
     uniform_len = uniform_spec_query_len(plan.meta)
     if (kernel.uniform is not None and uniform_len is not None and bcx.is_cuda

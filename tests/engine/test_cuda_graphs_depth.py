@@ -43,13 +43,15 @@ def _prompts(n, seed=0):
     return [torch.randint(3, VOCAB, (m,), generator=gen).tolist() for m in lens]
 
 
-def _engine(target, draft, spec: dict, graphs: bool, captured_depths=None, prefill_tokens=()):
+def _engine(target, draft, spec: dict, graphs: bool, captured_depths=None, prefill_tokens=(), mixed="joined",
+            kernels=None):
     mode = "full" if graphs else "none"
     return NativeEngine(
         target, draft,
         EngineConfig(device="cuda", max_num_seqs=MAX_NUM_SEQS, max_model_len=96, block_size=8,
                      max_num_batched_tokens=64, cudagraph_mode=mode, seed=0,
-                     cudagraph_prefill_tokens=prefill_tokens if graphs else ()),
+                     cudagraph_prefill_tokens=prefill_tokens if graphs else (), cudagraph_mixed=mixed,
+                     **(kernels or {})),
         SpeculatorConfig(cudagraph_mode=mode, cudagraph_num_speculative_tokens=captured_depths, **spec),
         # EOS (id 2) is honoured: requests finish at different steps, so batches change every step.
         SamplingConfig(max_new_tokens=24, ignore_eos=False), eos_token_ids=[2], step_costs=COSTS,
@@ -125,20 +127,29 @@ def test_synthetic_acceptance_set_between_runs_reaches_the_captured_graphs(pairs
         assert all(s.num_accepted_tokens == (s.num_draft_tokens if rate else 0) for s in verifies), rate
 
 
+TRITON_KERNELS = dict(attention_kernel="triton", conv_kernel="triton")
+
+
 @pytest.mark.parametrize("pair", ["lfm2+llama", "lfm2+lfm2", "llama+llama"])
 @pytest.mark.parametrize("spec", ["static", "schedule"])
-def test_mixed_steps_replay_in_parts_and_keep_the_eager_tokens(pairs, pair, spec):
-    """A closed loop of 8 (each new prompt joins the running verify rows): every mixed step replays the verify
-    rows' graph and a prompt graph per chunk, in the target and the draft, and the tokens are the eager engine's."""
+@pytest.mark.parametrize("mixed", ["parts", "joined", "joined-triton"])
+def test_mixed_steps_replay_graphs_and_keep_the_eager_tokens(pairs, pair, spec, mixed):
+    """A closed loop of 8 (each new prompt joins the running verify rows): every mixed step replays graphs, in
+    parts (the verify rows' graph and a prompt graph per chunk) or joined (one target graph of both; the rest in
+    parts), in the target and the draft, and the tokens are the eager engine's (joined-triton: both engines on the
+    Triton attention and conv kernels, which the joined graph's segments run on)."""
     target_dir, draft_dir = pairs[pair]
     target, draft = load_model(target_dir, device="cuda"), load_model(draft_dir, device="cuda")
     spec = dict(num_speculative_tokens=4) if spec == "static" else EVERY_K
+    kernels = TRITON_KERNELS if mixed == "joined-triton" else None
     prompts = _prompts(60, seed=5)
-    eager = _engine(target, draft, spec, graphs=False).generate(prompts, max_concurrency=8)
-    engine = _engine(target, draft, spec, graphs=True, prefill_tokens=(16, 32))
+    eager = _engine(target, draft, spec, graphs=False, kernels=kernels).generate(prompts, max_concurrency=8)
+    engine = _engine(target, draft, spec, graphs=True, prefill_tokens=(16, 32), mixed=mixed.split("-")[0],
+                     kernels=kernels)
     graphed = engine.generate(prompts, max_concurrency=8)
     assert [r.output_token_ids for r in graphed.requests] == [r.output_token_ids for r in eager.requests]
-    mixed = sum(1 for s in graphed.steps if 0 < s.num_prefill_tokens < s.num_tokens)
-    assert mixed >= 30 and engine.num_mixed_in_parts == mixed
+    mixed_steps = sum(1 for s in graphed.steps if 0 < s.num_prefill_tokens < s.num_tokens)
+    assert mixed_steps >= 30 and engine.num_mixed_in_parts + engine.num_mixed_joined == mixed_steps
+    assert (engine.num_mixed_joined > mixed_steps // 2) if mixed != "parts" else engine.num_mixed_joined == 0
     prompts_only = sum(1 for s in graphed.steps if s.num_prefill_tokens == s.num_tokens and s.num_reqs > 1)
     assert engine.verify_graphs.num_eager == engine.speculator.prefill_graphs.num_eager == prompts_only

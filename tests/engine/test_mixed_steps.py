@@ -1,6 +1,8 @@
-"""Mixed steps in parts (CUDA graphs emulated on the CPU): a step of verify rows beside prompt chunks replays the
-verify rows' graph and a prompt graph per chunk, in the target and in the draft, then one draft-decode graph; it
-serves the eager engine's tokens and keeps the target's distribution when sampling."""
+"""Mixed steps (CUDA graphs emulated on the CPU): a step of verify rows beside prompt chunks replays graphs, not one
+eager forward. In parts: the verify rows' graph and a prompt graph per chunk, in the target and in the draft, then
+one draft-decode graph. Joined (the default): one target graph of the verify rows and a lone chunk (a segmented
+forward), the draft in parts. Either serves the eager engine's tokens and keeps the target's distribution when
+sampling."""
 
 from __future__ import annotations
 
@@ -37,11 +39,12 @@ def prompts():
 
 
 def _engine(target, draft, spec: dict, mode: str, temperature=0.0, max_new=10, seed=0, prefill_tokens=(8, 16),
-            budget=16):
+            budget=16, mixed="parts"):
     return NativeEngine(
         target, draft,
         EngineConfig(max_num_seqs=4, max_model_len=64, block_size=4, max_num_batched_tokens=budget, cudagraph_mode=mode,
                      cudagraph_prefill_tokens=prefill_tokens if mode == "full" else (), seed=seed,
+                     cudagraph_mixed=mixed,
                      plain_decode_lookahead=True),  # k = 0: a step's pending tokens come from the step before
         SpeculatorConfig(cudagraph_mode=mode, **spec),
         SamplingConfig(temperature=temperature, max_new_tokens=max_new, ignore_eos=False),
@@ -88,6 +91,51 @@ def test_mixed_steps_in_parts_serve_the_eager_tokens(pair_dirs, prompts, pair, s
     assert speculator.prefill_graphs.num_eager == prompts_only
     target_prompts = sum(m.num_replays for m in engine.prefill_graphs.managers.values())
     assert sum(m.num_replays for m in speculator.prompt_graphs.managers.values()) == target_prompts
+
+
+@pytest.mark.parametrize("pair", ["lfm2+llama", "lfm2+lfm2", "llama+llama"])
+@pytest.mark.parametrize("spec", sorted(SPECS))
+def test_joined_mixed_steps_serve_the_eager_tokens(pair_dirs, prompts, pair, spec):
+    """The same closed loop with joined graphs: a mixed step of one chunk beside verify rows (up to 3 of them, a
+    chunk taking the 4th row) replays one joined target graph, counted per chunk count; a step of two chunks runs in
+    parts; tokens and verifies are the eager engine's, and the draft still replays a prompt graph per chunk."""
+    target, draft = (load_model(d) for d in pair_dirs[pair])
+    eager = _engine(target, draft, SPECS[spec], "none").generate(prompts, max_concurrency=3)
+    engine = _engine(target, draft, SPECS[spec], "full", mixed="joined")
+    choices = []  # (prefill rows of each mixed batch, whether it ran joined)
+    choose = engine._mixed_parts
+
+    def spy(batch):
+        parts = choose(batch)
+        if parts is not None:
+            choices.append((sum(r.is_prefill for r in batch.rows), parts.joined is not None))
+        return parts
+
+    engine._mixed_parts = spy
+    out = engine.generate(prompts, max_concurrency=3)
+    assert [r.output_token_ids for r in out.requests] == [r.output_token_ids for r in eager.requests]
+    assert [r.verifies for r in out.requests] == [r.verifies for r in eager.requests]
+    mixed, prompts_only = _kinds(out.steps)
+    assert engine.num_mixed_joined >= mixed // 2 and engine.num_mixed_joined + engine.num_mixed_in_parts == mixed
+    assert all(joined == (chunks == 1) for chunks, joined in choices) and len(choices) == mixed
+    summary = engine.graph_summary()
+    assert summary["mixed_steps_joined"] == engine.num_mixed_joined
+    joined_replays = sum(summary["managers"][f"target_mixed_{c}"]["num_replays"] for c in (8, 16))
+    assert joined_replays == engine.num_mixed_joined
+    assert engine.verify_graphs.num_eager == prompts_only
+    if engine.speculator is not None:
+        assert engine.speculator.prefill_graphs.num_eager == prompts_only
+
+
+def test_joined_graphs_are_captured_per_chunk_count_and_verify_key_below_max_num_seqs(pair_dirs):
+    """max_num_seqs 4, capture sizes 1, 2, 4: joined graphs hold 1, 2 and 3 verify rows (4 leave no row for a
+    chunk) at each prompt-graph count; `parts` captures none."""
+    target, draft = (load_model(d) for d in pair_dirs["lfm2+lfm2"])
+    engine = _engine(target, draft, SPECS["k3"], "full", mixed="joined")
+    assert sorted(engine.mixed_graphs.managers) == [8, 16]
+    for manager in engine.mixed_graphs.managers.values():
+        assert sorted({(size, k) for size, k, _ in manager.graphs}) == [(1, 3), (2, 3), (3, 3)]
+    assert not _engine(target, draft, SPECS["k3"], "full", mixed="parts").mixed_graphs.managers
 
 
 def test_a_chunk_without_a_graph_keeps_the_step_eager(pair_dirs, prompts):

@@ -95,13 +95,14 @@ def _native_configs(overrides):
 @pytest.mark.parametrize(("overrides", "expected"), [
     (["engine=cuda"], {"linear_kernel": "triton_skinny", "fold_norm_weights": True, "plain_decode_lookahead": True,
                        "cudagraph_prefill_tokens": (16, 32, 64, 128), "cudagraph_shared_pool": True,
-                       "compile_pointwise": True}),
+                       "compile_pointwise": True, "cudagraph_mixed": "joined"}),
     (["engine=cpu"], {"linear_kernel": "cublas", "fold_norm_weights": False, "cudagraph_prefill_tokens": (),
                       "compile_pointwise": False}),
     (["engine=cuda", "engine.fold_norm_weights=false", "engine.plain_decode_lookahead=false",
-      "engine.cudagraph_prefill_tokens=[]", "engine.cudagraph_shared_pool=false", "engine.compile_pointwise=false"],
+      "engine.cudagraph_prefill_tokens=[]", "engine.cudagraph_shared_pool=false", "engine.compile_pointwise=false",
+      "engine.cudagraph_mixed=parts"],
      {"fold_norm_weights": False, "plain_decode_lookahead": False, "cudagraph_prefill_tokens": (),
-      "cudagraph_shared_pool": False, "compile_pointwise": False}),
+      "cudagraph_shared_pool": False, "compile_pointwise": False, "cudagraph_mixed": "parts"}),
 ])
 def test_engine_group_keys_reach_the_native_engine(overrides, expected):
     """Every engine key of the config groups reaches EngineConfig (a key dropped on the way would silently run

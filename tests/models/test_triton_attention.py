@@ -11,7 +11,7 @@ from triton_interpreter import on_triton_gpu, run_in_triton_interpreter
 
 from specexp.engine.config import EngineConfig, EngineConfigError
 from specexp.models import triton_attention
-from specexp.models.attention import padding_slot, paged_attention, write_kv_cache
+from specexp.models.attention import SDPA, TRITON, attend, padding_slot, paged_attention, write_kv_cache
 from specexp.models.config import RopeConfig
 from specexp.models.layers import RotaryEmbedding
 from specexp.models.pointwise import apply_rope, rms_norm
@@ -85,6 +85,28 @@ def check_against_sdpa(device: str, dtype: torch.dtype, tol: float) -> None:
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2), (torch.float16, 4e-3)])
 def test_triton_attention_matches_sdpa_on_gpu(dtype, tol):
     check_against_sdpa("cuda", dtype, tol)
+
+
+@on_triton_gpu
+@pytest.mark.parametrize("query_len, context, hq, hkv", [(64, 0, 8, 2), (64, 37, 8, 2), (50, 20, 4, 1), (128, 5, 4, 2)])
+def test_long_uniform_rows_attend_through_the_kernel_over_sub_rows(query_len, context, hq, hkv):
+    """A prompt chunk of Q queries whose G * Q exceeds one program's rows (`MAX_QUERY_ROWS`): `attend` cuts the row
+    into sub-rows for the kernel, with the same outputs and cache as the gather + SDPA path."""
+    dim, block_size = 64, 16
+    kv_cache, meta, q, k, v, positions, _ = build_batch(
+        [query_len], [context], hq, hkv, dim, block_size=block_size, num_blocks=40, max_query_len=query_len,
+        max_blocks=-(-(query_len + context) // block_size) + 1)
+    assert (hq // hkv) * query_len > triton_attention.MAX_QUERY_ROWS
+    meta.max_seq_len = meta.block_table.shape[1] * block_size
+    for name, value in vars(meta).items():
+        if isinstance(value, torch.Tensor):
+            setattr(meta, name, value.cuda())
+    kv_cache, q, k, v, positions = (t.cuda() for t in (kv_cache, q, k, v, positions))
+    caches = {kernel.name: kv_cache.clone() for kernel in (SDPA, TRITON)}
+    outs = {kernel.name: attend(q, k, v, positions, caches[kernel.name], meta, dim**-0.5, kernel=kernel)
+            for kernel in (SDPA, TRITON)}
+    assert (outs["triton"] - outs["sdpa"]).abs().max().item() < 1e-5
+    assert torch.equal(caches["triton"], caches["sdpa"])
 
 
 def test_triton_attention_matches_sdpa_in_triton_interpreter():
