@@ -163,6 +163,12 @@ class DraftMixedSteps:
             return None
         ends = (batch.start_positions + batch.query_lens + 1).tolist()  # a region: q + 1 slots from the start
         v = query_lens[0] - 1
+        if len(query_lens) == num_verify + 1:  # one chunk: a joined graph, when one holds it
+            joined = self.mixed_graphs.lookup(num_verify, v, query_lens[-1] + 1, max(ends))
+            if joined is not None:
+                self.num_mixed_joined += 1
+                joined[1].dispatch(num_verify, num_verify * (v + 2), True, max(ends), k=v)  # counts the replay
+                return MixedParts(num_verify, None, [], joined)
         if self.prefill_graphs.lookup(num_verify, max(ends[:num_verify]), v) is None:
             return None
         prompts = list(zip(query_lens[num_verify:], ends[num_verify:]))
@@ -175,6 +181,8 @@ class DraftMixedSteps:
         """Stage and replay the draft prefill of every part (verify rows, then each chunk's region), leaving row
         r's draft 0 (and its probabilities and draft length) at row r; returns the rows' device facts for the
         decode steps, in the batch's order."""
+        if parts.joined is not None:
+            return self._prefill_joined(batch, parts.num_verify, parts.joined)
         nv = parts.num_verify
         staged = [self._prepare_prefill_inputs(rows_of(batch, 0, nv), parts.verify)]
         self.on_prefill_begin(nv)

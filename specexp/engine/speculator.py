@@ -37,7 +37,8 @@ steps update positions, seq_lens and slot mappings in place on the device, so th
 graph per (batch size, k), k >= 2 (`draft_decode`, FULL or eager — never piecewise). Which keys are captured
 is the depth policy's (`depth.graph_keys`); a key left out runs eagerly and is counted. Inputs are written into
 the persistent buffers eagerly before each replay. A batch of verify rows beside prompt chunks replays its
-prefill in parts, one graph each, before the one decode graph (`specexp.engine.mixed_steps`).
+prefill as one joined graph (beside one chunk, `specexp.engine.mixed_graphs`) or in parts, one graph each
+(`specexp.engine.mixed_steps`), before the one decode graph.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ import torch
 
 from specexp.engine.cudagraph import FULL, NONE, BatchExecutionDescriptor, CudaGraphManager, PromptGraphs, graph_key
 from specexp.engine.inputs import InputBuffers, StepInputsCPU, build_step_inputs, uniform_dummy_inputs
+from specexp.engine.mixed_graphs import DraftMixedGraphs
 from specexp.engine.mixed_steps import DraftMixedSteps
 from specexp.engine.sampling import logits_to_probs, sample_from_probs
 from specexp.engine.short_conv import ShortConvMetadataBuilder
@@ -71,7 +73,7 @@ def seed_scratch_windows(conv_states: torch.Tensor, slots: torch.Tensor, scratch
     conv_states[:, scratch_slots, :, : width - 1] = torch.gather(src, 3, index)
 
 
-class AutoRegressiveSpeculator(DraftMixedSteps):
+class AutoRegressiveSpeculator(DraftMixedSteps, DraftMixedGraphs):
     """Owns the draft model, its caches and persistent input buffers; proposes k drafts per row.
 
     The draft shares the target's block ids (its own KV tensors, same block table). Conv slots: a request's
@@ -104,6 +106,7 @@ class AutoRegressiveSpeculator(DraftMixedSteps):
         prefill_graph_keys: tuple[tuple[int, int], ...] | None = None,
         decode_graph_keys: tuple[tuple[int, int], ...] | None = None,
         confidence_threshold: float = 0.0,
+        mixed_graphs: bool = False,
     ) -> None:
         self.model = draft_model
         self.k = num_speculative_tokens
@@ -160,6 +163,8 @@ class AutoRegressiveSpeculator(DraftMixedSteps):
         # prompt-prefill graphs (engine.cudagraph_prefill_tokens).
         self.prompt_graphs = PromptGraphs("draft_prompt_prefill", prompt_graph_tokens if use_cuda_graphs else (),
                                           device, buckets, pool=graph_pool)
+        # A chunk's region beside the verify rows' in one graph (`mixed_graphs`; engine.cudagraph_mixed=joined).
+        self._init_mixed_graphs(prefill_graph_keys, buckets, graph_pool, use_cuda_graphs and mixed_graphs)
         # Forward contexts (views of the persistent buffers) of the captured graphs: the verify rows' prefill
         # and the decode graphs by (rows, k, key-length bucket), the prompt regions' by (slots, key-length
         # bucket); kept apart, as a one-row region of v + 2 slots has a verify-row graph's shape.
@@ -179,7 +184,8 @@ class AutoRegressiveSpeculator(DraftMixedSteps):
         if self.draft_probs is not None:
             tensors.append(self.draft_probs)
         own = sum(t.numel() * t.element_size() for t in tensors)
-        return own + self.prefill_buffers.nbytes() + self.decode_buffers.nbytes()
+        return (own + self.prefill_buffers.nbytes() + self.decode_buffers.nbytes()
+                + self.chunk_prefill_buffers.nbytes())
 
     # Hooks bracketing prefill and the multi-step decode (eager and at capture).
     def on_prefill_begin(self, num_reqs: int) -> None: ...
@@ -199,6 +205,7 @@ class AutoRegressiveSpeculator(DraftMixedSteps):
         self.on_prefill_begin(self.max_num_reqs)
         self.prefill_graphs.capture(self._prefill, self._prepare_prefill_capture, progress)
         self.prompt_graphs.capture(self._prefill, self._prepare_prompt_capture, progress)
+        self.mixed_graphs.capture(self._mixed_graph, self._prepare_mixed_capture, progress)
         self.on_prefill_end(self.max_num_reqs)
         if not self.decode_graphs.keys:
             return
@@ -288,9 +295,14 @@ class AutoRegressiveSpeculator(DraftMixedSteps):
         v = int(batch.query_lens[0]) - 1  # drafts each verify row carried (uniform batches)
         return self.prefill_graphs.dispatch(num_reqs, num_slots, uniform, max_region_end, k=v), self.prefill_graphs
 
-    def _prepare_prefill_inputs(self, batch: VerifiedBatch, desc: BatchExecutionDescriptor) -> StagedRows:
+    def _prepare_prefill_inputs(self, batch: VerifiedBatch, desc: BatchExecutionDescriptor,
+                                buffers: InputBuffers | None = None, row_offset: int = 0,
+                                token_offset: int = 0) -> StagedRows:
         """Fill the prefill buffers with the q+1-slot regions (padded to desc); returns the rows' device facts
-        the decode steps need (num_valid: the leading region slots that hold committed target inputs)."""
+        the decode steps need (num_valid: the leading region slots that hold committed target inputs).
+        buffers (None: `prefill_buffers`), row_offset, token_offset: as the target's staging, for a segment of a
+        joined forward (`specexp.engine.mixed_graphs`): where its rows' lines of `last_token_indices` start
+        and where its first slot sits in the forward."""
         num_reqs = batch.query_lens.numel()
         query_lens = batch.query_lens.tolist()
         # Region r: q_r + 1 slots at positions start_r .. start_r + q_r (input ids filled on the device below).
@@ -307,7 +319,7 @@ class AutoRegressiveSpeculator(DraftMixedSteps):
             region_i += range(q + 1)
             src += [target_start + min(i, q - 1) for i in range(q + 1)]
             target_start += q
-        buffers = self.prefill_buffers
+        buffers = self.prefill_buffers if buffers is None else buffers
         buffers.load(cpu, desc.num_reqs, desc.num_tokens)
         dev = self.device
         # One host-to-device copy: those three per region slot, then per row its query length, spec flag,
@@ -329,18 +341,19 @@ class AutoRegressiveSpeculator(DraftMixedSteps):
             region_i_d < valid_here, target_ids, torch.where(region_i_d == valid_here, new_token[region_row_d], 0)
         )
         buffers.input_ids[: ids.numel()].copy_(ids)
-        torch.add(region_start_d, num_valid, out=self.last_token_indices[:num_reqs])
-        self.last_token_indices[num_reqs : desc.num_reqs].zero_()
+        rows = self.last_token_indices[row_offset : row_offset + desc.num_reqs]
+        torch.add(region_start_d + token_offset, num_valid, out=rows[:num_reqs])
+        rows[num_reqs:].zero_()
         staged_rows = StagedRows(num_valid, start_d, samples_d)
         if desc.cg_mode == FULL and not bool(batch.is_spec[0]):  # a prompt graph (prefill graphs: verify rows)
-            self._prefill_ctx = self._prompt_graph_ctx[(desc.num_tokens, desc.max_seq_len)]
+            self._prefill_ctx = self._prompt_graph_ctx.get((desc.num_tokens, desc.max_seq_len))  # joined: unused
             if self.conv_states:  # point its persistent conv buffers at this region
                 self.prefill_conv_builder.load_prompt_row(
                     query_len=query_lens[0] + 1, num_tokens_padded=desc.num_tokens,
                     num_computed_tokens=int(batch.start_positions[0]), state_index=int(batch.conv_slots[0]))
             return staged_rows
         if desc.cg_mode == FULL:
-            self._prefill_ctx = self._prefill_graph_ctx[graph_key(desc)]
+            self._prefill_ctx = self._prefill_graph_ctx.get(graph_key(desc))  # joined: unused
             if self.conv_states:  # refresh the persistent conv buffers the graph reads
                 self._build_prefill_conv(batch, cpu, desc.num_reqs)
             return staged_rows

@@ -131,8 +131,9 @@ class TargetGraphs:
         """Every graph manager of the engine, target's then draft's."""
         managers = [self.verify_graphs, *self.prefill_graphs.managers.values(), *self.mixed_graphs.managers.values()]
         if self.speculator is not None:
-            managers += [self.speculator.prefill_graphs, *self.speculator.prompt_graphs.managers.values(),
-                         self.speculator.decode_graphs]
+            spec = self.speculator
+            managers += [spec.prefill_graphs, *spec.prompt_graphs.managers.values(),
+                         *spec.mixed_graphs.managers.values(), spec.decode_graphs]
         return managers
 
     def graph_summary(self) -> dict | None:

@@ -97,8 +97,8 @@ def test_mixed_steps_in_parts_serve_the_eager_tokens(pair_dirs, prompts, pair, s
 @pytest.mark.parametrize("spec", sorted(SPECS))
 def test_joined_mixed_steps_serve_the_eager_tokens(pair_dirs, prompts, pair, spec):
     """The same closed loop with joined graphs: a mixed step of one chunk beside verify rows (up to 3 of them, a
-    chunk taking the 4th row) replays one joined target graph, counted per chunk count; a step of two chunks runs in
-    parts; tokens and verifies are the eager engine's, and the draft still replays a prompt graph per chunk."""
+    chunk taking the 4th row) replays one joined target graph and one joined draft-prefill graph, counted per chunk
+    count; a step of two chunks runs in parts; tokens and verifies are the eager engine's."""
     target, draft = (load_model(d) for d in pair_dirs[pair])
     eager = _engine(target, draft, SPECS[spec], "none").generate(prompts, max_concurrency=3)
     engine = _engine(target, draft, SPECS[spec], "full", mixed="joined")
@@ -123,8 +123,13 @@ def test_joined_mixed_steps_serve_the_eager_tokens(pair_dirs, prompts, pair, spe
     joined_replays = sum(summary["managers"][f"target_mixed_{c}"]["num_replays"] for c in (8, 16))
     assert joined_replays == engine.num_mixed_joined
     assert engine.verify_graphs.num_eager == prompts_only
-    if engine.speculator is not None:
-        assert engine.speculator.prefill_graphs.num_eager == prompts_only
+    speculator = engine.speculator
+    if speculator is not None:
+        assert speculator.prefill_graphs.num_eager == prompts_only
+        assert speculator.num_mixed_joined == engine.num_mixed_joined
+        assert sum(summary["managers"][f"draft_mixed_{c}"]["num_replays"] for c in (9, 17)) == engine.num_mixed_joined
+        target_prompts = sum(m.num_replays for m in engine.prefill_graphs.managers.values())
+        assert sum(m.num_replays for m in speculator.prompt_graphs.managers.values()) == target_prompts
 
 
 def test_joined_graphs_are_captured_per_chunk_count_and_verify_key_below_max_num_seqs(pair_dirs):
@@ -153,11 +158,11 @@ def test_a_chunk_without_a_graph_keeps_the_step_eager(pair_dirs, prompts):
     assert engine.verify_graphs.num_eager == prompts_only + mixed - engine.num_mixed_in_parts
 
 
-@pytest.mark.parametrize("threshold", [0.0, 0.3])
-def test_sampling_through_mixed_steps_keeps_the_target_distribution(tmp_path, threshold):
-    """At temperature 1 in a closed loop of 6, each request's prompt is prefilled in a mixed step, in parts, and its
-    first verify checks the draft sampled there (its token, probabilities and draft length moved to its row):
-    the token after the first sampled one is distributed as the target's next-token distribution."""
+@pytest.mark.parametrize(("threshold", "mixed"), [(0.0, "parts"), (0.3, "parts"), (0.0, "joined"), (0.3, "joined")])
+def test_sampling_through_mixed_steps_keeps_the_target_distribution(tmp_path, threshold, mixed):
+    """At temperature 1 in a closed loop of 6, each request's prompt is prefilled in a mixed step, in parts or
+    joined, and its first verify checks the draft sampled there (its token, probabilities and draft length moved to
+    its row): the token after the first sampled one is distributed as the target's next-token distribution."""
     from scipy.stats import chisquare
     from transformers import AutoModelForCausalLM
 
@@ -166,9 +171,10 @@ def test_sampling_through_mixed_steps_keeps_the_target_distribution(tmp_path, th
     target, draft = load_model(target_dir), load_model(draft_dir)
     prompt = [5, 9, 3, 7, 11, 4, 8, 6, 10, 12]
     spec = dict(num_speculative_tokens=3, draft_confidence_threshold=threshold)
-    engine = _engine(target, draft, spec, "full", temperature=1.0, max_new=3, seed=3)
+    engine = _engine(target, draft, spec, "full", temperature=1.0, max_new=3, seed=3, mixed=mixed)
     out = engine.generate([prompt] * 1200, max_concurrency=6)
-    assert engine.num_mixed_in_parts > 900
+    assert engine.num_mixed_in_parts + engine.num_mixed_joined > 900
+    assert engine.num_mixed_joined > 300 if mixed == "joined" else engine.num_mixed_joined == 0
     pairs = [tuple(r.output_token_ids[:2]) for r in out.requests]
     first, _ = Counter(p[0] for p in pairs).most_common(1)[0]
     seconds = torch.tensor([p[1] for p in pairs if p[0] == first])
