@@ -69,3 +69,26 @@ def build_pairs(root: Path) -> dict[str, tuple[Path, Path]]:
         "lfm2+lfm2": (lfm2, noisy_copy(lfm2, root / "lfm2-noisy", 0.35, seed=3)),
         "llama+llama": (llama, noisy_copy(llama, root / "llama-noisy", 0.35, seed=4)),
     }
+
+
+def second_token_pvalue(target_dir: Path, prompt: list[int], outputs: list[list[int]]) -> float:
+    """Chi-square p-value that the second output token of the requests whose first output token is the most common
+    one follows the target's next-token distribution p(. | prompt, first), computed by transformers from the
+    checkpoint at target_dir. outputs: each request's output token ids (at least 2). Cells expected below 5 are
+    pooled into one."""
+    from collections import Counter
+
+    from scipy.stats import chisquare
+    from transformers import AutoModelForCausalLM
+
+    first, _ = Counter(o[0] for o in outputs).most_common(1)[0]
+    seconds = torch.tensor([o[1] for o in outputs if o[0] == first])
+    with torch.no_grad():
+        hf = AutoModelForCausalLM.from_pretrained(target_dir).float().eval()
+        probs = torch.softmax(hf(torch.tensor([prompt + [first]])).logits[0, -1].double(), -1)
+    counts = torch.bincount(seconds, minlength=probs.numel()).double()
+    expected = probs * counts.sum()
+    keep = expected > 5
+    obs = torch.cat([counts[keep], counts[~keep].sum().view(1)])
+    exp = torch.cat([expected[keep], expected[~keep].sum().view(1)])
+    return float(chisquare(obs.numpy(), exp.numpy()).pvalue)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from pairs import VOCAB, build_pairs, save_tiny, tiny_hf_model
+from pairs import VOCAB, build_pairs, save_tiny, second_token_pvalue, tiny_hf_model
 
 from specexp.engine.config import EngineConfig, EngineConfigError, SamplingConfig, SpeculatorConfig
 from specexp.engine.runner import NativeEngine
@@ -134,8 +134,6 @@ def test_sampling_run_is_reproducible_for_a_seed(pair_dirs, prompts):
 def test_first_speculated_token_follows_the_target_distribution(tmp_path, k):
     """At temperature 1, the first token emitted after the prompt's first sampled token (the first one
     produced by a verify) is distributed as the target's next-token distribution."""
-    from scipy.stats import chisquare
-
     target_dir = save_tiny(tiny_hf_model("llama", 32, 1, seed=11), tmp_path / "t")
     draft_dir = save_tiny(tiny_hf_model("llama", 32, 1, seed=12), tmp_path / "d")
     target = load_model(target_dir)
@@ -147,24 +145,8 @@ def test_first_speculated_token_follows_the_target_distribution(tmp_path, k):
         SpeculatorConfig(num_speculative_tokens=k), SamplingConfig(temperature=1.0, max_new_tokens=2, ignore_eos=True),
     )
     out = engine.generate([prompt] * trials)
-    pairs = [tuple(r.output_token_ids[:2]) for r in out.requests]
     # Condition on the first sampled token: the second must follow p(. | prompt, first).
-    from collections import Counter
-
-    first_counts = Counter(p[0] for p in pairs)
-    first, _ = first_counts.most_common(1)[0]
-    seconds = torch.tensor([p[1] for p in pairs if p[0] == first])
-    with torch.no_grad():
-        from transformers import AutoModelForCausalLM
-
-        hf = AutoModelForCausalLM.from_pretrained(target_dir).float().eval()
-        probs = torch.softmax(hf(torch.tensor([prompt + [first]])).logits[0, -1].double(), -1)
-    counts = torch.bincount(seconds, minlength=VOCAB).double()
-    expected = probs * counts.sum()
-    keep = expected > 5  # chi-square needs populated cells: pool the rest
-    obs = torch.cat([counts[keep], counts[~keep].sum().view(1)])
-    exp = torch.cat([expected[keep], expected[~keep].sum().view(1)])
-    assert chisquare(obs.numpy(), exp.numpy()).pvalue > 0.01
+    assert second_token_pvalue(target_dir, prompt, [r.output_token_ids for r in out.requests]) > 0.01
 
 
 def test_draft_with_other_vocabulary_is_refused(tmp_path, pair_dirs):
