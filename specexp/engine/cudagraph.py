@@ -265,13 +265,14 @@ class CudaGraphManager:
 
     def summary(self) -> dict:
         """Per-(size, k, bucket) capture records plus totals (bytes, seconds), replay/eager counts
-        (`replays_per_graph` keyed "ROWSxKEYS@kK"), the captured (size, k) keys and the eager runs of keys left
-        out (`num_eager_uncaptured`, keyed "ROWS@kK")."""
+        (`replays_per_graph` keyed "ROWSxKEYS@kK"), the captured (size, k) keys, the eager runs of keys left
+        out (`num_eager_uncaptured`, keyed "ROWS@kK") and whether its graphs are specialised per k (`per_k`)."""
         return {
             "capture_bytes": sum(r.capture_bytes for r in self.records),
             "capture_s": sum(r.capture_s for r in self.records),
             "num_replays": self.num_replays,
             "num_eager": self.num_eager,
+            "per_k": self.per_k,
             "replays_per_graph": {f"{rows}x{keys}@k{k}": n
                                   for (rows, k, keys), n in sorted(self.replays_per_graph.items())},
             "captured_keys": [key_label(size, k) for size, k in self.keys] if self.enabled else [],

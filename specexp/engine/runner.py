@@ -24,7 +24,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import replace
 
 import torch
 
@@ -50,6 +49,7 @@ from specexp.engine.depth import StaticDepth, depth_policy, describe_graph_cost,
 from specexp.engine.goodput import StepCostTable
 from specexp.engine.inputs import InputBuffers
 from specexp.engine.mixed_graphs import TargetMixedGraphs
+from specexp.engine.reuse import EngineReuse, check_serve_depths, with_depths
 from specexp.engine.mixed_steps import TargetMixedSteps
 from specexp.engine.output import EngineOutput, StepRecord
 from specexp.engine.progress import ProgressCallback, RunReporter
@@ -88,12 +88,14 @@ def check_pair(target: torch.nn.Module, draft: torch.nn.Module | None) -> None:
         )
 
 
-class NativeEngine(TargetGraphs, TargetStepInputs, TargetMixedSteps, TargetMixedGraphs):
+class NativeEngine(TargetGraphs, TargetStepInputs, TargetMixedSteps, TargetMixedGraphs, EngineReuse):
     """Serves a list of prompts with the target model, optionally speculating with a draft model.
 
     eos_token_ids: tokens that end a request (unless sampling.ignore_eos). progress: receives the CUDA-graph
     capture's events (`specexp.engine.progress`); `generate` takes its own for the run's. step_costs: the step
-    costs `adaptive: goodput` weighs (`specexp.engine.goodput`); None = measured at start-up.
+    costs `adaptive: goodput` weighs (`specexp.engine.goodput`); None = measured at start-up. serve_depths: static
+    depths in 0..K a later `use_static_depth` may switch to; their graphs are captured at start-up too (one engine
+    for several sweep points, `specexp.engine.reuse`).
     """
 
     def __init__(
@@ -107,6 +109,7 @@ class NativeEngine(TargetGraphs, TargetStepInputs, TargetMixedSteps, TargetMixed
         emulate_graphs_on_cpu: bool = False,
         progress: ProgressCallback | None = None,
         step_costs: StepCostTable | None = None,
+        serve_depths: Sequence[int] = (),
     ) -> None:
         engine.validate()
         speculator.validate(engine.max_model_len)
@@ -180,7 +183,9 @@ class NativeEngine(TargetGraphs, TargetStepInputs, TargetMixedSteps, TargetMixed
                            if self.use_graphs and self.device.type == "cuda" and engine.cudagraph_shared_pool else None)
         # The (size, k) keys the depth policy can produce; a static K's, to report what the policy costs.
         captured_depths = speculator.cudagraph_num_speculative_tokens if self.k > 0 else None
-        self.graph_keys = graph_keys(self.depth.step_depths, self.capture_sizes, engine.max_num_seqs,
+        self.serve_depths = check_serve_depths(serve_depths, self.k)
+        self.graph_keys = graph_keys(with_depths(self.depth.step_depths, self.serve_depths), self.capture_sizes,
+                                     engine.max_num_seqs,
                                      captured_depths, mixed_parts=bool(engine.cudagraph_prefill_tokens))
         self.static_graph_keys = graph_keys(StaticDepth(self.k).step_depths, self.capture_sizes, engine.max_num_seqs)
         # Target verify graphs: uniform batches of v+1 tokens a row (v drafts; 1 token without speculation).
@@ -283,22 +288,6 @@ class NativeEngine(TargetGraphs, TargetStepInputs, TargetMixedSteps, TargetMixed
         out[:, v + 1 : k + 1].fill_(-1)
         out[:, k + 1].copy_(verified.num_sampled)
         out[:, k + 2].copy_(torch.where(samples, num_drafts, 0))
-
-    def set_synthetic_acceptance(self, rate: float = 0.7, rates: Sequence[float] | None = None,
-                                 length: float | None = None) -> None:
-        """Change a synthetic-rejection engine's acceptance between runs, without a rebuild (its captured graphs
-        read the new rates): `rate`, `rates` or `length` as the `speculator.synthetic_acceptance_*` keys
-        (`specexp.engine.synthetic`). Raises EngineConfigError with one line when the engine does not run
-        `speculator.rejection=synthetic` or a value is out of range."""
-        if self.k == 0 or self.spec_cfg.rejection != "synthetic":
-            raise EngineConfigError(f"synthetic acceptance needs speculator.rejection=synthetic and k > 0 (this "
-                                    f"engine: rejection={self.spec_cfg.rejection}, k={self.k})")
-        spec = replace(self.spec_cfg, synthetic_acceptance_rate=rate,
-                       synthetic_acceptance_rates=tuple(rates) if rates is not None else None,
-                       synthetic_acceptance_length=length)
-        spec.synthetic_rates()  # validates
-        self.rejection.set_conditional_rates(spec.synthetic_conditional_rates())
-        self.spec_cfg = spec
 
     def persistent_buffer_bytes(self) -> int:
         total = self.buffers.nbytes() + sum(t.numel() * t.element_size() for t in (self.row_inputs, self.step_out))

@@ -29,6 +29,7 @@ from specexp.engine.cudagraph import (
 from specexp.engine.goodput import StepCostTable
 from specexp.engine.inputs import uniform_dummy_inputs
 from specexp.engine.progress import ProgressCallback, capture_reporter
+from specexp.engine.reuse import depth_graph_summary
 from specexp.engine.scheduler import ScheduledBatch
 from specexp.models.metadata import ForwardContext
 
@@ -140,9 +141,12 @@ class TargetGraphs:
         """Capture totals, per (manager, size) costs, and replayed vs eager step counts."""
         if self.graph_capture is None:
             return None
-        return {**self.graph_capture, "mixed_steps_in_parts": self.num_mixed_in_parts,
-                "mixed_steps_joined": self.num_mixed_joined,
-                "managers": {m.name: m.summary() for m in self.graph_managers()}}
+        summary = {**self.graph_capture, "mixed_steps_in_parts": self.num_mixed_in_parts,
+                   "mixed_steps_joined": self.num_mixed_joined,
+                   "managers": {m.name: m.summary() for m in self.graph_managers()}}
+        if self.serve_depths:  # an engine serving several static depths reports the one it serves (`reuse`)
+            return depth_graph_summary(summary, self.depth.max_k)
+        return summary
 
     def _dispatch(self, batch: ScheduledBatch) -> tuple[BatchExecutionDescriptor, CudaGraphManager]:
         """How the step runs, and the graph manager that counts it: a lone prompt chunk that fits a prefill

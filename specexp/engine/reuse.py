@@ -1,0 +1,109 @@
+"""One engine for several sweep points: switch a built engine's static depth, acceptance and seed between runs,
+with clean counters and the graph figures of the depth it serves.
+
+A sweep over k (and over synthetic acceptance, sampling seed, workload or concurrency) spends most of its wall
+time building engines: loading the pair, warming up, compiling and capturing graphs, once per point. An engine
+built at K = the largest k of the points with `serve_depths` = their ks captures every graph those depths replay
+at start-up (`NativeEngine(serve_depths=...)`); between runs `use_static_depth(k)` makes every later step run at
+k, as an engine built at K = k would. Only the buffers stay sized for K: the tokens (greedy) and the acceptance
+are those of the engine built at k.
+
+What is per run: the step records and requests (each `generate` returns its own), the graph replay and
+eager-fallback counters (`reset_counters`), the random state (`reseed`) and the capture figures `graph_summary`
+reports: with serve_depths set, only the graphs a static-k engine would have captured (per (manager, size, k)
+records of that k, and every k-independent manager's), their capture bytes and seconds summed from those
+records (the whole capture's free-memory delta, which also holds the warm-ups' allocations, is kept as
+`engine_graph_capture_bytes`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+
+import torch
+
+from specexp.engine.config import EngineConfigError
+from specexp.engine.depth import StaticDepth
+
+
+def check_serve_depths(depths: Sequence[int], max_k: int) -> frozenset[int]:
+    """The static depths an engine of K = max_k may be switched to; EngineConfigError naming a bad one."""
+    for k in depths:
+        if not isinstance(k, int) or not 0 <= k <= max_k:
+            raise EngineConfigError(f"serve_depths: k={k!r} is not in 0..{max_k} (the engine's K)")
+    return frozenset(depths)
+
+
+def with_depths(step_depths: Callable[[int], frozenset[int]], extra: frozenset[int]
+                ) -> Callable[[int], frozenset[int]]:
+    """step_depths(n) with `extra` added at every batch size (the graph keys then cover those static depths)."""
+    if not extra:
+        return step_depths
+    return lambda num_reqs: step_depths(num_reqs) | extra
+
+
+def depth_graph_summary(summary: dict, k: int) -> dict:
+    """`graph_summary()` cut to what a static-k engine captures: per-k managers' records of k, every
+    k-independent manager's (see the module docstring)."""
+    managers = {}
+    for name, manager in summary["managers"].items():
+        records = [r for r in manager["per_size"] if not manager["per_k"] or r["num_speculative_tokens"] == k]
+        managers[name] = {**manager, "per_size": records,
+                          "capture_bytes": sum(r["capture_bytes"] for r in records),
+                          "capture_s": sum(r["capture_s"] for r in records)}
+    out = {**summary, "managers": managers, "served_depth": k,
+           "engine_graph_capture_bytes": summary["graph_capture_bytes"]}
+    if summary["graph_capture_bytes"] is not None:
+        out["graph_capture_bytes"] = sum(m["capture_bytes"] for m in managers.values())
+        out["graph_capture_s"] = sum(m["capture_s"] for m in managers.values())
+    return out
+
+
+class EngineReuse:
+    """The between-runs half of `NativeEngine` (a mixin): what a sweep changes on a built engine."""
+
+    serve_depths: frozenset[int] = frozenset()
+
+    def use_static_depth(self, k: int) -> None:
+        """Run every later step at depth k, one of `serve_depths` (or K itself): what an engine built at K = k runs.
+        EngineConfigError naming k when it is not one of them."""
+        if k != self.k and k not in self.serve_depths:
+            served = sorted(self.serve_depths | {self.k})
+            raise EngineConfigError(f"use_static_depth({k}): this engine captured graphs for k in {served} only "
+                                    "(NativeEngine(serve_depths=...))")
+        self.depth = StaticDepth(k)
+        self.scheduler.step_depth = self.depth.step_k
+
+    def reset_counters(self) -> None:
+        """Zero every graph manager's replay and eager counts and the mixed-step counts (a new run's figures)."""
+        for manager in self.graph_managers():
+            manager.num_replays = manager.num_eager = 0
+            manager.replays_per_graph.clear()
+            manager.num_eager_uncaptured.clear()
+        self.num_mixed_in_parts = self.num_mixed_joined = 0
+        if self.speculator is not None:
+            self.speculator.num_mixed_joined = 0
+
+    def reseed(self, seed: int) -> None:
+        """Restart the sampling's random state from `seed` (what `engine.seed` does at start-up)."""
+        if self.device.type == "cuda":
+            torch.cuda.manual_seed(seed)
+        else:
+            self.generator.manual_seed(seed)
+
+    def set_synthetic_acceptance(self, rate: float = 0.7, rates: Sequence[float] | None = None,
+                                 length: float | None = None) -> None:
+        """Change a synthetic-rejection engine's acceptance between runs, without a rebuild (its captured graphs
+        read the new rates): `rate`, `rates` or `length` as the `speculator.synthetic_acceptance_*` keys
+        (`specexp.engine.synthetic`). Raises EngineConfigError with one line when the engine does not run
+        `speculator.rejection=synthetic` or a value is out of range."""
+        if self.k == 0 or self.spec_cfg.rejection != "synthetic":
+            raise EngineConfigError(f"synthetic acceptance needs speculator.rejection=synthetic and k > 0 (this "
+                                    f"engine: rejection={self.spec_cfg.rejection}, k={self.k})")
+        spec = replace(self.spec_cfg, synthetic_acceptance_rate=rate,
+                       synthetic_acceptance_rates=tuple(rates) if rates is not None else None,
+                       synthetic_acceptance_length=length)
+        spec.synthetic_rates()  # validates
+        self.rejection.set_conditional_rates(spec.synthetic_conditional_rates())
+        self.spec_cfg = spec

@@ -1,0 +1,99 @@
+"""One engine for several sweep points (`specexp.engine.reuse`): an engine of K = 4 that also captured k = 2 serves,
+after `use_static_depth(2)`, the tokens and acceptance of an engine built at k = 2, replays only captured graphs,
+counts afresh after `reset_counters`, and reports the graph figures of the depth it serves."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from pairs import VOCAB, build_pairs
+
+from specexp.engine.config import EngineConfig, EngineConfigError, SamplingConfig, SpeculatorConfig
+from specexp.engine.reuse import depth_graph_summary
+from specexp.engine.runner import NativeEngine
+from specexp.models import load_model
+
+PROMPT_LENS = [3, 11, 6, 17, 1, 9, 14, 2, 7, 20]
+
+
+@pytest.fixture(scope="module")
+def pair_dirs(tmp_path_factory):
+    return build_pairs(tmp_path_factory.mktemp("pairs"))
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    gen = torch.Generator().manual_seed(11)
+    return [torch.randint(3, VOCAB, (n,), generator=gen).tolist() for n in PROMPT_LENS]
+
+
+def _engine(target, draft, k: int, serve_depths=(), mode="full"):
+    return NativeEngine(
+        target, draft,
+        EngineConfig(max_num_seqs=4, max_model_len=64, block_size=4, max_num_batched_tokens=16, cudagraph_mode=mode,
+                     cudagraph_prefill_tokens=(8, 16) if mode == "full" else ()),
+        SpeculatorConfig(num_speculative_tokens=k, cudagraph_mode=mode),
+        SamplingConfig(temperature=0.0, max_new_tokens=10, ignore_eos=False),
+        eos_token_ids=[2], emulate_graphs_on_cpu=True, serve_depths=serve_depths,
+    )
+
+
+@pytest.mark.parametrize("pair", ["lfm2+llama", "lfm2+lfm2", "llama+llama"])
+def test_a_reused_engine_serves_each_depth_as_an_engine_built_at_it(pair_dirs, prompts, pair):
+    target, draft = (load_model(d) for d in pair_dirs[pair])
+    shared = _engine(target, draft, 4, serve_depths=(2, 3))
+    for k in (2, 4, 3, 2):  # back and forth: nothing of an earlier depth leaks into the next
+        own = _engine(target, draft, k).generate(prompts, max_concurrency=3)
+        shared.use_static_depth(k)
+        shared.reset_counters()
+        out = shared.generate(prompts, max_concurrency=3)
+        assert [r.output_token_ids for r in out.requests] == [r.output_token_ids for r in own.requests], k
+        assert [r.verifies for r in out.requests] == [r.verifies for r in own.requests], k
+        assert {s.num_speculative_tokens for s in out.steps if s.num_drafts} == {k}
+        summary = shared.graph_summary()
+        assert summary["served_depth"] == k
+        decode = summary["managers"]["draft_decode"]
+        assert decode["num_replays"] == len(out.steps)  # every step drafts k >= 2, in one decode graph
+        assert decode["num_eager"] == 0 and not decode["num_eager_uncaptured"]
+        assert summary["managers"]["target_verify"]["num_eager"] == sum(
+            1 for s in out.steps if s.num_prefill_tokens == s.num_tokens and s.num_reqs > 1)
+
+
+def test_depths_not_captured_are_refused_with_one_line(pair_dirs):
+    target, draft = (load_model(d) for d in pair_dirs["llama+llama"])
+    with pytest.raises(EngineConfigError, match=r"serve_depths: k=5 is not in 0..4"):
+        _engine(target, draft, 4, serve_depths=(2, 5))
+    engine = _engine(target, draft, 4, serve_depths=(2,))
+    with pytest.raises(EngineConfigError, match=r"use_static_depth\(3\): .*k in \[2, 4\]"):
+        engine.use_static_depth(3)
+
+
+def test_reseed_restarts_sampling(pair_dirs, prompts):
+    """At temperature 1, the same seed gives the same tokens run after run on one engine."""
+    target, draft = (load_model(d) for d in pair_dirs["llama+llama"])
+    engine = NativeEngine(target, draft, EngineConfig(max_num_seqs=4, max_model_len=64, block_size=4),
+                          SpeculatorConfig(num_speculative_tokens=3),
+                          SamplingConfig(temperature=1.0, max_new_tokens=8, ignore_eos=True))
+    runs = []
+    for _ in range(2):
+        engine.reseed(5)
+        runs.append([r.output_token_ids for r in engine.generate(prompts).requests])
+    assert runs[0] == runs[1]
+    assert runs[0] != [r.output_token_ids for r in engine.generate(prompts).requests]  # no reseed: moves on
+
+
+def test_the_graph_figures_are_those_of_the_served_depth():
+    """Per-k managers keep their records of the served k, k-independent ones all theirs; the totals are summed
+    from what is kept, the whole capture's figure kept beside them."""
+    def record(k, nbytes, s):
+        return {"num_speculative_tokens": k, "capture_bytes": nbytes, "capture_s": s}
+
+    summary = {"graph_capture_bytes": 1000, "graph_capture_s": 9.0, "managers": {
+        "target_verify": {"per_k": True, "per_size": [record(2, 100, 1.0), record(4, 200, 2.0), record(2, 10, 0.5)]},
+        "target_prefill_16": {"per_k": False, "per_size": [record(0, 50, 0.25)]},
+    }}
+    cut = depth_graph_summary(summary, 2)
+    assert cut["managers"]["target_verify"]["per_size"] == [record(2, 100, 1.0), record(2, 10, 0.5)]
+    assert cut["managers"]["target_prefill_16"]["capture_bytes"] == 50
+    assert (cut["graph_capture_bytes"], cut["graph_capture_s"]) == (160, 1.75)
+    assert cut["engine_graph_capture_bytes"] == 1000 and cut["served_depth"] == 2
