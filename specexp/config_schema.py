@@ -227,7 +227,7 @@ TOP_LEVEL: dict[str, Any] = {
     },
     "isolate_sweep_jobs": Key("bool"),
     # sweep.devices takes an index, a list or "0,1": specexp.device_slots.parse_devices checks it
-    "sweep": {"devices": None, "gpus_per_job": POSITIVE_INT},
+    "sweep": {"devices": None, "gpus_per_job": POSITIVE_INT, "reuse_engine": Key("bool")},
     "measure": {
         "repeats": POSITIVE_INT,
         "warmup_requests": Key("int", minimum=0, note="0 = no warm-up"),

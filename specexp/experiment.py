@@ -396,12 +396,18 @@ class SweepState:
     rounds: object = None  # a specexp.sweep_rounds.RoundsCoordinator when the sweep measures in rounds
     order_note: str | None = None  # else: why each job runs its repeats back to back
     slots: object = None  # a specexp.sweep_slots.SlotRunner when the sweep runs its jobs on device slots
+    groups: object = None  # a specexp.sweep_groups.EngineGroups when jobs share engines
 
     def reset(self, keep=(), resuming: bool = False, own_process: bool = False, rounds=None,
-              order_note: str | None = None, slots=None) -> None:
+              order_note: str | None = None, slots=None, groups=None) -> None:
         self.jobs.clear()
         self.keep, self.resuming, self.own_process = set(keep), resuming, own_process
-        self.rounds, self.order_note, self.slots = rounds, order_note, slots
+        self.rounds, self.order_note, self.slots, self.groups = rounds, order_note, slots, groups
+
+    def finish_groups(self) -> None:
+        """Run the grouped jobs (after the launch) and put their statuses in place of ``pending``."""
+        statuses = self.groups.run()
+        self.jobs[:] = [(num, run_dir, statuses.get(num, status)) for num, run_dir, status in self.jobs]
 
 
 SWEEP = SweepState()
@@ -431,6 +437,8 @@ def run_sweep_job(plain: dict, ctx: RunContext) -> str:
     try:
         if plain.get("isolate_sweep_jobs", True) and not SWEEP.own_process and SWEEP.rounds is not None:
             status = SWEEP.rounds.start(plain, ctx)  # "pending": it measures in the rounds after the launch
+        elif not SWEEP.own_process and SWEEP.groups is not None and SWEEP.groups.holds(ctx.job_num):
+            status = SWEEP.groups.start(plain, ctx)  # "pending": it runs with its group after the launch
         elif plain.get("isolate_sweep_jobs", True) and not SWEEP.own_process and SWEEP.slots is not None:
             status = SWEEP.slots.launch(plain, ctx)  # "pending": it runs on its slot beside the others
         elif plain.get("isolate_sweep_jobs", True) and not SWEEP.own_process:

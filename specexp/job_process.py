@@ -103,6 +103,24 @@ def run_in_fresh_process(cfg: dict, ctx, order_note: str | None = None) -> str:
     return ensure_record(cfg, ctx, returncode)
 
 
+def run_group_in_fresh_process(jobs: list[tuple[dict, object]], order_note: str) -> list[str]:
+    """Jobs ``(cfg, ctx)`` that share one engine (:mod:`specexp.sweep_groups`), one after another in one new
+    interpreter; returns each job's status as its result.json records it (the parent writes the record of every
+    job the process left without one). An interruption stops the process, records the jobs and is re-raised."""
+    proc = None
+    payload = {"group": [{"config": cfg, "context": ctx.to_dict()} for cfg, ctx in jobs], "order_note": order_note}
+    try:
+        proc = start_job_process(payload)
+        returncode = proc.wait()
+    except interrupts.RunInterrupted as e:
+        if proc is not None:
+            stop_job(proc, e.signum)
+        for cfg, ctx in jobs:
+            ensure_record(cfg, ctx, proc.returncode if proc is not None else None, interrupted_by=e.signum)
+        raise
+    return [ensure_record(cfg, ctx, returncode) for cfg, ctx in jobs]
+
+
 def _reason(returncode: int | None) -> str:
     from specexp.experiment import signal_name
 
@@ -154,10 +172,14 @@ def _die_with_parent() -> None:
 
 
 def _log_to(run_dir: Path) -> None:
-    """Log as Hydra's job logging does: INFO lines on stdout and appended to the job's specexp.log."""
+    """Log as Hydra's job logging does: INFO lines on stdout and appended to the job's specexp.log (only this
+    job's: a group's earlier job's handlers go)."""
     fmt = logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
     root = logging.getLogger()
     root.setLevel(logging.INFO)
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+        handler.close()
     handlers = [logging.StreamHandler(sys.stdout)]
     with contextlib.suppress(OSError):
         handlers.append(logging.FileHandler(run_dir / "specexp.log"))
@@ -181,6 +203,8 @@ def child_main() -> None:
         from specexp.errors import ConfigError
         from specexp.experiment import EXIT_CONFIG, RunContext, execute, exit_code
 
+        if "group" in payload:
+            sys.exit(_run_group(payload["group"], payload.get("order_note")))
         ctx = RunContext(**payload["context"])
         _log_to(ctx.run_dir)
         try:
@@ -196,3 +220,27 @@ def child_main() -> None:
     except interrupts.RunInterrupted as e:
         sys.exit(e.exit_status)
     sys.exit(exit_code(record))
+
+
+def _run_group(jobs: list[dict], order_note: str | None) -> int:
+    """A group's jobs (``{"config", "context"}`` each) in this process, on one engine (:mod:`specexp.backends.reuse`);
+    each job records itself, a failure included, and the next one runs. Exit status 0 (each job's is in its
+    record)."""
+    from specexp.backends.reuse import pooled
+    from specexp.errors import ConfigError
+    from specexp.experiment import RunContext, execute
+    from specexp.run_spec import build_run_spec
+
+    contexts = [RunContext(**job["context"]) for job in jobs]
+    specs = []
+    for job, ctx in zip(jobs, contexts, strict=True):
+        with contextlib.suppress(Exception):  # a job whose spec does not build fails on its own below
+            specs.append(build_run_spec(job["config"], ctx))
+    with pooled(specs):
+        for job, ctx in zip(jobs, contexts, strict=True):
+            _log_to(ctx.run_dir)
+            try:
+                execute(job["config"], ctx, order_note=order_note)
+            except ConfigError as e:  # its directory cannot be written: the parent records it
+                print(f"specexp: error: {e}", file=sys.stderr, flush=True)
+    return 0

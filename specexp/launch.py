@@ -55,6 +55,7 @@ class RunPlan:
     resume_dir: Path | None = None
     keep: set = field(default_factory=set)
     interleave: tuple[bool, str] = (False, "a single run: its repeats ran back to back")
+    groups: list = field(default_factory=list)  # job numbers sharing one engine (specexp.sweep_groups)
     slots: device_slots.SlotPlan | None = None  # a sweep on device slots (None: its jobs one after another)
 
 
@@ -202,7 +203,7 @@ def plan_run(argv: list[str]) -> RunPlan:
         elif resume.job_status(resume_dir) == "ok":
             plan.keep = {0}
     if multirun:
-        from specexp.measure.rounds import interleave_decision
+        from specexp.measure.rounds import BASIC_LAUNCHER, interleave_decision
 
         launcher = first.hydra.get("launcher", {}).get("_target_")
         launcher = str(launcher) if launcher else None
@@ -211,6 +212,11 @@ def plan_run(argv: list[str]) -> RunPlan:
         plan.slots = device_slots.plan_slots(to_run, launcher, visible, fake)
         parallel = len(plan.slots.slots) if plan.slots is not None and plan.slots.parallel else 1
         plan.interleave = interleave_decision(to_run, launcher, parallel)
+        if not plan.interleave[0] and parallel == 1 and (launcher is None or launcher == BASIC_LAUNCHER):
+            from specexp.sweep_groups import plan_groups
+
+            numbers = [j.num for j in jobs if j.num not in plan.keep]
+            plan.groups = [{numbers[i] for i in group} for group in plan_groups(to_run)]
     else:
         _check_sweep_settings([j.config for j in jobs])
     return plan
@@ -369,8 +375,14 @@ def run_command(argv: list[str]) -> int:
         args = [*_without_dir_overrides(plan.hydra_args), _dir_override(key, run_dir)]
         rounds = _rounds(plan)
         slots = _slot_runner(plan, run_dir, rounds)
+        groups = None
+        if plan.groups and rounds is None and slots is None:
+            from specexp.sweep_groups import EngineGroups
+
+            groups = EngineGroups(plan.groups)
         experiment.SWEEP.reset(keep=plan.keep if plan.multirun else (), resuming=plan.resume_dir is not None,
-                               rounds=rounds, order_note=None if rounds else plan.interleave[1], slots=slots)
+                               rounds=rounds, order_note=None if rounds else plan.interleave[1], slots=slots,
+                               groups=groups)
         if slots is not None:
             print(slots.announce(), flush=True)
         _run_hydra("config", experiment.hydra_task, args)
@@ -378,6 +390,8 @@ def run_command(argv: list[str]) -> int:
             rounds.run()
         if slots is not None:
             slots.drain()
+        if groups is not None:
+            experiment.SWEEP.finish_groups()
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else experiment.EXIT_FAILED
     except interrupts.RunInterrupted as e:
@@ -388,6 +402,9 @@ def run_command(argv: list[str]) -> int:
         if experiment.SWEEP.rounds is not None:  # jobs still waiting for their rounds: stop and record them
             with interrupts.deferred():
                 experiment.SWEEP.rounds.stop(interrupted.signum if interrupted else signal.SIGTERM)
+        if experiment.SWEEP.groups is not None:  # grouped jobs that did not run: record them
+            with interrupts.deferred():
+                experiment.SWEEP.groups.stop(interrupted.signum if interrupted else signal.SIGTERM)
         if experiment.SWEEP.slots is not None:  # jobs still running on their slots: stop and record them
             with interrupts.deferred():
                 experiment.SWEEP.slots.stop(interrupted.signum if interrupted else signal.SIGTERM)

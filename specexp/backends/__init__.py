@@ -62,6 +62,11 @@ def run_backend(module: ModuleType, spec, progress=None):
 
 def open_server(module: ModuleType, spec, progress=None):
     """``module.open_server(spec, progress=progress)``: the backend's models loaded and its engine built once,
-    for several measured passes; ``None`` when the backend has no servers (only ``run``)."""
+    for several measured passes; ``None`` when the backend has no servers (only ``run``). Inside a group of
+    sweep points sharing one native engine (:mod:`specexp.backends.reuse`), that engine, retargeted to spec."""
+    from specexp.backends import reuse
+
+    if reuse.POOL is not None and module.__name__ == BACKENDS["native"]:  # a group of sweep points on one engine
+        return reuse.POOL.open(spec, progress)
     opener = getattr(module, "open_server", None)
     return opener(spec, progress=progress) if callable(opener) else None

@@ -10,6 +10,8 @@ request (the wait for the next step, for a batch slot or for KV blocks)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from specexp.backends.server import BackendServer, target_tokenizer, warmup_limit
@@ -53,8 +55,15 @@ class NativeServer(BackendServer):
     """One engine for a whole measurement: :meth:`warm_up`, then :meth:`serve` once per repeat. Its start-up
     phases (model_load, engine_build, warmup) go into every pass's ``metrics.startup_s``."""
 
-    def __init__(self, spec: RunSpec, progress: ProgressCallback | None = None) -> None:
+    def __init__(self, spec: RunSpec, progress: ProgressCallback | None = None, serve: list[RunSpec] = ()) -> None:
+        """serve: the specs of every sweep point this server will serve (`retarget`), spec among them: the engine
+        is built at their largest k (K) and max_model_len and captures each one's static k
+        (`specexp.engine.reuse`); empty: spec alone."""
         engine_cfg, spec_cfg, sampling_cfg = engine_configs(spec)
+        if serve:
+            engine_cfg = replace(engine_cfg, max_model_len=max(s.engine.max_model_len for s in serve))
+            spec_cfg = replace(spec_cfg, num_speculative_tokens=max(s.speculator.num_speculative_tokens
+                                                                    for s in serve))
         # Checked already for every backend (specexp.engine_settings); kept for callers that skip the app layer.
         engine_cfg.validate()
         spec_cfg.validate(engine_cfg.max_model_len)
@@ -63,6 +72,7 @@ class NativeServer(BackendServer):
         if device.type == "cuda" and not torch.cuda.is_available():
             raise ConfigError("engine.device=cuda but no CUDA GPU is visible: use engine.device=cpu")
         self.spec, self.device, self.k = spec, device, spec_cfg.num_speculative_tokens
+        depths = sorted({s.speculator.num_speculative_tokens for s in serve})
         self.max_model_len, self.max_new_tokens = engine_cfg.max_model_len, sampling_cfg.max_new_tokens
         self.import_s, self.clock = process_age_s(), PhaseClock()
         load = {"dtype": spec.pair.dtype, "device": device, "seed": spec.pair.init_seed}
@@ -70,9 +80,29 @@ class NativeServer(BackendServer):
         draft = load_model(spec.pair.draft.path, weights=spec.pair.draft.weights, **load) if self.k > 0 else None
         self.clock.lap("model_load")
         self.engine = NativeEngine(target, draft, engine_cfg, spec_cfg, sampling_cfg, target.config.eos_token_ids,
-                                   progress=progress)
+                                   progress=progress, serve_depths=depths)
         self.clock.lap("engine_build")
         self.tokenizer = target_tokenizer(spec)
+        self.reused_by: int = 0  # later sweep points served by this engine (`retarget`)
+        if serve:
+            self.retarget(spec, first=True)
+
+    def retarget(self, spec: RunSpec, first: bool = False) -> None:
+        """Serve `spec` next, a sweep point of the engine's `serve` list: its static k, synthetic acceptance,
+        seed, limits and workload; counters start again. Later points' start-up is their warm-up alone (the
+        engine was built once)."""
+        engine, rate = self.engine, spec.speculator.options.get("synthetic_acceptance_rate")
+        self.spec, self.k = spec, spec.speculator.num_speculative_tokens
+        self.max_model_len, self.max_new_tokens = spec.engine.max_model_len, spec.sampling.max_new_tokens
+        engine.use_static_depth(self.k)
+        if spec.speculator.options.get("rejection") == "synthetic" and rate is not None:
+            engine.set_synthetic_acceptance(rate=float(rate))
+        engine.reseed(spec.engine.seed)
+        engine.reset_counters()
+        if not first:
+            self.reused_by += 1
+            self.import_s, self.clock = 0.0, PhaseClock()
+            self.clock.phases_s.update(model_load=0.0, engine_build=0.0)
 
     def warm_up(self, prompts: list[Prompt], max_new_tokens: int | None = None) -> None:
         """Serve ``prompts`` (their first turns, together, to ``max_new_tokens``, at most
@@ -104,8 +134,12 @@ class NativeServer(BackendServer):
                                bool(self.spec.workload.options.get("one_at_a_time", False)))
         run_progress.finish()
         result = to_run_result(served, waves, self.k, tokenizer, self.device, LoadSettings.of(self.spec))
-        result.metrics["startup_s"] = startup_record(self.clock.phases_s, self.import_s,
-                                                     result.metrics.get("graph_capture_s"))
+        captured_s = result.metrics.get("graph_capture_s") if not self.reused_by else 0.0  # built by an earlier point
+        result.metrics["startup_s"] = startup_record(self.clock.phases_s, self.import_s, captured_s)
+        if self.engine.serve_depths:
+            result.metrics["engine_reuse"] = {"engine_k": self.engine.k, "engine_max_model_len":
+                                              self.engine.cfg.max_model_len, "served_before": self.reused_by,
+                                              "depths": sorted(self.engine.serve_depths)}
         return result
 
 
