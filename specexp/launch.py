@@ -376,7 +376,7 @@ def run_command(argv: list[str]) -> int:
         rounds = _rounds(plan)
         slots = _slot_runner(plan, run_dir, rounds)
         groups = None
-        if plan.groups and rounds is None and slots is None:
+        if plan.groups and rounds is None and (slots is None or len(plan.slots.slots) == 1):  # one device
             from specexp.sweep_groups import EngineGroups
 
             groups = EngineGroups(plan.groups)

@@ -13,8 +13,8 @@ W&B run, with its own counters; the engine is built by the first and lent to the
 leaves the parent to record every job it did not (:func:`specexp.job_process.ensure_record`).
 
 What is not grouped: k = 0 (it builds no draft), other backends, ``isolate_sweep_jobs=false``, and sweeps that
-measure in rounds or on several device slots (their jobs stay one process each): a group runs each job's repeats
-back to back, and its records say so.
+measure in rounds or run jobs at once on several device slots (their jobs stay one process each; on one slot the
+groups run after the slot's other jobs): a group runs each job's repeats back to back, and its records say so.
 """
 
 from __future__ import annotations
