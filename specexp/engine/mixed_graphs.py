@@ -44,6 +44,23 @@ def mixed_keys(verify_keys, max_num_seqs: int) -> tuple[tuple[int, int], ...]:
     return tuple(sorted({(min(size, max_num_seqs - 1), v) for size, v in verify_keys if max_num_seqs > 1}))
 
 
+def joined_inputs(buffers: InputBuffers, num_tokens: int, chunk_buffers: InputBuffers, count: int
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input_ids, positions) int64[num_tokens + count] of a joined forward: the verify segment's first
+    num_tokens entries of `buffers`, then the chunk's first `count` of `chunk_buffers`."""
+    return (torch.cat((buffers.input_ids[:num_tokens], chunk_buffers.input_ids[:count])),
+            torch.cat((buffers.positions[:num_tokens], chunk_buffers.positions[:count])))
+
+
+def joined_context(model_owner, desc: BatchExecutionDescriptor, count: int, attn, conv, chunk_attn, chunk_conv
+                   ) -> ForwardContext:
+    """The ForwardContext of a joined graph: the verify segment (desc.num_tokens tokens) then the chunk's (`count`),
+    each with its own metadata, over `model_owner`'s caches."""
+    segments = [Segment(0, desc.num_tokens, attn, conv), Segment(desc.num_tokens, count, chunk_attn, chunk_conv)]
+    return ForwardContext(attn=None, conv=None, kv_caches=model_owner.kv_caches, conv_states=model_owner.conv_states,
+                          segments=segments)
+
+
 class MixedGraphs:
     """The target's joined graphs: per chunk count C (a prompt-graph count), a `CudaGraphManager` named
     `name_C` over `keys` (verify rows, v) at every key-length bucket, a verify row running tokens_per_req + v
@@ -108,17 +125,14 @@ class TargetMixedGraphs:
             conv = self.conv_builder.build_for_cudagraph_capture(num_reqs=desc.num_reqs, num_tokens=desc.num_tokens,
                                                                  query_len=query_len)
             chunk_conv = self.conv_builder.build_for_prompt_capture(num_tokens=count)
-        segments = [Segment(0, desc.num_tokens, attn, conv), Segment(desc.num_tokens, count, chunk_attn, chunk_conv)]
-        self._mixed_graph_ctx[(count, *graph_key(desc))] = ForwardContext(
-            attn=None, conv=None, kv_caches=self.kv_caches, conv_states=self.conv_states, segments=segments)
+        self._mixed_graph_ctx[(count, *graph_key(desc))] = joined_context(self, desc, count, attn, conv, chunk_attn,
+                                                                           chunk_conv)
 
     def _mixed_graph(self, count: int, desc: BatchExecutionDescriptor) -> None:
         """The captured joined step: one segmented target forward over the verify rows' tokens and the chunk's,
         then the rejection sampler over all desc.num_reqs + 1 rows (the chunk's is the last)."""
         ctx = self._mixed_graph_ctx[(count, *graph_key(desc))]
-        num_verify_tokens = desc.num_tokens
-        input_ids = torch.cat((self.buffers.input_ids[:num_verify_tokens], self.chunk_buffers.input_ids[:count]))
-        positions = torch.cat((self.buffers.positions[:num_verify_tokens], self.chunk_buffers.positions[:count]))
+        input_ids, positions = joined_inputs(self.buffers, desc.num_tokens, self.chunk_buffers, count)
         hidden = self.target(input_ids, positions, ctx)
         rows = desc.num_reqs + 1
         self._sample(self._logits_at_scoring_rows(hidden, rows, desc.num_speculative_tokens), rows)
@@ -180,17 +194,14 @@ class DraftMixedGraphs:
             conv = builder.build_for_cudagraph_capture(num_reqs=desc.num_reqs, num_tokens=desc.num_tokens,
                                                        query_len=region)
             chunk_conv = builder.build_for_prompt_capture(num_tokens=count, state_lookahead=1)
-        segments = [Segment(0, desc.num_tokens, attn, conv), Segment(desc.num_tokens, count, chunk_attn, chunk_conv)]
-        self._mixed_graph_ctx[(count, *graph_key(desc))] = ForwardContext(
-            attn=None, conv=None, kv_caches=self.kv_caches, conv_states=self.conv_states, segments=segments)
+        self._mixed_graph_ctx[(count, *graph_key(desc))] = joined_context(self, desc, count, attn, conv, chunk_attn,
+                                                                           chunk_conv)
 
     def _mixed_graph(self, count: int, desc: BatchExecutionDescriptor) -> None:
         """The captured joined draft prefill: one segmented forward over every region, draft token 0 of each of
         the desc.num_reqs + 1 rows sampled at its new token (the chunk's row is the last)."""
         ctx = self._mixed_graph_ctx[(count, *graph_key(desc))]
-        n = desc.num_tokens
-        input_ids = torch.cat((self.prefill_buffers.input_ids[:n], self.chunk_prefill_buffers.input_ids[:count]))
-        positions = torch.cat((self.prefill_buffers.positions[:n], self.chunk_prefill_buffers.positions[:count]))
+        input_ids, positions = joined_inputs(self.prefill_buffers, desc.num_tokens, self.chunk_prefill_buffers, count)
         hidden = self.model(input_ids, positions, ctx)
         rows = desc.num_reqs + 1
         self._sample_draft(self.model.compute_logits(hidden[self.last_token_indices[:rows]]), rows, 0)
