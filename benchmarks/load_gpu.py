@@ -8,7 +8,7 @@ ignored. Each engine is built in turn (one at a time on the GPU) and runs one un
 then `--repeats` measured rounds over every c.
 
 - `--engine native`: `NativeEngine.generate(max_concurrency=c)` with `engine=cuda`'s kernels and graphs at
-  1, 2, 4, ... 64 rows; mixed prefill+verify steps replay in parts (`specexp.engine.mixed_steps`). Per run also the
+  1, 2, 4, ... 64 rows; mixed prefill+verify steps replay joined graphs (`specexp.engine.mixed_graphs`). Per run also the
   verify share (target verify time over the step's GPU time) and the mixed steps' median GPU time.
 - `--engine vllm`: `vllm.LLM` (0.26: `speculative_config` method `draft_model`, synthetic rejection at the same
   per-position rates as native) driven through `llm.llm_engine.add_request`/`step()`, the loop `LLM.generate` runs,

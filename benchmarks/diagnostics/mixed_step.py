@@ -17,7 +17,7 @@ the JSON: the aten ops ranked by CPU self time, and the kernels ranked by GPU ti
     python benchmarks/diagnostics/mixed_step.py --pairs llama-3.2-1b+llama-100m --batches 4,16,64 --out mixed.json
         [--k 4] [--rate 0.8] [--prompt-tokens 64] [--new-tokens 128] [--mixed joined,parts,eager] [--profile]
 
-`--mixed`: how mixed steps run, one engine each: `joined` (one target graph of the verify rows and the chunk,
+`--mixed`: how mixed steps run, one engine each: `joined` (one target graph of the verify rows and the chunks,
 `specexp.engine.mixed_graphs`; the default), `parts` (the verify rows' graph and a prompt graph per chunk,
 `specexp.engine.mixed_steps`) and/or `eager` (no prompt graphs: one eager forward).
 

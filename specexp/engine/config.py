@@ -36,11 +36,13 @@ class EngineConfig:
     graph of count + 1 slots likewise. Attention-only, short-conv and hybrid models alike (a short-conv layer
     reads the chunk's conv-state slot from the builder's one-row persistent buffers); each count must fit a
     step (max_num_batched_tokens).
-    cudagraph_mixed: how a step that puts one prompt chunk beside verify rows of one length replays, when prompt
-    graphs exist: "joined" (the default) captures, per prompt-graph count and verify (rows, k) key, one target
-    graph of both, so the target reads its weights once (`specexp.engine.mixed_graphs`); "parts" replays the
-    verify graph and then the chunk's prompt graph (`specexp.engine.mixed_steps`), which captures nothing more.
-    Steps a joined graph does not hold (several chunks, more verify rows than it has) run in parts either way.
+    cudagraph_mixed: how a step that puts prompt chunks beside verify rows of one length replays, when prompt
+    graphs exist: "joined" (the default) captures, per chunk shape (M rows of C slots: C a prompt-graph count,
+    M = 1, 2, 4, ... up to the chunks a step's budget holds) and verify (rows, k) key, one target graph of both,
+    so the target reads its weights once (`specexp.engine.mixed_graphs`), and the draft's prefill likewise;
+    "parts" replays the verify graph and then each chunk's prompt graph (`specexp.engine.mixed_steps`), which
+    captures nothing more. Steps a joined graph does not hold (chunks of no captured shape, more verify rows than
+    it has) run in parts either way.
     cudagraph_shared_pool: capture every graph of the engine, target and draft, into one memory pool (vLLM's
     way: one process-wide pool), so the graph memory is about the largest graph's intermediates rather than the
     sum over managers (the default). False: a pool per manager (each model's prompt-prefill managers share one).

@@ -144,6 +144,46 @@ def build_step_inputs(
                          max((len(t) for t in token_ids), default=0))
 
 
+def stride_rows(cpu: StepInputsCPU, row_stride: int, num_reqs_padded: int, *, pin_memory: bool = False
+                ) -> StepInputsCPU:
+    """The rows of an unpadded step laid out uniformly, for a graph that holds `num_reqs_padded` rows of
+    `row_stride` tokens each (joined mixed steps' prompt chunks, `specexp.engine.mixed_graphs`): row r's q_r tokens
+    at [r*s, r*s + q_r), the rest of its s slots padding (id 0, position 0, slot -1, row r), and rows past R whole
+    padded rows (seq_len 0, NULL blocks). query_start_loc int32[R + 1] = [0, s, 2s, ...]: an attention op reads the
+    batch as uniform, each real token attending by its position. The token fields span the real rows' R * s slots;
+    `padded` holds all num_reqs_padded * s. Raises ValueError when a row holds more than s tokens."""
+    num_reqs = cpu.num_reqs
+    qsl = cpu.query_start_loc.numpy().astype(np.int64)
+    lens = np.diff(qsl)
+    if num_reqs > num_reqs_padded or (lens > row_stride).any():
+        raise ValueError(f"{num_reqs} rows of up to {int(lens.max(initial=0))} tokens do not fit "
+                         f"{num_reqs_padded} rows of {row_stride}")
+    t_pad = num_reqs_padded * row_stride
+    dest = np.arange(cpu.num_tokens) + np.repeat(np.arange(num_reqs) * row_stride - qsl[:-1], lens)
+    tokens_np = np.zeros((4, t_pad), dtype=np.int64)
+    tokens_np[2] = -1
+    tokens_np[3] = np.arange(t_pad) // row_stride
+    src = cpu.padded.tokens if cpu.padded is not None else torch.stack(
+        (cpu.input_ids, cpu.positions, cpu.slot_mapping, cpu.token_req_indices))
+    tokens_np[:, dest] = src[:, : cpu.num_tokens].numpy()
+    tokens_np[3, dest] = np.repeat(np.arange(num_reqs), lens)
+    max_blocks = cpu.block_table.shape[1]
+    rows_np = np.zeros(2 * num_reqs_padded + 1 + num_reqs_padded * max_blocks, dtype=np.int32)
+    rows_np[: num_reqs_padded + 1] = np.arange(num_reqs_padded + 1) * row_stride
+    rows_np[num_reqs_padded + 1 : num_reqs_padded + 1 + num_reqs] = cpu.seq_lens.numpy()
+    table_np = rows_np[2 * num_reqs_padded + 1 :].reshape(num_reqs_padded, max_blocks)
+    table_np[:num_reqs] = cpu.block_table.numpy()
+    tokens, rows = torch.from_numpy(tokens_np), torch.from_numpy(rows_np)
+    if pin_memory:
+        tokens, rows = tokens.pin_memory(), rows.pin_memory()
+    qsl_pad, seq_pad, table_pad = rows.split([num_reqs_padded + 1, num_reqs_padded, num_reqs_padded * max_blocks])
+    table_pad = table_pad.view(num_reqs_padded, max_blocks)
+    num_tokens = num_reqs * row_stride
+    input_ids, positions, slot_mapping, token_req_indices = tokens[:, :num_tokens].unbind(0)
+    return StepInputsCPU(input_ids, positions, qsl_pad[: num_reqs + 1], seq_pad[:num_reqs], table_pad[:num_reqs],
+                         slot_mapping, token_req_indices, PaddedStep(tokens, qsl_pad, seq_pad, table_pad), row_stride)
+
+
 class InputBuffers:
     """Device tensors of a step, allocated once at their maximum sizes and refreshed in place.
 
@@ -216,6 +256,14 @@ class InputBuffers:
             max_query_len=max_query_len,
             num_actual_tokens=num_actual_tokens,
         )
+
+    def load_inert_prompt_rows(self, num_rows: int, row_tokens: int, max_seq_len: int) -> AttentionMetadata:
+        """Load `num_rows` inert prompt rows of `row_tokens` tokens each (slots -1), for capturing a joined
+        mixed-step graph's chunk segment, and return their uniform attention metadata: at replay each row holds a
+        chunk laid out by `stride_rows` (real tokens first, attending by their positions), or is padding."""
+        self.load(uniform_dummy_inputs(num_rows, row_tokens, self.block_table.shape[1]))
+        num_tokens = num_rows * row_tokens
+        return self.attention_metadata(num_rows, num_tokens, max_seq_len, row_tokens, num_tokens)
 
     def load_inert_prompt(self, num_tokens: int, max_seq_len: int) -> AttentionMetadata:
         """Load an inert one-row prompt of `num_tokens` tokens (slots -1, for capturing a prompt-prefill graph)

@@ -39,13 +39,13 @@ from specexp.engine.verified import StagedRows, VerifiedBatch
 class MixedParts:
     """How a mixed batch runs: rows [0, num_verify) replay the graph of `verify`; prompt row i (batch row
     num_verify + i) replays `prompts[i]` (its descriptor and the prompt-graph manager that holds it). Or, when
-    `joined` is set (the target's half only), everything replays one joined graph: (its verify segment's
-    descriptor, its manager, its chunk count; `specexp.engine.mixed_graphs`), and verify/prompts are unused."""
+    `joined` is set, everything replays one joined graph: (its verify segment's descriptor, its manager, its chunk
+    shape (M, C); `specexp.engine.mixed_graphs`), and verify/prompts are unused."""
 
     num_verify: int
     verify: BatchExecutionDescriptor | None
     prompts: list[tuple[BatchExecutionDescriptor, CudaGraphManager]]
-    joined: tuple[BatchExecutionDescriptor, CudaGraphManager, int] | None = None
+    joined: tuple[BatchExecutionDescriptor, CudaGraphManager, tuple[int, int]] | None = None
 
 
 def split_point(is_verify: list[bool], query_lens: list[int]) -> int | None:
@@ -76,13 +76,11 @@ class TargetMixedSteps:
             return None
         ends = [r.request.num_computed_tokens + r.num_query_tokens for r in rows]
         v = rows[0].num_query_tokens - 1
-        if len(rows) == num_verify + 1:  # one chunk: a joined graph, when one holds it
-            joined = self.mixed_graphs.lookup(num_verify, v, rows[-1].num_query_tokens, max(ends))
-            if joined is not None:
-                self.num_mixed_joined += 1
-                manager = joined[1]
-                manager.dispatch(num_verify, num_verify * (v + 1), True, max(ends), k=v)  # counts the replay
-                return MixedParts(num_verify, None, [], joined)
+        joined = self.mixed_graphs.lookup(num_verify, v, [r.num_query_tokens for r in rows[num_verify:]], max(ends))
+        if joined is not None:  # one joined graph holds the whole step
+            self.num_mixed_joined += 1
+            joined[1].dispatch(num_verify, num_verify * (v + 1), True, max(ends), k=v)  # counts the replay
+            return MixedParts(num_verify, None, [], joined)
         if self.verify_graphs.lookup(num_verify, max(ends[:num_verify]), v) is None:
             return None
         prompts = list(zip(rows[num_verify:], ends[num_verify:]))
@@ -163,12 +161,11 @@ class DraftMixedSteps:
             return None
         ends = (batch.start_positions + batch.query_lens + 1).tolist()  # a region: q + 1 slots from the start
         v = query_lens[0] - 1
-        if len(query_lens) == num_verify + 1:  # one chunk: a joined graph, when one holds it
-            joined = self.mixed_graphs.lookup(num_verify, v, query_lens[-1] + 1, max(ends))
-            if joined is not None:
-                self.num_mixed_joined += 1
-                joined[1].dispatch(num_verify, num_verify * (v + 2), True, max(ends), k=v)  # counts the replay
-                return MixedParts(num_verify, None, [], joined)
+        joined = self.mixed_graphs.lookup(num_verify, v, [q + 1 for q in query_lens[num_verify:]], max(ends))
+        if joined is not None:  # one joined graph holds the whole prefill
+            self.num_mixed_joined += 1
+            joined[1].dispatch(num_verify, num_verify * (v + 2), True, max(ends), k=v)  # counts the replay
+            return MixedParts(num_verify, None, [], joined)
         if self.prefill_graphs.lookup(num_verify, max(ends[:num_verify]), v) is None:
             return None
         prompts = list(zip(query_lens[num_verify:], ends[num_verify:]))

@@ -227,7 +227,8 @@ class NativeEngine(TargetGraphs, TargetStepInputs, TargetMixedSteps, TargetMixed
                 prompt_graph_tokens=tuple(n + 1 for n in self.prefill_graphs.managers),
                 prefill_graph_keys=self.graph_keys.verify, decode_graph_keys=self.graph_keys.decode,
                 confidence_threshold=speculator.draft_confidence_threshold,
-                mixed_graphs=engine.cudagraph_mixed == "joined",
+                # the chunks' draft regions: each its tokens + the sampled one
+                mixed_chunk_shapes=tuple((rows, count + 1) for rows, count in self.mixed_graphs.managers),
             )
             if not sampling.greedy:
                 # Draft probabilities of each request's pending drafts, by conv slot (a request's stable id).

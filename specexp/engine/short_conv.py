@@ -71,7 +71,7 @@ from __future__ import annotations
 
 import torch
 
-from specexp.engine.short_conv_buffers import PromptGraphBuffers, SpecGraphBuffers, pad_to
+from specexp.engine.short_conv_buffers import PromptGraphBuffers, PromptRowsGraphBuffers, SpecGraphBuffers, pad_to
 from specexp.engine.short_conv_rows import (
     DECODE,
     EMPTY,
@@ -119,6 +119,7 @@ class ShortConvMetadataBuilder:
             self.decode_cudagraph_max_tokens = min(self.decode_cudagraph_max_tokens, max_capture_size)
         self._graph = SpecGraphBuffers(self.decode_cudagraph_max_bs, self.device)
         self._prompt = PromptGraphBuffers(self.device)
+        self._prompt_rows: PromptRowsGraphBuffers | None = None  # allocate_prompt_rows
         self._no_rows_int32 = torch.zeros(0, dtype=torch.int32, device=self.device)
         self._no_rows_int64 = torch.zeros(0, dtype=torch.int64, device=self.device)
         # Pinned staging makes the host-to-device copies truly asynchronous.
@@ -219,12 +220,56 @@ class ShortConvMetadataBuilder:
                              f"num_computed_tokens >= 0, got slot {state_index}, {num_computed_tokens} computed")
         self._load_prompt(query_len, state_index, num_computed_tokens)
 
+    def allocate_prompt_rows(self, *, max_rows: int, max_tokens: int) -> None:
+        """Make room for the chunk segments of joined mixed-step graphs: up to `max_rows` prompt rows in up to
+        `max_tokens` slots (`PromptRowsGraphBuffers`). Call before capturing any of them."""
+        self._prompt_rows = PromptRowsGraphBuffers(max_rows, max_tokens, self.device)
+
+    def build_for_prompt_rows_capture(self, *, num_rows: int, row_tokens: int, state_lookahead: int = 0
+                                      ) -> ShortConvMetadata:
+        """Metadata of a joined graph's chunk segment: `num_rows` non-spec rows of `row_tokens` slots each, laid
+        out uniformly and gathered end to end (`load_prompt_rows` rewrites the buffers before each replay).
+        Captured on inert rows (every slot real, NULL slots, no initial state). state_lookahead: as
+        `ShortConvMetadata.non_spec_state_lookahead` (1 for a draft's prefill regions)."""
+        p, num_tokens = self._prompt_rows, num_rows * row_tokens
+        if num_rows < 1 or row_tokens < 1 or num_rows > p.max_rows or num_tokens > p.max_tokens:
+            raise ValueError(f"{num_rows} prompt rows of {row_tokens} tokens exceed the buffers' "
+                             f"{p.max_rows} rows / {p.max_tokens} tokens")
+        self._load_prompt_rows([row_tokens] * num_rows, [NULL_BLOCK_ID] * num_rows, [0] * num_rows, row_tokens)
+        qsl, slots = p.query_start_loc[: num_rows + 1], p.state_indices[:num_rows]
+        return ShortConvMetadata(
+            num_prefills=num_rows, num_prefill_tokens=num_tokens, num_decodes=0, num_decode_tokens=0,
+            num_spec_decodes=0, num_spec_decode_tokens=0, num_actual_tokens=num_tokens,
+            spec_query_len=self.spec_query_len, max_prefill_query_len=row_tokens, query_start_loc=qsl,
+            state_indices_tensor=slots, non_spec_query_start_loc=qsl, has_initial_states_p=p.has_initial[:num_rows],
+            state_indices_tensor_p=slots, query_start_loc_p=qsl, num_computed_tokens_p=p.num_computed[:num_rows],
+            non_spec_token_indx=p.token_indx[:num_tokens], non_spec_state_lookahead=state_lookahead,
+        )
+
+    def load_prompt_rows(self, *, query_lens: list[int], num_computed_tokens: list[int], state_indices: list[int],
+                         row_tokens: int) -> None:
+        """Point the chunk segments of joined graphs at prompt chunks: row r holds query_lens[r] (1..row_tokens)
+        real tokens, num_computed_tokens[r] before them, conv slot state_indices[r] (> NULL); rows past them are
+        padding. One host-to-device copy; nothing waits on the device."""
+        bad = [(q, c, slot) for q, c, slot in zip(query_lens, num_computed_tokens, state_indices, strict=True)
+               if not 1 <= q <= row_tokens or c < 0 or slot <= NULL_BLOCK_ID]
+        if bad or len(query_lens) > self._prompt_rows.max_rows:
+            raise ValueError(f"prompt chunks (tokens, computed, slot) {bad or query_lens} do not fit rows of "
+                             f"{row_tokens} tokens (at most {self._prompt_rows.max_rows} rows, slots > NULL)")
+        self._load_prompt_rows(query_lens, state_indices, num_computed_tokens, row_tokens)
+
     # ----------------------------------------------------------------------------------------- helpers
 
     def _load_prompt(self, query_len: int, state_index: int, num_computed: int) -> None:
         staged = torch.frombuffer(bytearray(PromptGraphBuffers.payload(query_len, state_index, num_computed)),
                                   dtype=torch.uint8)
         self._prompt.buffer.copy_(staged.pin_memory() if self._pin else staged, non_blocking=True)
+
+    def _load_prompt_rows(self, query_lens: list[int], state_indices: list[int], num_computed: list[int],
+                          row_tokens: int) -> None:
+        payload = self._prompt_rows.payload(query_lens, state_indices, num_computed, row_tokens)
+        staged = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+        self._prompt_rows.buffer.copy_(staged.pin_memory() if self._pin else staged, non_blocking=True)
 
     def _h2d(self, t: torch.Tensor) -> torch.Tensor:
         """A device copy of CPU tensor `t` that never aliases the caller's (reusable) CPU buffers."""

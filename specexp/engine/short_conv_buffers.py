@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from array import array
 
+import numpy as np
+
 import torch
 
 from specexp.models.metadata import NULL_BLOCK_ID
@@ -73,6 +75,50 @@ class PromptGraphBuffers:
     @staticmethod
     def payload(query_len: int, state_index: int, num_computed: int) -> bytes:
         return array("i", [0, query_len, state_index, num_computed]).tobytes() + bytes([num_computed > 0])
+
+
+class PromptRowsGraphBuffers:
+    """Persistent device tensors the chunk segment of joined mixed-step graphs reads: up to `max_rows` prompt
+    chunks laid out uniformly, row r's q_r real tokens at [r*C, r*C + q_r) of the segment's M * C (M rows of C
+    tokens, `specexp.engine.inputs.stride_rows`). The short conv gathers the real tokens end to end, runs them as
+    non-spec rows, and scatters the results back; the padding slots are gathered last and belong to no row (zero
+    outputs, no state written). One byte buffer, one host-to-device copy a step:
+
+        token_indx       int64[M * C]  the real tokens' flat indices, row by row, then the padding slots'
+        query_start_loc  int32[M + 1]  offsets of the rows in the gathered order (padding rows: q = 0)
+        state_indices    int32[M]      each row's conv slot (NULL for padding and at capture)
+        num_computed     int32[M]      tokens before each chunk
+        has_initial      bool[M]       whether the row reads its stored window (chunks after a prompt's first)
+
+    A graph of M rows of C tokens reads the first M (M + 1, M * C) entries of each field."""
+
+    def __init__(self, max_rows: int, max_tokens: int, device: torch.device) -> None:
+        self.max_rows, self.max_tokens = max_rows, max_tokens
+        self.num_ints = 3 * max_rows + 1
+        self.buffer = torch.zeros(8 * max_tokens + 4 * self.num_ints + max_rows, dtype=torch.uint8, device=device)
+        self.token_indx = self.buffer[: 8 * max_tokens].view(torch.int64)
+        ints = self.buffer[8 * max_tokens : 8 * max_tokens + 4 * self.num_ints].view(torch.int32)
+        self.query_start_loc = ints[: max_rows + 1]
+        self.state_indices = ints[max_rows + 1 : 2 * max_rows + 1]
+        self.num_computed = ints[2 * max_rows + 1 :]
+        self.has_initial = self.buffer[8 * max_tokens + 4 * self.num_ints :].view(torch.bool)
+
+    def payload(self, query_lens: list[int], state_indices: list[int], num_computed: list[int], row_tokens: int
+                ) -> bytes:
+        """The whole buffer's bytes for chunks of `query_lens` tokens (each <= row_tokens) in rows of row_tokens
+        slots; every entry past the chunks' rows is padding."""
+        num_rows = len(query_lens)
+        lens = np.asarray(query_lens, dtype=np.int64)
+        offsets = np.concatenate(([0], np.cumsum(lens)))
+        real = np.arange(offsets[-1]) + np.repeat(np.arange(num_rows) * row_tokens - offsets[:-1], lens)
+        is_real = np.zeros(self.max_tokens, dtype=bool)
+        is_real[real] = True
+        order = np.concatenate((real, np.flatnonzero(~is_real)))
+        pad = self.max_rows - num_rows
+        ints = array("i", offsets.tolist() + [int(offsets[-1])] * pad)
+        ints.extend(state_indices + [NULL_BLOCK_ID] * pad)
+        ints.extend(num_computed + [0] * pad)
+        return order.tobytes() + ints.tobytes() + bytes(c > 0 for c in num_computed) + bytes(pad)
 
 
 def pad_to(values: torch.Tensor, length: int, fill: int | bool) -> torch.Tensor:

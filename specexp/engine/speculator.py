@@ -37,7 +37,7 @@ steps update positions, seq_lens and slot mappings in place on the device, so th
 graph per (batch size, k), k >= 2 (`draft_decode`, FULL or eager — never piecewise). Which keys are captured
 is the depth policy's (`depth.graph_keys`); a key left out runs eagerly and is counted. Inputs are written into
 the persistent buffers eagerly before each replay. A batch of verify rows beside prompt chunks replays its
-prefill as one joined graph (beside one chunk, `specexp.engine.mixed_graphs`) or in parts, one graph each
+prefill as one joined graph (`specexp.engine.mixed_graphs`) or in parts, one graph each
 (`specexp.engine.mixed_steps`), before the one decode graph.
 """
 
@@ -48,7 +48,7 @@ import dataclasses
 import torch
 
 from specexp.engine.cudagraph import FULL, NONE, BatchExecutionDescriptor, CudaGraphManager, PromptGraphs, graph_key
-from specexp.engine.inputs import InputBuffers, StepInputsCPU, build_step_inputs, uniform_dummy_inputs
+from specexp.engine.inputs import InputBuffers, StepInputsCPU, build_step_inputs, stride_rows, uniform_dummy_inputs
 from specexp.engine.mixed_graphs import DraftMixedGraphs
 from specexp.engine.mixed_steps import DraftMixedSteps
 from specexp.engine.sampling import logits_to_probs, sample_from_probs
@@ -106,7 +106,7 @@ class AutoRegressiveSpeculator(DraftMixedSteps, DraftMixedGraphs):
         prefill_graph_keys: tuple[tuple[int, int], ...] | None = None,
         decode_graph_keys: tuple[tuple[int, int], ...] | None = None,
         confidence_threshold: float = 0.0,
-        mixed_graphs: bool = False,
+        mixed_chunk_shapes: tuple[tuple[int, int], ...] = (),
     ) -> None:
         self.model = draft_model
         self.k = num_speculative_tokens
@@ -164,7 +164,8 @@ class AutoRegressiveSpeculator(DraftMixedSteps, DraftMixedGraphs):
         self.prompt_graphs = PromptGraphs("draft_prompt_prefill", prompt_graph_tokens if use_cuda_graphs else (),
                                           device, buckets, pool=graph_pool)
         # A chunk's region beside the verify rows' in one graph (`mixed_graphs`; engine.cudagraph_mixed=joined).
-        self._init_mixed_graphs(prefill_graph_keys, buckets, graph_pool, use_cuda_graphs and mixed_graphs)
+        self._init_mixed_graphs(prefill_graph_keys, mixed_chunk_shapes, buckets, graph_pool,
+                                use_cuda_graphs and bool(mixed_chunk_shapes))
         # Forward contexts (views of the persistent buffers) of the captured graphs: the verify rows' prefill
         # and the decode graphs by (rows, k, key-length bucket), the prompt regions' by (slots, key-length
         # bucket); kept apart, as a one-row region of v + 2 slots has a verify-row graph's shape.
@@ -297,24 +298,27 @@ class AutoRegressiveSpeculator(DraftMixedSteps, DraftMixedGraphs):
 
     def _prepare_prefill_inputs(self, batch: VerifiedBatch, desc: BatchExecutionDescriptor,
                                 buffers: InputBuffers | None = None, row_offset: int = 0,
-                                token_offset: int = 0) -> StagedRows:
+                                token_offset: int = 0, row_stride: int | None = None) -> StagedRows:
         """Fill the prefill buffers with the q+1-slot regions (padded to desc); returns the rows' device facts
         the decode steps need (num_valid: the leading region slots that hold committed target inputs).
         buffers (None: `prefill_buffers`), row_offset, token_offset: as the target's staging, for a segment of a
         joined forward (`specexp.engine.mixed_graphs`): where its rows' lines of `last_token_indices` start
-        and where its first slot sits in the forward."""
+        and where its first slot sits in the forward; row_stride: prompt regions laid out in rows of that many
+        slots (a joined graph's chunk segment)."""
         num_reqs = batch.query_lens.numel()
         query_lens = batch.query_lens.tolist()
         # Region r: q_r + 1 slots at positions start_r .. start_r + q_r (input ids filled on the device below).
-        cpu = build_step_inputs([[0] * (q + 1) for q in query_lens], batch.start_positions.tolist(),
-                                batch.block_table.tolist(), self.block_size,
-                                self.prefill_buffers.block_table.shape[1], desc.num_reqs, desc.num_tokens,
-                                pin_memory=self.pin_memory)
+        regions = ([[0] * (q + 1) for q in query_lens], batch.start_positions.tolist(), batch.block_table.tolist(),
+                   self.block_size, self.prefill_buffers.block_table.shape[1])
+        if row_stride is None:
+            cpu = build_step_inputs(*regions, desc.num_reqs, desc.num_tokens, pin_memory=self.pin_memory)
+        else:
+            cpu = stride_rows(build_step_inputs(*regions), row_stride, desc.num_reqs, pin_memory=self.pin_memory)
         # Per region slot: its row, its index in the region, and the target input it copies (src).
         region_row, region_i, src, region_start = [], [], [], []
         target_start = 0
         for r, q in enumerate(query_lens):
-            region_start.append(len(region_row))
+            region_start.append(len(region_row) if row_stride is None else r * row_stride)
             region_row += [r] * (q + 1)
             region_i += range(q + 1)
             src += [target_start + min(i, q - 1) for i in range(q + 1)]
@@ -340,11 +344,20 @@ class AutoRegressiveSpeculator(DraftMixedSteps, DraftMixedGraphs):
         ids = torch.where(
             region_i_d < valid_here, target_ids, torch.where(region_i_d == valid_here, new_token[region_row_d], 0)
         )
-        buffers.input_ids[: ids.numel()].copy_(ids)
+        if row_stride is None:
+            buffers.input_ids[: ids.numel()].copy_(ids)
+        else:  # slot i of region r at r * row_stride + i
+            buffers.input_ids[region_start_d[region_row_d] + region_i_d] = ids
         rows = self.last_token_indices[row_offset : row_offset + desc.num_reqs]
         torch.add(region_start_d + token_offset, num_valid, out=rows[:num_reqs])
         rows[num_reqs:].zero_()
         staged_rows = StagedRows(num_valid, start_d, samples_d)
+        if row_stride is not None:  # a joined graph's chunk segment: point its persistent conv buffers at the regions
+            if self.conv_states:
+                self.prefill_conv_builder.load_prompt_rows(
+                    query_lens=[q + 1 for q in query_lens], num_computed_tokens=batch.start_positions.tolist(),
+                    state_indices=batch.conv_slots.tolist(), row_tokens=row_stride)
+            return staged_rows
         if desc.cg_mode == FULL and not bool(batch.is_spec[0]):  # a prompt graph (prefill graphs: verify rows)
             self._prefill_ctx = self._prompt_graph_ctx.get((desc.num_tokens, desc.max_seq_len))  # joined: unused
             if self.conv_states:  # point its persistent conv buffers at this region

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from specexp.engine.cudagraph import FULL, BatchExecutionDescriptor
-from specexp.engine.inputs import InputBuffers, build_step_inputs, host_tensor
+from specexp.engine.inputs import InputBuffers, build_step_inputs, host_tensor, stride_rows
 from specexp.engine.scheduler import ScheduledBatch
 from specexp.engine.verified import VerifiedBatch
 
@@ -22,14 +22,16 @@ class TargetStepInputs:
     builder). `_prepare_target_inputs` stages one step; `_verified_batch` hands its facts to the speculator."""
 
     def _prepare_target_inputs(self, batch: ScheduledBatch, desc: BatchExecutionDescriptor,
-                               buffers: InputBuffers | None = None, row_offset: int = 0, token_offset: int = 0) -> dict:
+                               buffers: InputBuffers | None = None, row_offset: int = 0, token_offset: int = 0,
+                               row_stride: int | None = None) -> dict:
         """Stage one step of `batch`, as `desc` runs it (padded rows and tokens under FULL), into the persistent
         buffers; returns the step's CPU inputs (`cpu`), attention and conv metadata, and the per-row CPU
         tensors the speculator reads (`_verified_batch`).
 
         buffers: the input buffers to fill (None: the engine's); row_offset / token_offset: where the batch's
         first row sits in `row_inputs` and its first token in the forward's hidden states, for a batch staged as
-        one segment of a joined forward (`specexp.engine.mixed_graphs`)."""
+        one segment of a joined forward (`specexp.engine.mixed_graphs`); row_stride: prompt chunks laid out in
+        rows of that many slots (a joined graph's chunk segment, `inputs.stride_rows`)."""
         k, dev = self.k, self.device
         buffers = self.buffers if buffers is None else buffers
         rows = batch.rows
@@ -43,8 +45,13 @@ class TargetStepInputs:
                 token_lists.append([req.token_ids[-1]] + [0] * (row.num_query_tokens - 1))
             starts.append(start)
             block_ids.append(req.block_ids)
-        cpu = build_step_inputs(token_lists, starts, block_ids, self.cfg.block_size, self.max_blocks_per_req,
-                                desc.num_reqs, desc.num_tokens, pin_memory=self.pin_memory)
+        if row_stride is None:
+            cpu = build_step_inputs(token_lists, starts, block_ids, self.cfg.block_size, self.max_blocks_per_req,
+                                    desc.num_reqs, desc.num_tokens, pin_memory=self.pin_memory)
+        else:
+            cpu = stride_rows(build_step_inputs(token_lists, starts, block_ids, self.cfg.block_size,
+                                                self.max_blocks_per_req), row_stride, desc.num_reqs,
+                              pin_memory=self.pin_memory)
         buffers.load(cpu, desc.num_reqs, desc.num_tokens)
         num_reqs, num_tokens = cpu.num_reqs, cpu.num_tokens
         attn = buffers.attention_metadata(
@@ -68,7 +75,12 @@ class TargetStepInputs:
                 + [r.num_query_tokens - 1 if not r.is_prefill else -1 for r in rows],
                 np.int32).view(4, num_reqs).unbind(0)
         conv = None
-        if self.conv_states and desc.cg_mode == FULL and rows[0].is_prefill:
+        if self.conv_states and row_stride is not None:  # a joined graph's chunk segment: its persistent buffers
+            self.conv_builder.load_prompt_rows(query_lens=[r.num_query_tokens for r in rows],
+                                               num_computed_tokens=starts,
+                                               state_indices=[r.request.conv_slot for r in rows],
+                                               row_tokens=row_stride)
+        elif self.conv_states and desc.cg_mode == FULL and rows[0].is_prefill:
             # a prompt-prefill graph (verify graphs take no prefill rows): its one-row persistent buffers
             self.conv_builder.load_prompt_row(query_len=rows[0].num_query_tokens, num_tokens_padded=desc.num_tokens,
                                               num_computed_tokens=starts[0], state_index=rows[0].request.conv_slot)
