@@ -115,7 +115,9 @@ class NativeServer:
         mixed = [d for s, d in zip(steps, device) if 0 < s.num_prefill_tokens < s.num_tokens]
         pure = [d for s, d in zip(steps, device) if s.num_prefill_tokens == 0 and s.num_reqs == concurrency]
         drafts = sum(s.num_drafts for s in steps)
+        self.last_traces = trace_frame(out)
         return {**latency_figures(tpot, ttft, tokens, out.total_s),
+                "step_ms_by_batch": {str(b): ms for b, ms in step_costs_by_batch(steps).items()},
                 "acceptance_length": 1 + sum(s.num_accepted_tokens for s in steps) / drafts if drafts else 1.0,
                 "verify_share": sum(s.verify_ms + s.sample_ms for s in steps) / sum(device) if sum(device) else None,
                 "mean_batch_occupancy": sum(s.num_reqs for s in steps) / len(steps) / concurrency,
@@ -129,6 +131,46 @@ class NativeServer:
         del self.engine
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+
+
+def step_costs_by_batch(steps) -> dict[int, float]:
+    """Mean step period (the host's step_ms: what a step adds to the run's wall time) by batch size, ms."""
+    by_batch: dict[int, list[float]] = {}
+    for s in steps:
+        by_batch.setdefault(s.num_reqs, []).append(s.step_ms)
+    return {b: statistics.fmean(v) for b, v in sorted(by_batch.items())}
+
+
+def trace_frame(out):
+    """One row per (request, step) of a `generate` call, the columns `specexp.analysis.oracle` reads."""
+    import pandas as pd
+
+    rows = [(t.step, out.steps[t.step].num_reqs, t.num_draft_tokens, t.num_accepted_tokens, t.num_emitted_tokens)
+            for r in out.requests for t in r.trace]
+    return pd.DataFrame(rows, columns=["step", "num_reqs", "num_draft_tokens", "num_accepted_tokens",
+                                       "num_emitted_tokens"])
+
+
+def oracle_cells(runs_by_k: dict[int, dict[int, list[dict]]], traces: dict[int, list], levels: list[int]) -> dict:
+    """Per concurrency, what choosing k could win (`specexp.analysis.oracle.per_step_oracle`): on each measured
+    round's steps of the deepest k (its traces), with every k's step costs by batch size from the same round, the
+    modelled best static k and its speedup over k = 0, and the per-step hindsight oracle's speedup and mean k;
+    each summarised over the rounds (mean ± std, 95% interval, n)."""
+    from specexp.analysis.oracle import per_step_oracle
+
+    cells = {}
+    for c in levels:
+        static, oracle, mean_k, best = [], [], [], []
+        for r, frame in enumerate(traces[c]):
+            costs = {k: {int(b): ms for b, ms in runs[c][r]["step_ms_by_batch"].items()} for k, runs in runs_by_k.items()}
+            result = per_step_oracle(frame, costs)
+            best.append(result.best_static_k)
+            static.append(result.speedup(result.static_tokens_per_s[result.best_static_k]))
+            oracle.append(result.speedup(result.oracle_tokens_per_s))
+            mean_k.append(sum(result.oracle_k) / len(result.oracle_k))
+        cells[str(c)] = {"model_best_static_k": best, "model_best_static_speedup": repeat_summary(static),
+                         "oracle_speedup": repeat_summary(oracle), "oracle_k_mean": repeat_summary(mean_k)}
+    return cells
 
 
 # ---------------------------------------------------------------------------------------------- vLLM
@@ -253,7 +295,8 @@ def main() -> None:
             draft_dir = random_checkpoint(ZOO / draft_path, 1, scratch / "draft")
             vocab = json.loads((ZOO / target_path / "config.json").read_text())["vocab_size"]
         prompts = {c: make_prompts(vocab, num_prompts(c)) for c in levels}
-        for k in ks:
+        runs_by_k, deepest_traces = {}, {}
+        for k in sorted(ks):
             start = time.perf_counter()
             if args.engine == "native":
                 server = NativeServer(target, draft, k, args.rate, max(levels), args.new_tokens, args.device)
@@ -263,14 +306,20 @@ def main() -> None:
             for c in levels:  # warm-up round
                 server.run(prompts[c][: 2 * c], c)
             runs = {c: [] for c in levels}
+            traces = {c: [] for c in levels}
             for _ in range(args.repeats):
                 for c in levels:
                     runs[c].append(server.run(prompts[c], c))
+                    if args.engine == "native":
+                        traces[c].append(server.last_traces)
+            runs_by_k[k], deepest_traces = runs, traces
             cells = {str(c): summarize(r) for c, r in runs.items()}
             result["pairs"][pair][f"k{k}"] = {"build_s": build_s, **server.info, "cells": cells}
             print(f"{pair} k={k}: " + ", ".join(
                 f"c{c} {cells[str(c)]['output_tokens_per_s']['mean']:.0f}" for c in levels) + " tokens/s", flush=True)
             server.close()
+            if args.engine == "native" and 0 in runs_by_k and len(runs_by_k) > 1 and k == max(ks):
+                result["pairs"][pair]["oracle"] = {"max_k": k, "cells": oracle_cells(runs_by_k, deepest_traces, levels)}
             out_path.write_text(json.dumps(result, indent=1))
 
 

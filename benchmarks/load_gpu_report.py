@@ -1,6 +1,6 @@
 """Tables and a figure from `load_gpu.py` results (native and vLLM files): per pair, output tokens/s of every k
 at every concurrency (mean ± std over the rounds, n), the best k at each concurrency, TPOT p50/p99 and the verify
-share, the mixed steps' cost against a pure verify step, and native over vLLM at the same (pair, k, concurrency)
+share, the mixed steps' cost against a pure verify step, what choosing k could win (the oracle), and native over vLLM at the same (pair, k, concurrency)
 with a 95% interval (delta method over the rounds of both).
 
     python benchmarks/load_gpu_report.py tables NATIVE.json [VLLM.json]                # markdown on stdout
@@ -47,9 +47,14 @@ def load(paths: list[str]) -> dict[str, dict]:
     return out
 
 
+def depths(data: dict, pair: str) -> dict[str, dict]:
+    """{"k<k>": entry} of a pair's results (its other keys, such as "oracle", left out)."""
+    return {k: v for k, v in data["pairs"][pair].items() if k.startswith("k")}
+
+
 def throughput_table(pair: str, data: dict) -> list[str]:
     """Native tokens/s per k and concurrency, the best k, TPOT and verify share of that best k."""
-    by_k = data["pairs"][pair]
+    by_k = depths(data, pair)
     levels = [str(c) for c in data["concurrency"]]
     n = data["repeats"]
     lines = [f"| k \\ concurrency | {' | '.join(levels)} |", "|---|" + "---|" * len(levels)]
@@ -69,8 +74,8 @@ def throughput_table(pair: str, data: dict) -> list[str]:
 
 
 def mixed_table(pair: str, data: dict) -> list[str]:
-    """Per k > 0 and concurrency: the mixed steps' median GPU time over the pure verify steps' (same run)."""
-    by_k = data["pairs"][pair]
+    """Per k and concurrency: the mixed steps' median GPU time over the pure verify steps' (same run)."""
+    by_k = depths(data, pair)
     levels = [str(c) for c in data["concurrency"]]
     lines = [f"| k \\ concurrency | {' | '.join(levels)} |", "|---|" + "---|" * len(levels)]
     for k, entry in by_k.items():
@@ -85,7 +90,7 @@ def mixed_table(pair: str, data: dict) -> list[str]:
 def ratio_table(pair: str, native: dict, vllm: dict) -> list[str]:
     """Native over vLLM output tokens/s at every k both measured, with 95% intervals."""
     levels = [str(c) for c in native["concurrency"] if str(c) in map(str, vllm["concurrency"])]
-    ks = [k for k in native["pairs"][pair] if k in vllm["pairs"].get(pair, {})]
+    ks = [k for k in depths(native, pair) if k in vllm["pairs"].get(pair, {})]
     lines = [f"| k \\ concurrency | {' | '.join(levels)} |", "|---|" + "---|" * len(levels)]
     for k in ks:
         row = [_interval(ratio_interval(_runs(native["pairs"][pair][k]["cells"][c], "output_tokens_per_s"),
@@ -94,6 +99,33 @@ def ratio_table(pair: str, native: dict, vllm: dict) -> list[str]:
         lines.append(f"| {k} | " + " | ".join(row) + " |")
         lines.append(f"| {k} vLLM tokens/s | " + " | ".join(
             _mean_std(vllm["pairs"][pair][k]["cells"][c]["output_tokens_per_s"]) for c in levels) + " |")
+    return lines
+
+
+def oracle_table(pair: str, data: dict) -> list[str]:
+    """Per concurrency: the measured best k and its speedup over k = 0 (95% interval over the rounds of both), the
+    best static k modelled on the deepest k's steps and its speedup, and the per-step oracle's speedup and mean k
+    (mean ± std over the rounds)."""
+    oracle = data["pairs"][pair].get("oracle")
+    if not oracle:
+        return []
+    by_k = depths(data, pair)
+    levels = [str(c) for c in data["concurrency"]]
+    rows = {"measured best k": [], "measured speedup [95%]": [], "modelled best static k": [],
+            "modelled best static speedup": [], "per-step oracle speedup": [], "oracle mean k": []}
+    for c in levels:
+        best = max(by_k, key=lambda k: by_k[k]["cells"][c]["output_tokens_per_s"]["mean"])
+        cell = oracle["cells"][c]
+        rows["measured best k"].append(best)
+        rows["measured speedup [95%]"].append(_interval(ratio_interval(
+            _runs(by_k[best]["cells"][c], "output_tokens_per_s"), _runs(by_k["k0"]["cells"][c], "output_tokens_per_s")))
+            if best != "k0" else "1.00")
+        rows["modelled best static k"].append("/".join(f"k{k}" for k in sorted(set(cell["model_best_static_k"]))))
+        rows["modelled best static speedup"].append(_mean_std(cell["model_best_static_speedup"], 2))
+        rows["per-step oracle speedup"].append(_mean_std(cell["oracle_speedup"], 2))
+        rows["oracle mean k"].append(_mean_std(cell["oracle_k_mean"], 1))
+    lines = [f"| over k0 \\ concurrency | {' | '.join(levels)} |", "|---|" + "---|" * len(levels)]
+    lines += [f"| {name} | " + " | ".join(values) + " |" for name, values in rows.items()]
     return lines
 
 
@@ -107,6 +139,11 @@ def tables(paths: list[str]) -> str:
             out += ["Native engine:", "", *throughput_table(pair, native), "",
                     "Mixed prefill+verify step over a pure verify step (median GPU times, ratio of round means, "
                     "95% interval):", "", *mixed_table(pair, native), ""]
+            oracle = oracle_table(pair, native)
+            if oracle:
+                out += [f"What choosing k could win (modelled on the k{native['pairs'][pair]['oracle']['max_k']} runs' "
+                        "steps with every k's measured step cost by batch size; mean ± std over the rounds):", "",
+                        *oracle, ""]
         if native and vllm and pair in vllm["pairs"]:
             out += ["Native over vLLM, output tokens/s (95% interval):", "", *ratio_table(pair, native, vllm), ""]
     return "\n".join(out)
@@ -128,7 +165,7 @@ def figure(out_png: str, paths: list[str]) -> None:
             data = results.get(engine)
             if not data or pair not in data["pairs"]:
                 continue
-            for k, entry in data["pairs"][pair].items():
+            for k, entry in depths(data, pair).items():
                 levels = data["concurrency"]
                 means = [entry["cells"][str(c)]["output_tokens_per_s"]["mean"] for c in levels]
                 stds = [entry["cells"][str(c)]["output_tokens_per_s"]["std"] or 0 for c in levels]
