@@ -12,7 +12,8 @@ then `--repeats` measured rounds over every c.
   verify share (target verify time over the step's GPU time) and the mixed steps' median GPU time.
 - `--engine vllm`: `vllm.LLM` (0.26: `speculative_config` method `draft_model`, synthetic rejection at the same
   per-position rates as native) driven through `llm.llm_engine.add_request`/`step()`, the loop `LLM.generate` runs,
-  topped up to c requests after every step. TTFT/TPOT from the host's clock at each step's outputs.
+  topped up to c requests after every step. TTFT/TPOT from the host's clock at each step's outputs. Prefix caching
+  is off unless `--vllm-prefix-caching on`: every round repeats its prompts.
 
     python benchmarks/load_gpu.py --engine native --out load_native.json [--pairs llama-3.2-1b+llama-100m]
         [--ks 0,2,4,6] [--concurrency 1,2,4,8,16,32,64] [--repeats 2] [--rate 0.8] [--new-tokens 128]
@@ -186,13 +187,13 @@ class VllmServer:
     """One `vllm.LLM` at k (synthetic rejection at the native engine's per-position rates)."""
 
     def __init__(self, target_dir: str, draft_dir: str, k: int, rate: float, max_concurrency: int,
-                 new_tokens: int) -> None:
+                 new_tokens: int, prefix_caching: bool = False) -> None:
         import vllm
 
         self.vllm = vllm
         kwargs = dict(model=target_dir, tokenizer=target_dir, skip_tokenizer_init=True, dtype="bfloat16", seed=0,
                       max_num_seqs=max_concurrency, max_model_len=-(-(PROMPT_TOKENS + new_tokens + k + 2) // 16) * 16,
-                      gpu_memory_utilization=0.85, disable_log_stats=False)
+                      gpu_memory_utilization=0.85, disable_log_stats=False, enable_prefix_caching=prefix_caching)
         if k > 0:
             rates = SpeculatorConfig(num_speculative_tokens=k, rejection="synthetic",
                                      synthetic_acceptance_rate=rate).synthetic_rates()
@@ -201,7 +202,8 @@ class VllmServer:
                                             "synthetic_acceptance_rates": list(rates)}
         start = time.perf_counter()
         self.llm = vllm.LLM(**kwargs)
-        self.info = {"engine_build_s": time.perf_counter() - start, "vllm": vllm.__version__}
+        self.info = {"engine_build_s": time.perf_counter() - start, "vllm": vllm.__version__,
+                     "enable_prefix_caching": prefix_caching}
         self.params = vllm.SamplingParams(max_tokens=new_tokens, ignore_eos=True, temperature=0.0, detokenize=False)
         self.k = k
 
@@ -267,6 +269,9 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--device", default="cuda", help="cuda, or cpu: a check of the native path on emulated graphs "
                                                              "with the trained demo models, not a measurement")
+    parser.add_argument("--vllm-prefix-caching", choices=("on", "off"), default="off",
+                        help="vLLM's prefix cache (its own default is on; the rounds repeat their prompts, which it "
+                             "would serve from the cache; the native engine has none)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     ks = [int(k) for k in args.ks.split(",")]
@@ -301,7 +306,8 @@ def main() -> None:
             if args.engine == "native":
                 server = NativeServer(target, draft, k, args.rate, max(levels), args.new_tokens, args.device)
             else:
-                server = VllmServer(target_dir, draft_dir, k, args.rate, max(levels), args.new_tokens)
+                server = VllmServer(target_dir, draft_dir, k, args.rate, max(levels), args.new_tokens,
+                                    args.vllm_prefix_caching == "on")
             build_s = time.perf_counter() - start
             for c in levels:  # warm-up round
                 server.run(prompts[c][: 2 * c], c)

@@ -14,7 +14,7 @@ all the step's tokens at once, and only attention and short conv run per segment
 
 A joined graph is keyed by its chunk shape (M, C) and, like the verify graphs, by (S, v, key-length bucket). The
 shapes (`chunk_shapes`): for each prompt-graph count C (`engine.cudagraph_prefill_tokens`), M = 1, 2, 4, ... up to
-the chunks a step's token budget holds, that bound included; a step's m chunks of at most L tokens take the
+the chunks of up to C tokens a step's token budget holds, that bound included; a step's m chunks of at most L tokens take the
 smallest captured M * C with M >= m, C >= L. S runs over the verify keys' sizes capped at max_num_seqs - M (the
 chunks take the last M rows).
 
@@ -47,10 +47,12 @@ ChunkShape = tuple[int, int]  # (M prompt rows, C slots a row)
 
 def chunk_shapes(counts, token_budget: int, max_num_seqs: int) -> tuple[ChunkShape, ...]:
     """The (M, C) chunk shapes joined graphs are captured for: per count C, M = 1, 2, 4, ... below
-    min(token_budget // C, max_num_seqs - 1), and that bound itself (at least 1); none when max_num_seqs is 1."""
+    min(token_budget // C + 2, max_num_seqs - 1), and that bound itself; none when max_num_seqs is 1. A step's
+    budget holds token_budget // C whole chunks of C tokens, plus a partial chunk at each end: the rest of a prompt
+    begun the step before, and the head of the last prompt admitted."""
     shapes = set()
     for count in counts:
-        bound = min(max(token_budget // count, 1), max_num_seqs - 1)
+        bound = min(token_budget // count + 2, max_num_seqs - 1)
         rows = 1
         while rows < bound:
             shapes.add((rows, count))

@@ -147,23 +147,25 @@ def test_joined_mixed_steps_serve_the_eager_tokens(pair_dirs, prompts, pair, spe
 
 def test_joined_graphs_are_captured_per_chunk_shape_and_verify_key_below_max_num_seqs(pair_dirs):
     """max_num_seqs 4, capture sizes 1, 2, 4, a budget of 16 tokens, prompt graphs of 8 and 16: chunk shapes of M
-    rows x C slots, M = 1, 2 up to min(16 // C, 3); joined graphs hold verify rows up to 4 - M at each; the draft's
-    regions are one slot longer; `parts` captures none."""
+    rows x C slots, M = 1, 2, ... up to min(16 // C + 2, 3); joined graphs hold verify rows up to 4 - M at each; the
+    draft's regions are one slot longer; `parts` captures none."""
     target, draft = (load_model(d) for d in pair_dirs["lfm2+lfm2"])
     engine = _engine(target, draft, SPECS["k3"], "full", mixed="joined")
-    assert sorted(engine.mixed_graphs.managers) == [(1, 8), (1, 16), (2, 8)]
+    assert sorted(engine.mixed_graphs.managers) == [(1, 8), (1, 16), (2, 8), (2, 16), (3, 8), (3, 16)]
     for (rows, _), manager in engine.mixed_graphs.managers.items():
         expected = sorted({(min(size, 4 - rows), 3) for size in (1, 2, 4)})
         assert sorted({(size, k) for size, k, _ in manager.graphs}) == expected
-    assert sorted(engine.speculator.mixed_graphs.managers) == [(1, 9), (1, 17), (2, 9)]
+    assert sorted(engine.speculator.mixed_graphs.managers) == [(1, 9), (1, 17), (2, 9), (2, 17), (3, 9), (3, 17)]
     assert not _engine(target, draft, SPECS["k3"], "full", mixed="parts").mixed_graphs.managers
 
 
 def test_chunk_shapes_cover_the_budget_in_powers_of_two():
-    assert chunk_shapes((16, 64), 416, 64) == ((1, 16), (1, 64), (2, 16), (2, 64), (4, 16), (4, 64), (6, 64),
-                                               (8, 16), (16, 16), (26, 16))
+    """Per count C: 1, 2, 4, ... up to the whole chunks of C a budget holds plus a partial one at each end (416 //
+    64 + 2 = 8: a prompt's last 38 tokens, five of 64, the next prompt's first 8), at most max_num_seqs - 1."""
+    assert chunk_shapes((16, 64), 416, 64) == ((1, 16), (1, 64), (2, 16), (2, 64), (4, 16), (4, 64), (8, 16),
+                                               (8, 64), (16, 16), (28, 16))
     assert chunk_shapes((16,), 416, 8) == ((1, 16), (2, 16), (4, 16), (7, 16))
-    assert chunk_shapes((128,), 64, 8) == ((1, 128),)  # a chunk longer than the budget: still one row
+    assert chunk_shapes((128,), 64, 8) == ((1, 128), (2, 128))
     assert chunk_shapes((16,), 416, 1) == ()
 
 
