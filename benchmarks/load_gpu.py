@@ -46,6 +46,7 @@ from gpu_cudagraphs import CUDA_KERNELS, DEMO_PAIRS, RANDOM_PAIRS, ZOO
 
 from specexp.engine.config import EngineConfig, SamplingConfig, SpeculatorConfig
 from specexp.engine.cudagraph import FULL
+from specexp.analysis.oracle import prefill_ms_per_token, step_costs
 from specexp.engine.stats import percentile
 from specexp.measure.intervals import repeat_summary
 from specexp.models import load_model
@@ -116,9 +117,11 @@ class NativeServer:
         mixed = [d for s, d in zip(steps, device) if 0 < s.num_prefill_tokens < s.num_tokens]
         pure = [d for s, d in zip(steps, device) if s.num_prefill_tokens == 0 and s.num_reqs == concurrency]
         drafts = sum(s.num_drafts for s in steps)
-        self.last_traces = trace_frame(out)
+        self.last_traces, self.last_steps = trace_frame(out), step_frame(steps)
+        costs = step_costs({0: self.last_steps})[0]
         return {**latency_figures(tpot, ttft, tokens, out.total_s),
-                "step_ms_by_batch": {str(b): ms for b, ms in step_costs_by_batch(steps).items()},
+                "step_ms_by_batch": {str(b): ms for b, ms in costs.items()},
+                "prefill_ms_per_token": prefill_ms_per_token(self.last_steps, costs),
                 "acceptance_length": 1 + sum(s.num_accepted_tokens for s in steps) / drafts if drafts else 1.0,
                 "verify_share": sum(s.verify_ms + s.sample_ms for s in steps) / sum(device) if sum(device) else None,
                 "mean_batch_occupancy": sum(s.num_reqs for s in steps) / len(steps) / concurrency,
@@ -134,29 +137,29 @@ class NativeServer:
             torch.cuda.empty_cache()
 
 
-def step_costs_by_batch(steps) -> dict[int, float]:
-    """Mean step period (the host's step_ms: what a step adds to the run's wall time) by batch size, ms."""
-    by_batch: dict[int, list[float]] = {}
-    for s in steps:
-        by_batch.setdefault(s.num_reqs, []).append(s.step_ms)
-    return {b: statistics.fmean(v) for b, v in sorted(by_batch.items())}
+def step_frame(steps):
+    """A `generate` call's steps in order: batch size, the host's step period (ms) and prompt tokens of each."""
+    import pandas as pd
+
+    return pd.DataFrame([(s.num_reqs, s.step_ms, s.num_prefill_tokens) for s in steps],
+                        columns=["num_reqs", "step_ms", "num_prefill_tokens"])
 
 
 def trace_frame(out):
     """One row per (request, step) of a `generate` call, the columns `specexp.analysis.oracle` reads."""
     import pandas as pd
 
-    rows = [(t.step, out.steps[t.step].num_reqs, t.num_draft_tokens, t.num_accepted_tokens, t.num_emitted_tokens)
-            for r in out.requests for t in r.trace]
-    return pd.DataFrame(rows, columns=["step", "num_reqs", "num_draft_tokens", "num_accepted_tokens",
-                                       "num_emitted_tokens"])
+    rows = [(t.step, out.steps[t.step].num_reqs, t.num_query_tokens, t.is_prefill, t.num_draft_tokens,
+             t.num_accepted_tokens, t.num_emitted_tokens) for r in out.requests for t in r.trace]
+    return pd.DataFrame(rows, columns=["step", "num_reqs", "num_query_tokens", "is_prefill", "num_draft_tokens",
+                                       "num_accepted_tokens", "num_emitted_tokens"])
 
 
 def oracle_cells(runs_by_k: dict[int, dict[int, list[dict]]], traces: dict[int, list], levels: list[int]) -> dict:
     """Per concurrency, what choosing k could win (`specexp.analysis.oracle.per_step_oracle`): on each measured
-    round's steps of the deepest k (its traces), with every k's step costs by batch size from the same round, the
-    modelled best static k and its speedup over k = 0, and the per-step hindsight oracle's speedup and mean k;
-    each summarised over the rounds (mean ± std, 95% interval, n)."""
+    round's steps of the deepest k (its traces), with every k's decode step cost by batch size and cost per prompt
+    token from the same round, the modelled best static k and its speedup over k = 0, and the per-step hindsight
+    oracle's speedup and mean k; each summarised over the rounds (mean ± std, 95% interval, n)."""
     from specexp.analysis.oracle import per_step_oracle
 
     cells = {}
@@ -164,7 +167,8 @@ def oracle_cells(runs_by_k: dict[int, dict[int, list[dict]]], traces: dict[int, 
         static, oracle, mean_k, best = [], [], [], []
         for r, frame in enumerate(traces[c]):
             costs = {k: {int(b): ms for b, ms in runs[c][r]["step_ms_by_batch"].items()} for k, runs in runs_by_k.items()}
-            result = per_step_oracle(frame, costs)
+            prefill = {k: runs[c][r]["prefill_ms_per_token"] for k, runs in runs_by_k.items()}
+            result = per_step_oracle(frame, costs, prefill_ms=prefill)
             best.append(result.best_static_k)
             static.append(result.speedup(result.static_tokens_per_s[result.best_static_k]))
             oracle.append(result.speedup(result.oracle_tokens_per_s))

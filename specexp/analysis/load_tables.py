@@ -29,7 +29,13 @@ import pandas as pd
 
 from specexp.analysis.groups import comparison_columns
 from specexp.analysis.metrics import _ok
-from specexp.analysis.oracle import per_step_oracle, request_matches, static_k_table, step_costs
+from specexp.analysis.oracle import (
+    per_step_oracle,
+    prefill_ms_per_token,
+    request_matches,
+    static_k_table,
+    step_costs,
+)
 from specexp.analysis.traces import load_traces
 
 LOAD_AXES = ("workload.max_concurrency", "workload.request_rate")
@@ -178,24 +184,29 @@ def _by_repeat(steps: pd.DataFrame) -> list[pd.DataFrame]:
 
 
 def _modelled(traces: pd.DataFrame, steps_by_k: dict[int, pd.DataFrame]) -> dict:
-    """The oracle's figures on the deepest run's steps (``traces``): ``model_best_static_k`` from every
-    repeat's step costs pooled, then per repeat (that repeat's costs at every depth) the speedup of that k and
+    """The oracle's figures on the deepest run's steps (``traces``), each depth's decode step costs and cost per
+    prompt token from its own steps: ``model_best_static_k`` from every repeat's steps pooled, then per repeat (that repeat's costs at every depth) the speedup of that k and
     of the per-step oracle, and the oracle's mean k, each summarised over the repeats (mean, ``_std``,
     ``_low`` / ``_high``, ``_n``)."""
     from specexp.measure.intervals import repeat_summary
 
-    pooled = per_step_oracle(traces, step_costs(steps_by_k))
-    best_static = pooled.best_static_k
     parts = {k: _by_repeat(steps) for k, steps in steps_by_k.items()}
+
+    def oracle(steps: dict[int, pd.DataFrame]):
+        costs = step_costs(steps)
+        prefill = {k: prefill_ms_per_token(frame, costs[k]) for k, frame in steps.items()}
+        return per_step_oracle(traces, costs, prefill_ms=prefill)
+
+    best_static = oracle(steps_by_k).best_static_k
     repeats = min(len(p) for p in parts.values())
-    static, oracle, mean_k = [], [], []
+    static, oracle_speedup, mean_k = [], [], []
     for r in range(repeats):
-        result = per_step_oracle(traces, step_costs({k: p[r] for k, p in parts.items()}))
+        result = oracle({k: p[r] for k, p in parts.items()})
         static.append(result.speedup(result.static_tokens_per_s[best_static]))
-        oracle.append(result.speedup(result.oracle_tokens_per_s))
+        oracle_speedup.append(result.speedup(result.oracle_tokens_per_s))
         mean_k.append(sum(result.oracle_k) / len(result.oracle_k))
     row = {"model_best_static_k": best_static}
-    for name, values in (("model_best_static_speedup", static), ("oracle_speedup", oracle),
+    for name, values in (("model_best_static_speedup", static), ("oracle_speedup", oracle_speedup),
                          ("oracle_k_mean", mean_k)):
         summary = repeat_summary(values)
         row[name] = summary["mean"]

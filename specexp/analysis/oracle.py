@@ -18,11 +18,13 @@ Outputs are taken as the request's whole length (EOS-stopped requests are replay
 were the length limit).
 
 **Per-step oracle.** On the K-run's own steps, depth k turns a row that drafted d and accepted a into
-``min(a, k) + 1`` tokens (a prompt chunk's tokens stay) at the step cost ``cost(k, batch)`` measured for that
-depth and batch size (:func:`step_costs`). One k per step for the whole batch, chosen in hindsight to
-maximise tokens / time over the run (:func:`per_step_oracle`, Dinkelbach's iteration: the exact optimum of
-the ratio): the upper bound any per-step k-selection policy can reach on these steps. Speedups are over
-k = 0 on the same steps.
+``min(a, k) + 1`` tokens (a prompt chunk's tokens stay) at the decode step cost ``cost(k, batch)`` measured for
+that depth and batch size (:func:`step_costs`); the same output then takes decode time in proportion, and the
+prompts cost what a prompt token cost in the run at that depth (:func:`prefill_ms_per_token`), once for the
+whole output rather than spread over the K-run's fewer steps. One k per step for the whole batch, chosen in
+hindsight to minimise the decode time per token (:func:`per_step_oracle`, Dinkelbach's iteration: the exact
+optimum of the ratio): the upper bound any per-step k-selection policy can reach on these steps. Speedups are
+over k = 0 on the same requests.
 """
 
 from __future__ import annotations
@@ -133,13 +135,32 @@ def static_k_table(matches: dict[str, Sequence[bool | None]], ks: Iterable[int])
 
 
 def step_costs(steps_by_k: dict[int, pd.DataFrame]) -> dict[int, dict[int, float]]:
-    """Measured step cost in ms by depth and batch size, ``{k: {num_reqs: mean step_ms}}``, from each depth's
-    steps.parquet (steps that emitted tokens)."""
+    """Measured decode step cost in ms by depth and batch size, ``{k: {num_reqs: mean step_ms}}``, from each
+    depth's steps.parquet (steps that emitted tokens): the steps with no prompt token of a batch size where it has
+    any, else all its steps. What prompt tokens cost is :func:`prefill_ms_per_token`'s: a mean over a batch
+    size's steps would charge that depth's mix of prefill-heavy steps to every step of that size."""
     costs = {}
     for k, steps in steps_by_k.items():
         timed = steps.dropna(subset=["step_ms"])
+        if "num_prefill_tokens" in timed:
+            decode = timed[timed["num_prefill_tokens"] == 0]
+            timed = pd.concat([decode, timed[~timed["num_reqs"].isin(decode["num_reqs"])]])
         costs[k] = {int(b): float(ms) for b, ms in timed.groupby("num_reqs")["step_ms"].mean().items()}
     return costs
+
+
+def prefill_ms_per_token(steps: pd.DataFrame, costs: dict[int, float]) -> float:
+    """What a prompt token costs at one depth, ms: over a run's steps that hold prompt tokens, what they took
+    beyond a decode step of their batch size (``costs``: that depth's :func:`step_costs`; each step's excess at
+    least 0), per prompt token they ran. It holds the target's prefill and, at k > 0, the draft's; 0 when no
+    step prefilled (or ``steps`` has no ``num_prefill_tokens``)."""
+    if "num_prefill_tokens" not in steps:
+        return 0.0
+    prefill = steps[steps["num_prefill_tokens"] > 0].dropna(subset=["step_ms"])
+    if prefill.empty:
+        return 0.0
+    excess = sum(max(float(ms) - cost_at(costs, int(b)), 0.0) for ms, b in zip(prefill["step_ms"], prefill["num_reqs"]))
+    return excess / float(prefill["num_prefill_tokens"].sum())
 
 
 def cost_at(costs: dict[int, float], batch: int) -> float:
@@ -160,16 +181,18 @@ def cost_at(costs: dict[int, float], batch: int) -> float:
 
 
 def step_tokens(traces: pd.DataFrame, ks: Sequence[int]) -> pd.DataFrame:
-    """Per step of the run, the tokens it would have emitted at each depth of ``ks`` (columns ``tokens_k<k>``)
-    and its batch size: a row that drafted and accepted a emits ``min(a, k) + 1`` (at most what it emitted),
+    """Per step of the run, the tokens it would have emitted at each depth of ``ks`` (columns ``tokens_k<k>``),
+    its batch size and the prompt tokens it ran (``num_prompt_tokens``): a row that drafted and accepted a emits ``min(a, k) + 1`` (at most what it emitted),
     any other row what it emitted."""
     drafted = traces["num_draft_tokens"] > 0
     emitted = traces["num_emitted_tokens"]
-    frame = pd.DataFrame({"step": traces["step"], "num_reqs": traces["num_reqs"]})
+    frame = pd.DataFrame({"step": traces["step"], "num_reqs": traces["num_reqs"],
+                          "num_prompt_tokens": traces["num_query_tokens"].where(traces["is_prefill"], 0)})
     for k in ks:
         at_k = (traces["num_accepted_tokens"].clip(upper=k) + 1).clip(upper=emitted)
         frame[f"tokens_k{k}"] = at_k.where(drafted, emitted)
-    return frame.groupby("step").agg({"num_reqs": "first", **{f"tokens_k{k}": "sum" for k in ks}}).reset_index()
+    return frame.groupby("step").agg({"num_reqs": "first", "num_prompt_tokens": "sum",
+                                      **{f"tokens_k{k}": "sum" for k in ks}}).reset_index()
 
 
 @dataclass
@@ -192,25 +215,41 @@ class OracleResult:
 
 
 def per_step_oracle(traces: pd.DataFrame, costs: dict[int, dict[int, float]], max_iterations: int = 50,
-                    ) -> OracleResult:
+                    prefill_ms: dict[int, float] | None = None) -> OracleResult:
     """The per-step hindsight oracle over the steps of ``traces`` (a run at depth K >= every k of ``costs``),
-    with ``costs`` from :func:`step_costs`: the k per step maximising total tokens / total step time."""
+    with ``costs`` from :func:`step_costs` (decode steps): the k per step maximising the run's tokens per unit time.
+
+    Every depth serves the same requests: T output tokens and the prompts' P tokens. At depth k the decode steps
+    cost ``cost(k, batch)`` and emit ``tokens_k`` (:func:`step_tokens`), so T tokens take T * sum(cost_k) /
+    sum(tokens_k) of decoding, and the prompts P * ``prefill_ms[k]`` (:func:`prefill_ms_per_token` of the run at
+    k; free when None): tokens/s of k = T / (P * prefill_ms[k] + T * sum(cost_k) / sum(tokens_k)). The oracle picks
+    each step's k to minimise the decode time per token (Dinkelbach's iteration on tokens / time), prefilling at
+    the cheapest k > 0's cost when it drafts at all, or is static k = 0 when that is faster."""
     ks = sorted(costs)
     steps = step_tokens(traces, ks)
     tokens = {k: steps[f"tokens_k{k}"].to_numpy(dtype=float) for k in ks}
     times = {k: steps["num_reqs"].map(lambda b, k=k: cost_at(costs[k], int(b))).to_numpy(dtype=float) for k in ks}
-    static = {k: 1e3 * tokens[k].sum() / times[k].sum() for k in ks}
-    best = max(static, key=static.get)
+    total = float(traces["num_emitted_tokens"].sum())
+    prompt_ms = {k: (prefill_ms or {}).get(k, 0.0) * float(steps["num_prompt_tokens"].sum()) for k in ks}
+
+    def tokens_per_s(prefill: float, decode_tokens_per_ms: float) -> float:
+        return 1e3 * total / (prefill + total / decode_tokens_per_ms)
+
+    decode_rate = {k: tokens[k].sum() / times[k].sum() for k in ks}
+    static = {k: tokens_per_s(prompt_ms[k], decode_rate[k]) for k in ks}
+    best = max(decode_rate, key=decode_rate.get)
     choice = [best] * len(steps)
-    ratio = static[best] / 1e3
+    ratio = decode_rate[best]
     for _ in range(max_iterations):  # Dinkelbach: argmax_k tokens - ratio * time per step, then the new ratio
         choice = [max(ks, key=lambda k, s=s: tokens[k][s] - ratio * times[k][s]) for s in range(len(steps))]
-        total_tokens = sum(tokens[k][s] for s, k in enumerate(choice))
-        total_time = sum(times[k][s] for s, k in enumerate(choice))
-        new_ratio = total_tokens / total_time  # >= ratio: the choice before scores 0, this one its maximum
-        converged = new_ratio <= ratio * (1 + 1e-12)
+        new_ratio = sum(tokens[k][s] for s, k in enumerate(choice)) / sum(times[k][s] for s, k in enumerate(choice))
+        converged = new_ratio <= ratio * (1 + 1e-12)  # >= ratio: the choice before scores 0, this one its maximum
         ratio = max(ratio, new_ratio)
         if converged:
             break
+    drafting = [k for k in ks if k > 0]
+    oracle = tokens_per_s(min(prompt_ms[k] for k in drafting), ratio) if drafting and any(choice) else static[0]
+    if 0 in static and static[0] > oracle:
+        oracle, choice = static[0], [0] * len(steps)
     steps = steps.assign(oracle_k=choice)
-    return OracleResult(steps, static, 1e3 * ratio, choice)
+    return OracleResult(steps, static, oracle, choice)

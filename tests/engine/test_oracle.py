@@ -11,6 +11,7 @@ from specexp.analysis.acceptance_replay import draft_matches, load_pair
 from specexp.analysis.oracle import (
     fill_matches,
     per_step_oracle,
+    prefill_ms_per_token,
     replay_static_k,
     request_matches,
     static_k_table,
@@ -89,3 +90,25 @@ def test_per_step_oracle_bounds_every_static_depth(runs):
     flat = per_step_oracle(_traces(runs[K]), {k: {b: 10.0 for b in range(1, 5)} for k in (0, 2, K)})
     assert flat.best_static_k == K and flat.oracle_tokens_per_s == pytest.approx(flat.static_tokens_per_s[K])
     assert flat.speedup(flat.static_tokens_per_s[0]) == 1.0
+
+
+def test_prompt_tokens_cost_once_for_the_whole_output():
+    """One request, K = 2: a 10-token prompt chunk (emitting token 0), then three steps of 2 accepted drafts (10
+    tokens in all). Decode steps cost 1 ms at k = 0 and 2 ms at k = 2, a prompt token 0.5 / 0.8 ms. A k = 0 run
+    takes 1 + 5 ms for the chunk and 9 decode steps (15 ms), the K-run 2 + 8 ms and three steps (16 ms): the model
+    gives exactly those rates, not the K-run's four steps at k = 0 with the whole prefill charged to them."""
+    traces = pd.DataFrame({"step": [0, 1, 2, 3], "num_reqs": [1] * 4, "num_query_tokens": [10, 3, 3, 3],
+                           "is_prefill": [True, False, False, False], "num_draft_tokens": [0, 2, 2, 2],
+                           "num_accepted_tokens": [0, 2, 2, 2], "num_emitted_tokens": [1, 3, 3, 3]})
+    steps = {0: pd.DataFrame({"num_reqs": [1] * 10, "step_ms": [6.0] + [1.0] * 9, "num_prefill_tokens": [10] + [0] * 9}),
+             2: pd.DataFrame({"num_reqs": [1] * 4, "step_ms": [10.0, 2.0, 2.0, 2.0], "num_prefill_tokens": [10, 0, 0, 0]})}
+    costs = step_costs(steps)
+    assert costs == {0: {1: 1.0}, 2: {1: 2.0}}  # decode steps only
+    prefill = {k: prefill_ms_per_token(frame, costs[k]) for k, frame in steps.items()}
+    assert prefill == pytest.approx({0: 0.5, 2: 0.8})
+    result = per_step_oracle(traces, costs, prefill_ms=prefill)
+    assert result.static_tokens_per_s == pytest.approx({0: 1e3 * 10 / 15, 2: 1e3 * 10 / 16})
+    assert result.best_static_k == 0 and result.oracle_tokens_per_s >= result.static_tokens_per_s[0]
+    # without prompt costs the decode rates alone decide: 10 tokens in 8 ms at k = 2, 4 in 4 ms at k = 0
+    free = per_step_oracle(traces, costs)
+    assert free.static_tokens_per_s == pytest.approx({0: 1e3, 2: 1e3 * 10 / 8}) and free.best_static_k == 2
