@@ -11,6 +11,12 @@ finished).
 `--engine cuda` runs both backends on the GPU (native with its CUDA graphs, hf eager as transformers runs).
 
     python benchmarks/native_vs_hf.py --table FILE.json ...   # the markdown table of earlier runs, one column each
+    python benchmarks/native_vs_hf.py --ab 5 [--out ab.json]   # only k = 4, batch 1: hf and native alternating
+
+`--ab N` measures the one point the comparison is judged on, k = 4 at batch 1, as N rounds of an hf run then a
+native run (each its own process, one after the other), so drift of the machine's load falls on both alike; it
+prints each backend's tokens/s (mean ± std, n = N), native / hf with a 95% interval (delta method over the
+rounds) and whether every run's acceptance length agreed.
 """
 
 from __future__ import annotations
@@ -84,6 +90,25 @@ def render(results: list[tuple[str, dict]]) -> str:
     return "\n".join(lines)
 
 
+def ab_rounds(rounds: int, args, runs_dir: Path) -> dict:
+    """`--ab`: `rounds` rounds of (hf, native) at k = 4, batch 1; each backend's runs, their tokens/s summary,
+    native / hf with its 95% interval, and the acceptance lengths seen."""
+    from specexp.measure.intervals import ratio_interval, repeat_summary
+
+    runs = {"hf": [], "native": []}
+    for r in range(rounds):
+        for backend in ("hf", "native"):
+            row = run_point(backend, 4, 1, args, runs_dir / f"round{r}")
+            print(json.dumps({"round": r, **row}), flush=True)
+            runs[backend].append(row)
+    speeds = {b: [row["output_tokens_per_s"] for row in rows if row.get("output_tokens_per_s")] for b, rows in runs.items()}
+    lengths = sorted({round(row["acceptance_length"], 6) for rows in runs.values() for row in rows
+                      if row.get("acceptance_length") is not None})
+    return {"rounds": rounds, "runs": runs, "tokens_per_s": {b: repeat_summary(v) for b, v in speeds.items() if v},
+            "native_over_hf": ratio_interval(speeds["native"], speeds["hf"]) if all(speeds.values()) else None,
+            "acceptance_lengths": lengths, "acceptance_identical": len(lengths) == 1}
+
+
 def machine(engine: str) -> dict:
     """Where the figures come from: host, Python, torch and (engine=cuda) the GPU."""
     import torch
@@ -104,12 +129,28 @@ def main() -> None:
     parser.add_argument("--engine", default="cpu", choices=["cpu", "cuda"], help="engine config group")
     parser.add_argument("--out", default="native_vs_hf.json")
     parser.add_argument("--table", nargs="+", metavar="FILE", help="print the table of earlier results; run nothing")
+    parser.add_argument("--ab", type=int, default=0, metavar="N",
+                        help="only k = 4, batch 1: N rounds of hf then native (see the module doc)")
     args = parser.parse_args()
     if args.table:
         missing = [f for f in args.table if not Path(f).is_file()]
         if missing:
             parser.error(f"--table: no such file: {', '.join(missing)}")
         print(render([(Path(f).name, json.loads(Path(f).read_text())) for f in args.table]))
+        return
+    if args.ab < 0:
+        parser.error(f"--ab={args.ab}: must be a number of rounds >= 1 (or 0: every point once)")
+    if args.ab:
+        with tempfile.TemporaryDirectory() as tmp:
+            ab = ab_rounds(args.ab, args, Path(tmp))
+        Path(args.out).write_text(json.dumps({"machine": machine(args.engine), "settings": vars(args), "ab": ab},
+                                             indent=1))
+        for backend, summary in ab["tokens_per_s"].items():
+            print(f"{backend}: {summary['mean']:.1f} ± {summary['std'] or 0:.1f} tokens/s (n = {summary['n']})")
+        ratio = ab["native_over_hf"] or {}
+        print(f"native / hf at k=4, batch 1: {ratio.get('value')} [95%: {ratio.get('low')}, {ratio.get('high')}]; "
+              f"acceptance lengths {ab['acceptance_lengths']}")
+        print(f"wrote {args.out}")
         return
     rows: list[dict] = []
     ratio = None

@@ -163,7 +163,7 @@ class AutoRegressiveSpeculator(DraftMixedSteps, DraftMixedGraphs):
         # prompt-prefill graphs (engine.cudagraph_prefill_tokens).
         self.prompt_graphs = PromptGraphs("draft_prompt_prefill", prompt_graph_tokens if use_cuda_graphs else (),
                                           device, buckets, pool=graph_pool)
-        # A chunk's region beside the verify rows' in one graph (`mixed_graphs`; engine.cudagraph_mixed=joined).
+        # The chunks' regions beside the verify rows' in one graph (`mixed_graphs`; engine.cudagraph_mixed=joined).
         self._init_mixed_graphs(prefill_graph_keys, mixed_chunk_shapes, buckets, graph_pool,
                                 use_cuda_graphs and bool(mixed_chunk_shapes))
         # Forward contexts (views of the persistent buffers) of the captured graphs: the verify rows' prefill

@@ -55,7 +55,12 @@ class StackedLinear:
         return self._ptrs is not None and self._ptrs == self._part_ptrs()
 
     def _part_ptrs(self) -> tuple[int, ...]:
-        return tuple(p.data_ptr() for p in (*self._parts("weight"), *self._parts("bias")) if p is not None)
+        # one pass over the Linears' parameter dicts, past nn.Module.__getattr__ (this runs before every GEMM: at
+        # batch 1 on a CPU its cost shows); a re-assigned Parameter replaces its dict entry, so it is seen too
+        params = [lin._parameters for lin in self.linears]
+        if params[0].get("bias") is None:
+            return tuple(p["weight"].data_ptr() for p in params)
+        return tuple(p[name].data_ptr() for p in params for name in ("weight", "bias"))
 
     def _parts(self, name: str) -> list[torch.Tensor]:
         return [getattr(lin, name) for lin in self.linears]
