@@ -243,7 +243,9 @@ class ShortConvMetadataBuilder:
             spec_query_len=self.spec_query_len, max_prefill_query_len=row_tokens, query_start_loc=qsl,
             state_indices_tensor=slots, non_spec_query_start_loc=qsl, has_initial_states_p=p.has_initial[:num_rows],
             state_indices_tensor_p=slots, query_start_loc_p=qsl, num_computed_tokens_p=p.num_computed[:num_rows],
-            non_spec_token_indx=p.token_indx[:num_tokens], non_spec_state_lookahead=state_lookahead,
+            # one row: its real tokens already lead the segment (no gather; the padding after them is no row's)
+            non_spec_token_indx=None if num_rows == 1 else p.token_indx[:num_tokens],
+            non_spec_state_lookahead=state_lookahead,
         )
 
     def load_prompt_rows(self, *, query_lens: list[int], num_computed_tokens: list[int], state_indices: list[int],
