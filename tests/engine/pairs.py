@@ -57,6 +57,12 @@ def noisy_copy(src: Path, out: Path, scale: float, seed: int) -> Path:
     return out
 
 
+def random_prompts(lengths, seed: int, vocab: int = VOCAB) -> list[list[int]]:
+    """One prompt of random ids in [3, vocab) per length, reproducible from `seed`."""
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, vocab, (n,), generator=gen).tolist() for n in lengths]
+
+
 def build_pairs(root: Path) -> dict[str, tuple[Path, Path]]:
     """The engine tests' three pair kinds: LFM2 target + unrelated Llama draft, LFM2 + noisy hybrid copy,
     Llama + noisy copy. Returns {name: (target_dir, draft_dir)}."""

@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 import torch
-from pairs import VOCAB, build_pairs, save_tiny, second_token_pvalue, tiny_hf_model
+from pairs import random_prompts, save_tiny, second_token_pvalue, tiny_hf_model
 
 from specexp.engine.config import EngineConfig, SamplingConfig, SpeculatorConfig
 from specexp.engine.goodput import StepCostTable
@@ -36,14 +36,8 @@ MODES = {
 
 
 @pytest.fixture(scope="module")
-def pair_dirs(tmp_path_factory):
-    return build_pairs(tmp_path_factory.mktemp("pairs"))
-
-
-@pytest.fixture(scope="module")
 def prompts():
-    gen = torch.Generator().manual_seed(5)
-    return [torch.randint(3, VOCAB, (n,), generator=gen).tolist() for n in PROMPT_LENS]
+    return random_prompts(PROMPT_LENS, seed=5)
 
 
 @pytest.fixture(scope="module")

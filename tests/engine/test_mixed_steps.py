@@ -7,8 +7,7 @@ sampling."""
 from __future__ import annotations
 
 import pytest
-import torch
-from pairs import VOCAB, build_pairs, save_tiny, second_token_pvalue, tiny_hf_model
+from pairs import random_prompts, save_tiny, second_token_pvalue, tiny_hf_model
 
 from specexp.engine.config import EngineConfig, SamplingConfig, SpeculatorConfig
 from specexp.engine.mixed_graphs import chunk_shapes
@@ -27,14 +26,8 @@ SPECS = {
 
 
 @pytest.fixture(scope="module")
-def pair_dirs(tmp_path_factory):
-    return build_pairs(tmp_path_factory.mktemp("pairs"))
-
-
-@pytest.fixture(scope="module")
 def prompts():
-    gen = torch.Generator().manual_seed(7)
-    return [torch.randint(3, VOCAB, (n,), generator=gen).tolist() for n in PROMPT_LENS]
+    return random_prompts(PROMPT_LENS, seed=7)
 
 
 def _engine(target, draft, spec: dict, mode: str, temperature=0.0, max_new=10, seed=0, prefill_tokens=(8, 16),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from pairs import VOCAB, build_pairs, save_tiny, second_token_pvalue, tiny_hf_model
+from pairs import VOCAB, random_prompts, save_tiny, second_token_pvalue, tiny_hf_model
 
 from specexp.engine.config import EngineConfig, EngineConfigError, SamplingConfig, SpeculatorConfig
 from specexp.engine.runner import NativeEngine
@@ -16,14 +16,8 @@ PROMPT_LENS = [3, 11, 6, 17, 1, 9]
 
 
 @pytest.fixture(scope="module")
-def pair_dirs(tmp_path_factory):
-    return build_pairs(tmp_path_factory.mktemp("pairs"))
-
-
-@pytest.fixture(scope="module")
 def prompts():
-    gen = torch.Generator().manual_seed(7)
-    return [torch.randint(3, VOCAB, (n,), generator=gen).tolist() for n in PROMPT_LENS]
+    return random_prompts(PROMPT_LENS, seed=7)
 
 
 @pytest.fixture(scope="module")

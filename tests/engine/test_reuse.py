@@ -5,8 +5,7 @@ counts afresh after `reset_counters`, and reports the graph figures of the depth
 from __future__ import annotations
 
 import pytest
-import torch
-from pairs import VOCAB, build_pairs
+from pairs import random_prompts
 
 from specexp.engine.config import EngineConfig, EngineConfigError, SamplingConfig, SpeculatorConfig
 from specexp.engine.reuse import depth_graph_summary
@@ -17,14 +16,8 @@ PROMPT_LENS = [3, 11, 6, 17, 1, 9, 14, 2, 7, 20]
 
 
 @pytest.fixture(scope="module")
-def pair_dirs(tmp_path_factory):
-    return build_pairs(tmp_path_factory.mktemp("pairs"))
-
-
-@pytest.fixture(scope="module")
 def prompts():
-    gen = torch.Generator().manual_seed(11)
-    return [torch.randint(3, VOCAB, (n,), generator=gen).tolist() for n in PROMPT_LENS]
+    return random_prompts(PROMPT_LENS, seed=11)
 
 
 def _engine(target, draft, k: int, serve_depths=(), mode="full"):
