@@ -91,24 +91,22 @@ def run_in_fresh_process(cfg: dict, ctx, order_note: str | None = None) -> str:
     result.json records it (written by the parent when the job could not). An interruption of the parent
     (:class:`specexp.interrupts.RunInterrupted`) stops the job (:func:`stop_job`), makes sure it is recorded,
     and is re-raised. ``order_note``: why the job's repeats run back to back (kept in its record)."""
-    proc = None
-    try:
-        proc = start_job_process({"config": cfg, "context": ctx.to_dict(), "order_note": order_note})
-        returncode = proc.wait()
-    except interrupts.RunInterrupted as e:
-        if proc is not None:
-            stop_job(proc, e.signum)
-        ensure_record(cfg, ctx, proc.returncode if proc is not None else None, interrupted_by=e.signum)
-        raise
-    return ensure_record(cfg, ctx, returncode)
+    payload = {"config": cfg, "context": ctx.to_dict(), "order_note": order_note}
+    return _run_jobs_process(payload, [(cfg, ctx)])[0]
 
 
 def run_group_in_fresh_process(jobs: list[tuple[dict, object]], order_note: str) -> list[str]:
     """Jobs ``(cfg, ctx)`` that share one engine (:mod:`specexp.sweep_groups`), one after another in one new
     interpreter; returns each job's status as its result.json records it (the parent writes the record of every
     job the process left without one). An interruption stops the process, records the jobs and is re-raised."""
-    proc = None
     payload = {"group": [{"config": cfg, "context": ctx.to_dict()} for cfg, ctx in jobs], "order_note": order_note}
+    return _run_jobs_process(payload, jobs)
+
+
+def _run_jobs_process(payload: dict, jobs: list[tuple[dict, object]]) -> list[str]:
+    """Start one job process on ``payload``, wait for it, and return the status of each of ``jobs`` (``(cfg,
+    ctx)``) as recorded (:func:`ensure_record`); on an interruption stop it, record the jobs and re-raise."""
+    proc = None
     try:
         proc = start_job_process(payload)
         returncode = proc.wait()

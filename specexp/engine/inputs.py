@@ -132,16 +132,25 @@ def build_step_inputs(
     pos, req = tokens_np[1, :num_tokens], tokens_np[3, :num_tokens]
     tokens_np[2, :num_tokens] = table_np[req, pos // block_size].astype(np.int64) * block_size + pos % block_size
     tokens_np[2, num_tokens:] = -1
+    return _step_from_arrays(tokens_np, rows_np, num_reqs, num_tokens, r_pad, max_blocks_per_req,
+                             max((len(t) for t in token_ids), default=0), pin_memory)
+
+
+def _step_from_arrays(tokens_np: np.ndarray, rows_np: np.ndarray, num_reqs: int, num_tokens: int,
+                      num_reqs_padded: int, max_blocks: int, max_query_len: int, pin_memory: bool) -> StepInputsCPU:
+    """The StepInputsCPU over a padded step's two arrays, laid out as PaddedStep's: tokens_np int64[4, T_pad];
+    rows_np int32[query_start_loc R_pad + 1 | seq_lens R_pad | block_table R_pad * max_blocks]. Its fields view the
+    first num_reqs rows / num_tokens tokens; `padded` holds all of them."""
+    r_pad = num_reqs_padded
     tokens, rows = torch.from_numpy(tokens_np), torch.from_numpy(rows_np)
     if pin_memory:
         tokens, rows = tokens.pin_memory(), rows.pin_memory()
-    qsl_pad, seq_pad, table_pad = rows.split([r_pad + 1, r_pad, r_pad * max_blocks_per_req])
-    table_pad = table_pad.view(r_pad, max_blocks_per_req)
-    padded = PaddedStep(tokens, qsl_pad, seq_pad, table_pad)
-    input_ids, positions_t, slot_mapping, token_req_indices = tokens[:, :num_tokens].unbind(0)
-    return StepInputsCPU(input_ids, positions_t, qsl_pad[: num_reqs + 1], seq_pad[:num_reqs], table_pad[:num_reqs],
-                         slot_mapping, token_req_indices, padded,
-                         max((len(t) for t in token_ids), default=0))
+    qsl_pad, seq_pad, table_pad = rows.split([r_pad + 1, r_pad, r_pad * max_blocks])
+    table_pad = table_pad.view(r_pad, max_blocks)
+    input_ids, positions, slot_mapping, token_req_indices = tokens[:, :num_tokens].unbind(0)
+    return StepInputsCPU(input_ids, positions, qsl_pad[: num_reqs + 1], seq_pad[:num_reqs], table_pad[:num_reqs],
+                         slot_mapping, token_req_indices, PaddedStep(tokens, qsl_pad, seq_pad, table_pad),
+                         max_query_len)
 
 
 def stride_rows(cpu: StepInputsCPU, row_stride: int, num_reqs_padded: int, *, pin_memory: bool = False
@@ -173,15 +182,8 @@ def stride_rows(cpu: StepInputsCPU, row_stride: int, num_reqs_padded: int, *, pi
     rows_np[num_reqs_padded + 1 : num_reqs_padded + 1 + num_reqs] = cpu.seq_lens.numpy()
     table_np = rows_np[2 * num_reqs_padded + 1 :].reshape(num_reqs_padded, max_blocks)
     table_np[:num_reqs] = cpu.block_table.numpy()
-    tokens, rows = torch.from_numpy(tokens_np), torch.from_numpy(rows_np)
-    if pin_memory:
-        tokens, rows = tokens.pin_memory(), rows.pin_memory()
-    qsl_pad, seq_pad, table_pad = rows.split([num_reqs_padded + 1, num_reqs_padded, num_reqs_padded * max_blocks])
-    table_pad = table_pad.view(num_reqs_padded, max_blocks)
-    num_tokens = num_reqs * row_stride
-    input_ids, positions, slot_mapping, token_req_indices = tokens[:, :num_tokens].unbind(0)
-    return StepInputsCPU(input_ids, positions, qsl_pad[: num_reqs + 1], seq_pad[:num_reqs], table_pad[:num_reqs],
-                         slot_mapping, token_req_indices, PaddedStep(tokens, qsl_pad, seq_pad, table_pad), row_stride)
+    return _step_from_arrays(tokens_np, rows_np, num_reqs, num_reqs * row_stride, num_reqs_padded, max_blocks,
+                             row_stride, pin_memory)
 
 
 class InputBuffers:

@@ -86,11 +86,6 @@ def joined_context(model_owner, desc: BatchExecutionDescriptor, count: int, attn
                           segments=segments)
 
 
-def real_token_index(query_lens: list[int], row_tokens: int) -> list[int]:
-    """Flat indices of the chunks' real tokens in their segment, chunk by chunk (chunk r's q_r from r * row_tokens)."""
-    return [r * row_tokens + i for r, q in enumerate(query_lens) for i in range(q)]
-
-
 def move_rows(tensors, src: int, dst: int, num: int) -> None:
     """Rows [src, src + num) of each tensor (None skipped) to rows [dst, dst + num), dst <= src (overlap safe)."""
     if src == dst or num == 0:
@@ -212,8 +207,7 @@ class TargetMixedGraphs:
         move_rows((self.step_out, self.row_inputs), desc.num_reqs, num_verify, len(chunks))
         if self.speculator is None:
             return None
-        index = torch.tensor(real_token_index([c.num_query_tokens for c in chunks], count), dtype=torch.int64)
-        chunk_ids = preps[1]["cpu"].padded.tokens[0][index]
+        chunk_ids = preps[1]["real_input_ids"]
         input_ids = [self.buffers.input_ids[: preps[0]["cpu"].num_tokens],
                      (chunk_ids.pin_memory() if self.pin_memory else chunk_ids).to(self.device, non_blocking=True)]
         return self._joined_verified(batch, preps, input_ids)

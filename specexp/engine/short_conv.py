@@ -263,15 +263,18 @@ class ShortConvMetadataBuilder:
     # ----------------------------------------------------------------------------------------- helpers
 
     def _load_prompt(self, query_len: int, state_index: int, num_computed: int) -> None:
-        staged = torch.frombuffer(bytearray(PromptGraphBuffers.payload(query_len, state_index, num_computed)),
-                                  dtype=torch.uint8)
-        self._prompt.buffer.copy_(staged.pin_memory() if self._pin else staged, non_blocking=True)
+        self._upload(self._prompt.buffer, PromptGraphBuffers.payload(query_len, state_index, num_computed))
 
     def _load_prompt_rows(self, query_lens: list[int], state_indices: list[int], num_computed: list[int],
                           row_tokens: int) -> None:
-        payload = self._prompt_rows.payload(query_lens, state_indices, num_computed, row_tokens)
+        self._upload(self._prompt_rows.buffer,
+                     self._prompt_rows.payload(query_lens, state_indices, num_computed, row_tokens))
+
+    def _upload(self, buffer: torch.Tensor, payload: bytes) -> None:
+        """Rewrite the persistent byte buffer `buffer` with `payload` in one host-to-device copy that does not
+        wait on the device (staged in page-locked memory on a GPU)."""
         staged = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
-        self._prompt_rows.buffer.copy_(staged.pin_memory() if self._pin else staged, non_blocking=True)
+        buffer.copy_(staged.pin_memory() if self._pin else staged, non_blocking=True)
 
     def _h2d(self, t: torch.Tensor) -> torch.Tensor:
         """A device copy of CPU tensor `t` that never aliases the caller's (reusable) CPU buffers."""
@@ -371,8 +374,7 @@ class ShortConvMetadataBuilder:
         fields = {"query_start_loc": qsl, "spec_query_start_loc": qsl,  # all rows spec: the same offsets
                   "spec_state_indices_tensor": state_indices_cpu.tolist(),
                   "num_accepted_tokens": num_accepted_tokens_cpu.tolist(), "spec_sequence_masks": [1] * num_reqs}
-        staged = torch.frombuffer(bytearray(g.payload(fields, num_reqs)), dtype=torch.uint8)
-        g.buffer.copy_(staged.pin_memory() if self._pin else staged, non_blocking=True)
+        self._upload(g.buffer, g.payload(fields, num_reqs))
         return ShortConvMetadata(
             **counts,
             query_start_loc=g.query_start_loc[: padded + 1],

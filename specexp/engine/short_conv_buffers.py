@@ -82,7 +82,8 @@ class PromptRowsGraphBuffers:
     chunks laid out uniformly, row r's q_r real tokens at [r*C, r*C + q_r) of the segment's M * C (M rows of C
     tokens, `specexp.engine.inputs.stride_rows`). The short conv gathers the real tokens end to end, runs them as
     non-spec rows, and scatters the results back; the padding slots are gathered last and belong to no row (zero
-    outputs, no state written). A segment of one row needs no gather: its real tokens already lead it. One byte buffer, one host-to-device copy a step:
+    outputs, no state written). A segment of one row needs no gather: its real tokens already lead it. One byte
+    buffer, one host-to-device copy a step:
 
         token_indx       int64[M * C]  the real tokens' flat indices, row by row, then the padding slots'
         query_start_loc  int32[M + 1]  offsets of the rows in the gathered order (padding rows: q = 0)

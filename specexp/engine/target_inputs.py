@@ -26,7 +26,8 @@ class TargetStepInputs:
                                row_stride: int | None = None) -> dict:
         """Stage one step of `batch`, as `desc` runs it (padded rows and tokens under FULL), into the persistent
         buffers; returns the step's CPU inputs (`cpu`), attention and conv metadata, and the per-row CPU
-        tensors the speculator reads (`_verified_batch`).
+        tensors the speculator reads (`_verified_batch`); with row_stride also `real_input_ids`, the rows' tokens
+        end to end (CPU).
 
         buffers: the input buffers to fill (None: the engine's); row_offset / token_offset: where the batch's
         first row sits in `row_inputs` and its first token in the forward's hidden states, for a batch staged as
@@ -45,13 +46,13 @@ class TargetStepInputs:
                 token_lists.append([req.token_ids[-1]] + [0] * (row.num_query_tokens - 1))
             starts.append(start)
             block_ids.append(req.block_ids)
+        flat = None  # strided rows: the step's real tokens end to end, before striding
         if row_stride is None:
             cpu = build_step_inputs(token_lists, starts, block_ids, self.cfg.block_size, self.max_blocks_per_req,
                                     desc.num_reqs, desc.num_tokens, pin_memory=self.pin_memory)
         else:
-            cpu = stride_rows(build_step_inputs(token_lists, starts, block_ids, self.cfg.block_size,
-                                                self.max_blocks_per_req), row_stride, desc.num_reqs,
-                              pin_memory=self.pin_memory)
+            flat = build_step_inputs(token_lists, starts, block_ids, self.cfg.block_size, self.max_blocks_per_req)
+            cpu = stride_rows(flat, row_stride, desc.num_reqs, pin_memory=self.pin_memory)
         buffers.load(cpu, desc.num_reqs, desc.num_tokens)
         num_reqs, num_tokens = cpu.num_reqs, cpu.num_tokens
         attn = buffers.attention_metadata(
@@ -124,6 +125,7 @@ class TargetStepInputs:
         return {
             "cpu": cpu, "attn": attn, "conv": conv, "query_lens": query_lens, "is_spec": is_spec,
             "slots": slots, "num_accepted": num_accepted, "samples_cpu": samples_cpu, "starts": starts_t,
+            "real_input_ids": None if flat is None else flat.input_ids,
         }
 
     def _verified_batch(self, batch: ScheduledBatch, prep: dict) -> VerifiedBatch:
