@@ -99,6 +99,7 @@ class NativeServer:
     def run(self, prompts: list[list[int]], concurrency: int) -> dict:
         engine = self.engine
         parts_before, joined_before = engine.num_mixed_in_parts, engine.num_mixed_joined
+        prompts_before, eager_before = engine.num_prompt_batches_graphed, engine.verify_graphs.num_eager
         gc.collect()
         gc.disable()
         try:
@@ -128,6 +129,8 @@ class NativeServer:
                 "steps": len(steps), "mixed_steps": len(mixed),
                 "mixed_steps_in_parts": engine.num_mixed_in_parts - parts_before,
                 "mixed_steps_joined": engine.num_mixed_joined - joined_before,
+                "prompt_batches_graphed": engine.num_prompt_batches_graphed - prompts_before,
+                "eager_steps": engine.verify_graphs.num_eager - eager_before,
                 "mixed_step_ms_p50": statistics.median(mixed) if mixed else None,
                 "pure_step_ms_p50": statistics.median(pure) if pure else None}
 

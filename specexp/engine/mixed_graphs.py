@@ -18,6 +18,9 @@ the chunks of up to C tokens a step's token budget holds, that bound included; a
 smallest captured M * C with M >= m, C >= L. S runs over the verify keys' sizes capped at max_num_seqs - M (the
 chunks take the last M rows).
 
+A step of chunks alone (no verify row) replays a joined graph too: its verify segment is the smallest capture
+size at the smallest captured v, every row of it inert padding (`lookup` with v None).
+
 The rejection sampler scores all S + M rows at once: chunk r's line of `row_inputs` sits at row S + r, scoring
 its last token with no drafts, and moves to row R + r (R: the real verify rows' count) after the replay, so the
 step's read-back, commit and draft see the batch in the scheduler's order.
@@ -122,17 +125,20 @@ class MixedGraphs:
     def max_tokens(self) -> int:
         return max((rows * count for rows, count in self.managers), default=1)
 
-    def lookup(self, num_verify: int, v: int, chunk_lens: list[int], max_seq_len: int
+    def lookup(self, num_verify: int, v: int | None, chunk_lens: list[int], max_seq_len: int
                ) -> tuple[BatchExecutionDescriptor, CudaGraphManager, ChunkShape] | None:
         """The joined graph of `num_verify` verify rows at depth v beside chunks of `chunk_lens` tokens (slots),
         the batch's longest row reaching max_seq_len keys: (the verify segment's descriptor, its manager, its chunk
-        shape), or None. Counts nothing."""
+        shape), or None. Counts nothing. Chunks alone (num_verify 0, v None) take the smallest verify segment of
+        the smallest captured v, all of it inert padding."""
         num, longest = len(chunk_lens), max(chunk_lens)
         for shape in self._by_cost:
             if shape[0] >= num and shape[1] >= longest:
-                desc = self.managers[shape].lookup(num_verify, max_seq_len, v)
-                if desc is not None:
-                    return desc, self.managers[shape], shape
+                manager = self.managers[shape]
+                for depth in ((v,) if v is not None else sorted({k for _, k in manager.keys})):
+                    desc = manager.lookup(num_verify, max_seq_len, depth)
+                    if desc is not None:
+                        return desc, manager, shape
         return None
 
     def capture(self, fn: Callable[[ChunkShape, BatchExecutionDescriptor], None],

@@ -19,6 +19,11 @@ padded rows write past the verify rows); each prompt part's row then moves to it
 is restored last, so what follows the step (the read-back, the commit, the next step's gathers) sees one batch
 in the scheduler's order (verify rows first, then prefill chunks).
 
+A step of several prompt chunks and no verify row (requests admitted together: the first step of a closed loop,
+a wave of requests that finished together) runs the same way, its chunks alone: one joined graph beside an inert
+verify row (`mixed_graphs`), else a prompt graph per chunk. Such steps are counted apart
+(`num_prompt_batches_graphed`); a lone chunk replays its prompt graph as a step of its own.
+
 A batch runs in parts only when every part has a captured graph: the target and the draft decide on their own,
 and a batch that does not qualify runs as one eager forward, as before. `mixed_steps_in_parts` counts the
 target's.
@@ -50,10 +55,13 @@ class MixedParts:
 
 def split_point(is_verify: list[bool], query_lens: list[int]) -> int | None:
     """How many leading rows are verify rows when a batch is verify rows of one query length followed by at
-    least one prompt chunk (the scheduler's order); None for any other batch (pure, or rows out of order)."""
+    least one prompt chunk (the scheduler's order), 0 for a batch of two or more prompt chunks alone; None for
+    any other batch (pure verify, one lone chunk: its prompt graph, or rows out of order)."""
     num_verify = next((i for i, verify in enumerate(is_verify) if not verify), len(is_verify))
-    if num_verify in (0, len(is_verify)) or any(is_verify[num_verify:]):
+    if num_verify == len(is_verify) or any(is_verify[num_verify:]):
         return None
+    if num_verify == 0:
+        return 0 if len(is_verify) >= 2 else None
     if any(q != query_lens[0] for q in query_lens[:num_verify]):
         return None
     return num_verify
@@ -64,10 +72,12 @@ class TargetMixedSteps:
     `_prepare_target_inputs`)."""
 
     num_mixed_in_parts: int = 0
+    num_prompt_batches_graphed: int = 0  # steps of several prompt chunks alone, joined or in parts
 
     def _mixed_parts(self, batch: ScheduledBatch) -> MixedParts | None:
         """The parts `batch` runs in, counted as replays by their managers; None (nothing counted) unless it is
-        a mixed batch whose verify rows and prompt chunks all have captured graphs."""
+        a mixed batch (or a batch of several prompt chunks alone) whose verify rows and prompt chunks all have
+        captured graphs."""
         if not self.use_graphs or not self.prefill_graphs.managers:
             return None
         rows = batch.rows
@@ -75,41 +85,59 @@ class TargetMixedSteps:
         if num_verify is None:
             return None
         ends = [r.request.num_computed_tokens + r.num_query_tokens for r in rows]
-        v = rows[0].num_query_tokens - 1
+        v = rows[0].num_query_tokens - 1 if num_verify else None  # None: chunks alone, any captured v
         joined = self.mixed_graphs.lookup(num_verify, v, [r.num_query_tokens for r in rows[num_verify:]], max(ends))
         if joined is not None:  # one joined graph holds the whole step
-            self.num_mixed_joined += 1
-            joined[1].dispatch(num_verify, num_verify * (v + 1), True, max(ends), k=v)  # counts the replay
+            self._count_mixed(num_verify, joined=True)
+            desc = joined[0]
+            joined[1].dispatch(num_verify, num_verify * (desc.num_speculative_tokens + 1), True, max(ends),
+                               k=desc.num_speculative_tokens)  # counts the replay
             return MixedParts(num_verify, None, [], joined)
-        if self.verify_graphs.lookup(num_verify, max(ends[:num_verify]), v) is None:
+        if num_verify and self.verify_graphs.lookup(num_verify, max(ends[:num_verify]), v) is None:
             return None
         prompts = list(zip(rows[num_verify:], ends[num_verify:]))
         if not all(self.prefill_graphs.holds(row.num_query_tokens, end) for row, end in prompts):
             return None
-        self.num_mixed_in_parts += 1
-        verify = self.verify_graphs.dispatch(num_verify, num_verify * (v + 1), True, max(ends[:num_verify]), k=v)
+        self._count_mixed(num_verify, joined=False)
+        verify = None
+        if num_verify:
+            verify = self.verify_graphs.dispatch(num_verify, num_verify * (v + 1), True, max(ends[:num_verify]), k=v)
         return MixedParts(num_verify, verify,
                           [self.prefill_graphs.dispatch(row.num_query_tokens, end) for row, end in prompts])
 
+    def _count_mixed(self, num_verify: int, joined: bool) -> None:
+        """Count a step that replays graphs: a mixed one as joined or in parts, chunks alone on their own."""
+        if not num_verify:
+            self.num_prompt_batches_graphed += 1
+        elif joined:
+            self.num_mixed_joined += 1
+        else:
+            self.num_mixed_in_parts += 1
+
     def _verify_in_parts(self, batch: ScheduledBatch, parts: MixedParts) -> VerifiedBatch | None:
-        """Stage and replay every part (verify rows, then each prompt chunk), leaving `step_out[:R]` and
+        """Stage and replay every part (verify rows, if any, then each prompt chunk), leaving `step_out[:R]` and
         `row_inputs[:R]` in the batch's row order; returns what the speculator needs of the whole batch (None
         without a speculator)."""
         if parts.joined is not None:
             return self._verify_joined(batch, parts.num_verify, parts.joined)
         rows, k, nv = batch.rows, batch.num_speculative_tokens, parts.num_verify
-        preps = [self._prepare_target_inputs(ScheduledBatch(rows[:nv], k), parts.verify)]
-        self.verify_graphs.replay(parts.verify)
-        input_ids = [self.buffers.input_ids[: preps[0]["cpu"].num_tokens].clone()]
-        first_out, first_line = self.step_out[0].clone(), self.row_inputs[0].clone()
+        preps, input_ids, first = [], [], None
+        if nv:
+            preps.append(self._prepare_target_inputs(ScheduledBatch(rows[:nv], k), parts.verify))
+            self.verify_graphs.replay(parts.verify)
+            input_ids.append(self.buffers.input_ids[: preps[0]["cpu"].num_tokens].clone())
+            first = self.step_out[0].clone(), self.row_inputs[0].clone()
         for i, (row, (desc, manager)) in enumerate(zip(rows[nv:], parts.prompts)):
             preps.append(self._prepare_target_inputs(ScheduledBatch([row], k), desc))
             manager.replay(desc)
-            self.step_out[nv + i].copy_(self.step_out[0])
-            self.row_inputs[nv + i].copy_(self.row_inputs[0])
+            if nv + i == 0:  # chunks alone: the first chunk's result is row 0's, kept while the others run there
+                first = self.step_out[0].clone(), self.row_inputs[0].clone()
+            else:
+                self.step_out[nv + i].copy_(self.step_out[0])
+                self.row_inputs[nv + i].copy_(self.row_inputs[0])
             input_ids.append(self.buffers.input_ids[: row.num_query_tokens].clone())
-        self.step_out[0].copy_(first_out)
-        self.row_inputs[0].copy_(first_line)
+        self.step_out[0].copy_(first[0])
+        self.row_inputs[0].copy_(first[1])
         if self.speculator is None:
             return None
         return self._joined_verified(batch, preps, input_ids)
@@ -150,9 +178,12 @@ def rows_of(batch: VerifiedBatch, start: int, stop: int) -> VerifiedBatch:
 class DraftMixedSteps:
     """The draft half (a mixin of `AutoRegressiveSpeculator`: its prefill graphs, prompt graphs and buffers)."""
 
+    num_prompt_batches_graphed: int = 0  # prefills of several prompt chunks alone, joined or in parts
+
     def _prefill_parts(self, batch: VerifiedBatch) -> MixedParts | None:
         """The parts of the draft's prefill of `batch`, counted as replays; None (nothing counted) unless it is a
-        mixed batch whose verify rows' regions and chunk regions all have captured graphs."""
+        mixed batch (or several chunks alone) whose verify rows' regions and chunk regions all have captured
+        graphs."""
         if not self.prompt_graphs.managers:
             return None
         query_lens = batch.query_lens.tolist()
@@ -160,38 +191,56 @@ class DraftMixedSteps:
         if num_verify is None:
             return None
         ends = (batch.start_positions + batch.query_lens + 1).tolist()  # a region: q + 1 slots from the start
-        v = query_lens[0] - 1
+        v = query_lens[0] - 1 if num_verify else None  # None: chunks alone, any captured v
         joined = self.mixed_graphs.lookup(num_verify, v, [q + 1 for q in query_lens[num_verify:]], max(ends))
         if joined is not None:  # one joined graph holds the whole prefill
-            self.num_mixed_joined += 1
-            joined[1].dispatch(num_verify, num_verify * (v + 2), True, max(ends), k=v)  # counts the replay
+            self._count_mixed(num_verify)
+            desc = joined[0]
+            joined[1].dispatch(num_verify, num_verify * (desc.num_speculative_tokens + 2), True, max(ends),
+                               k=desc.num_speculative_tokens)  # counts the replay
             return MixedParts(num_verify, None, [], joined)
-        if self.prefill_graphs.lookup(num_verify, max(ends[:num_verify]), v) is None:
+        if num_verify and self.prefill_graphs.lookup(num_verify, max(ends[:num_verify]), v) is None:
             return None
         prompts = list(zip(query_lens[num_verify:], ends[num_verify:]))
         if not all(self.prompt_graphs.holds(q + 1, end) for q, end in prompts):
             return None
-        verify = self.prefill_graphs.dispatch(num_verify, num_verify * (v + 2), True, max(ends[:num_verify]), k=v)
+        verify = None
+        if num_verify:
+            verify = self.prefill_graphs.dispatch(num_verify, num_verify * (v + 2), True, max(ends[:num_verify]), k=v)
+        else:
+            self.num_prompt_batches_graphed += 1
         return MixedParts(num_verify, verify, [self.prompt_graphs.dispatch(q + 1, end) for q, end in prompts])
 
+    def _count_mixed(self, num_verify: int) -> None:
+        """Count a joined prefill: a mixed step's, or several chunks' alone."""
+        if num_verify:
+            self.num_mixed_joined += 1
+        else:
+            self.num_prompt_batches_graphed += 1
+
     def _prefill_in_parts(self, batch: VerifiedBatch, parts: MixedParts) -> StagedRows:
-        """Stage and replay the draft prefill of every part (verify rows, then each chunk's region), leaving row
-        r's draft 0 (and its probabilities and draft length) at row r; returns the rows' device facts for the
-        decode steps, in the batch's order."""
+        """Stage and replay the draft prefill of every part (verify rows, if any, then each chunk's region),
+        leaving row r's draft 0 (and its probabilities and draft length) at row r; returns the rows' device facts
+        for the decode steps, in the batch's order."""
         if parts.joined is not None:
             return self._prefill_joined(batch, parts.num_verify, parts.joined)
         nv = parts.num_verify
-        staged = [self._prepare_prefill_inputs(rows_of(batch, 0, nv), parts.verify)]
-        self.on_prefill_begin(nv)
-        self.prefill_graphs.replay(parts.verify)
-        self.on_prefill_end(nv)
         per_row = [t for t in (self.draft_tokens, self.draft_probs, self.draft_lengths) if t is not None]
-        first = [t[0].clone() for t in per_row]
+        staged, first = [], None
+        if nv:
+            staged.append(self._prepare_prefill_inputs(rows_of(batch, 0, nv), parts.verify))
+            self.on_prefill_begin(nv)
+            self.prefill_graphs.replay(parts.verify)
+            self.on_prefill_end(nv)
+            first = [t[0].clone() for t in per_row]
         for i, (desc, manager) in enumerate(parts.prompts):
             staged.append(self._prepare_prefill_inputs(rows_of(batch, nv + i, nv + i + 1), desc))
             self.on_prefill_begin(1)
             manager.replay(desc)
             self.on_prefill_end(1)
+            if nv + i == 0:  # chunks alone: the first chunk's draft is row 0's, kept while the others run there
+                first = [t[0].clone() for t in per_row]
+                continue
             for t in per_row:
                 t[nv + i].copy_(t[0])
         for t, saved in zip(per_row, first):

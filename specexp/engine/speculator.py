@@ -358,7 +358,8 @@ class AutoRegressiveSpeculator(DraftMixedSteps, DraftMixedGraphs):
                     query_lens=[q + 1 for q in query_lens], num_computed_tokens=batch.start_positions.tolist(),
                     state_indices=batch.conv_slots.tolist(), row_tokens=row_stride)
             return staged_rows
-        if desc.cg_mode == FULL and not bool(batch.is_spec[0]):  # a prompt graph (prefill graphs: verify rows)
+        # a prompt graph (prefill graphs hold verify rows; a joined graph's verify segment may hold none)
+        if desc.cg_mode == FULL and num_reqs and not bool(batch.is_spec[0]):
             self._prefill_ctx = self._prompt_graph_ctx.get((desc.num_tokens, desc.max_seq_len))  # joined: unused
             if self.conv_states:  # point its persistent conv buffers at this region
                 self.prefill_conv_builder.load_prompt_row(

@@ -143,6 +143,7 @@ class TargetGraphs:
             return None
         summary = {**self.graph_capture, "mixed_steps_in_parts": self.num_mixed_in_parts,
                    "mixed_steps_joined": self.num_mixed_joined,
+                   "prompt_batches_graphed": self.num_prompt_batches_graphed,
                    "managers": {m.name: m.summary() for m in self.graph_managers()}}
         if self.serve_depths:  # an engine serving several static depths reports the one it serves (`reuse`)
             return depth_graph_summary(summary, self.depth.max_k)

@@ -81,7 +81,7 @@ class TargetStepInputs:
                                                num_computed_tokens=starts,
                                                state_indices=[r.request.conv_slot for r in rows],
                                                row_tokens=row_stride)
-        elif self.conv_states and desc.cg_mode == FULL and rows[0].is_prefill:
+        elif self.conv_states and desc.cg_mode == FULL and rows and rows[0].is_prefill:
             # a prompt-prefill graph (verify graphs take no prefill rows): its one-row persistent buffers
             self.conv_builder.load_prompt_row(query_len=rows[0].num_query_tokens, num_tokens_padded=desc.num_tokens,
                                               num_computed_tokens=starts[0], state_index=rows[0].request.conv_slot)

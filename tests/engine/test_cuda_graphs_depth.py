@@ -134,10 +134,11 @@ TRITON_KERNELS = dict(attention_kernel="triton", conv_kernel="triton")
 @pytest.mark.parametrize("spec", ["static", "schedule"])
 @pytest.mark.parametrize("mixed", ["parts", "joined", "joined-triton"])
 def test_mixed_steps_replay_graphs_and_keep_the_eager_tokens(pairs, pair, spec, mixed):
-    """A closed loop of 8 (each new prompt joins the running verify rows): every mixed step replays graphs, in
-    parts (the verify rows' graph and a prompt graph per chunk) or joined (one graph of both beside one chunk; the
-    rest in parts), in the target and the draft, and the tokens are the eager engine's (joined-triton: both engines
-    on the Triton attention and conv kernels, which the joined graphs' segments run on)."""
+    """A closed loop of 8 (each new prompt joins the running verify rows): every mixed step, and every step of
+    prompt chunks alone, replays graphs, in parts (the verify rows' graph and a prompt graph per chunk) or joined
+    (one graph of all the step's rows where a chunk shape holds them; the rest in parts), in the target and the
+    draft, and the tokens are the eager engine's (joined-triton: both engines on the Triton attention and conv
+    kernels, which the joined graphs' segments run on)."""
     target_dir, draft_dir = pairs[pair]
     target, draft = load_model(target_dir, device="cuda"), load_model(draft_dir, device="cuda")
     spec = dict(num_speculative_tokens=4) if spec == "static" else EVERY_K
@@ -153,4 +154,7 @@ def test_mixed_steps_replay_graphs_and_keep_the_eager_tokens(pairs, pair, spec, 
     joined = engine.num_mixed_joined, engine.speculator.num_mixed_joined
     assert min(joined) > mixed_steps // 2 if mixed != "parts" else joined == (0, 0)
     prompts_only = sum(1 for s in graphed.steps if s.num_prefill_tokens == s.num_tokens and s.num_reqs > 1)
-    assert engine.verify_graphs.num_eager == engine.speculator.prefill_graphs.num_eager == prompts_only
+    # steps of prompt chunks alone (chunks of <= 23 tokens: every one fits a prompt graph) replay graphs too
+    assert prompts_only > 0
+    assert engine.num_prompt_batches_graphed == engine.speculator.num_prompt_batches_graphed == prompts_only
+    assert engine.verify_graphs.num_eager == engine.speculator.prefill_graphs.num_eager == 0

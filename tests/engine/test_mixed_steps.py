@@ -55,7 +55,8 @@ def test_split_point_takes_only_verify_rows_of_one_length_then_prompt_chunks():
     assert split_point([True, True, False], [4, 4, 9]) == 2
     assert split_point([True, False, False], [1, 3, 16]) == 1
     assert split_point([True, True], [4, 4]) is None  # pure verify
-    assert split_point([False, False], [3, 5]) is None  # prompts only
+    assert split_point([False, False], [3, 5]) == 0  # prompt chunks alone
+    assert split_point([False], [5]) is None  # a lone chunk: its prompt graph
     assert split_point([True, True, False], [4, 2, 9]) is None  # verify rows of two lengths
     assert split_point([True, False, True], [4, 9, 4]) is None  # out of the scheduler's order
 
@@ -64,8 +65,8 @@ def test_split_point_takes_only_verify_rows_of_one_length_then_prompt_chunks():
 @pytest.mark.parametrize("spec", sorted(SPECS))
 def test_mixed_steps_in_parts_serve_the_eager_tokens(pair_dirs, prompts, pair, spec):
     """A closed loop of 3 requests (each new one's prompt chunks join the running verify rows), prompts of 1-20
-    tokens in chunks of at most 16, requests ending at EOS or max_new_tokens: every mixed step runs in parts, only
-    steps of prompt chunks alone run eagerly, and tokens and verifies are the eager engine's."""
+    tokens in chunks of at most 16, requests ending at EOS or max_new_tokens: every mixed step runs in parts, and so
+    do steps of several prompt chunks alone (a prompt graph each); tokens and verifies are the eager engine's."""
     target, draft = (load_model(d) for d in pair_dirs[pair])
     eager = _engine(target, draft, SPECS[spec], "none").generate(prompts, max_concurrency=3)
     engine = _engine(target, draft, SPECS[spec], "full")
@@ -76,11 +77,14 @@ def test_mixed_steps_in_parts_serve_the_eager_tokens(pair_dirs, prompts, pair, s
     assert mixed >= len(prompts) // 2, f"only {mixed} mixed steps"
     assert engine.num_mixed_in_parts == mixed
     assert engine.graph_summary()["mixed_steps_in_parts"] == mixed
-    assert engine.verify_graphs.num_eager == prompts_only
+    assert prompts_only > 0 and engine.num_prompt_batches_graphed == prompts_only
+    assert engine.graph_summary()["prompt_batches_graphed"] == prompts_only
+    assert engine.verify_graphs.num_eager == 0
     speculator = engine.speculator
     if speculator is None:  # k = 0 without a draft
         return
-    assert speculator.prefill_graphs.num_eager == prompts_only
+    assert speculator.prefill_graphs.num_eager == 0
+    assert speculator.num_prompt_batches_graphed == prompts_only
     target_prompts = sum(m.num_replays for m in engine.prefill_graphs.managers.values())
     assert sum(m.num_replays for m in speculator.prompt_graphs.managers.values()) == target_prompts
 
@@ -89,21 +93,22 @@ def test_mixed_steps_in_parts_serve_the_eager_tokens(pair_dirs, prompts, pair, s
 @pytest.mark.parametrize("spec", sorted(SPECS))
 def test_joined_mixed_steps_serve_the_eager_tokens(pair_dirs, prompts, pair, spec):
     """A closed loop of 4 with joined graphs (a budget of 32 tokens: two chunks of up to 16 fit a step): a mixed
-    step (one to three chunks beside verify rows, the chunks
-    taking the last rows) whose chunks fit a captured shape (M >= chunks rows of C >= the longest) replays one
-    joined target graph and one joined draft-prefill graph, counted per chunk shape, any other in parts; tokens and
-    verifies are the eager engine's."""
+    step (one to three chunks beside verify rows, the chunks taking the last rows), or a step of several chunks
+    alone (beside one inert verify row), whose chunks fit a captured shape (M >= chunks rows of C >= the longest)
+    replays one joined target graph and one joined draft-prefill graph, counted per chunk shape, any other in
+    parts; tokens and verifies are the eager engine's."""
     target, draft = (load_model(d) for d in pair_dirs[pair])
     eager = _engine(target, draft, SPECS[spec], "none", budget=32).generate(prompts, max_concurrency=4)
     engine = _engine(target, draft, SPECS[spec], "full", mixed="joined", budget=32)
-    choices = []  # per mixed batch: (its chunks, its longest chunk, how it ran: joined / parts / eager)
+    choices = []  # per mixed batch: (verify rows, its chunks, its longest chunk, how it ran: joined / parts / eager)
     choose = engine._mixed_parts
 
     def spy(batch):
         parts = choose(batch)
         chunks = [r.num_query_tokens for r in batch.rows if r.is_prefill]
-        if 0 < len(chunks) < len(batch.rows):
-            choices.append((len(chunks), max(chunks),
+        num_verify = len(batch.rows) - len(chunks)
+        if chunks and (num_verify or len(chunks) >= 2):
+            choices.append((num_verify, len(chunks), max(chunks),
                             "eager" if parts is None else "joined" if parts.joined is not None else "parts"))
         return parts
 
@@ -113,29 +118,60 @@ def test_joined_mixed_steps_serve_the_eager_tokens(pair_dirs, prompts, pair, spe
     assert [r.verifies for r in out.requests] == [r.verifies for r in eager.requests]
     mixed, prompts_only = _kinds(out.steps)
     if spec == "k3":  # this loop admits several prompts beside verify rows in some steps
-        assert any(num >= 2 and ran == "joined" for num, _, ran in choices), choices
+        assert any(nv and num >= 2 and ran == "joined" for nv, num, _, ran in choices), choices
+    assert any(not nv and ran == "parts" for nv, *_, ran in choices), choices  # the first step: 4 chunks, M <= 3
     shapes = engine.mixed_graphs.managers
-    assert len(choices) == mixed
-    for num, longest, ran in choices:
+    assert len(choices) == mixed + prompts_only
+    for _, num, longest, ran in choices:
         expected = ("eager" if longest > 16 else
                     "joined" if any(m >= num and c >= longest for m, c in shapes) else "parts")
         assert ran == expected, (num, longest, ran)
-    assert sum(ran == "joined" for *_, ran in choices) == engine.num_mixed_joined
-    assert sum(ran == "parts" for *_, ran in choices) == engine.num_mixed_in_parts
+    joined_mixed = sum(bool(nv) and ran == "joined" for nv, *_, ran in choices)
+    assert joined_mixed == engine.num_mixed_joined
+    assert sum(bool(nv) and ran == "parts" for nv, *_, ran in choices) == engine.num_mixed_in_parts
+    assert sum(not nv and ran != "eager" for nv, *_, ran in choices) == engine.num_prompt_batches_graphed
     summary = engine.graph_summary()
     assert summary["mixed_steps_joined"] == engine.num_mixed_joined
     joined_replays = sum(m["num_replays"] for name, m in summary["managers"].items() if name.startswith("target_mixed"))
-    assert joined_replays == engine.num_mixed_joined
-    num_eager = prompts_only + sum(ran == "eager" for *_, ran in choices)
+    assert joined_replays == sum(ran == "joined" for *_, ran in choices)
+    num_eager = sum(ran == "eager" for *_, ran in choices)
     assert engine.verify_graphs.num_eager == num_eager
     speculator = engine.speculator
     if speculator is not None:
         assert speculator.prefill_graphs.num_eager == num_eager
         assert speculator.num_mixed_joined == engine.num_mixed_joined
+        assert speculator.num_prompt_batches_graphed == engine.num_prompt_batches_graphed
         assert sum(m["num_replays"] for name, m in summary["managers"].items()
-                   if name.startswith("draft_mixed")) == engine.num_mixed_joined
+                   if name.startswith("draft_mixed")) == joined_replays
         target_prompts = sum(m.num_replays for m in engine.prefill_graphs.managers.values())
         assert sum(m.num_replays for m in speculator.prompt_graphs.managers.values()) == target_prompts
+
+
+@pytest.mark.parametrize("pair", ["lfm2+llama", "lfm2+lfm2", "llama+llama"])
+@pytest.mark.parametrize("spec", ["k0", "k3", "schedule"])
+def test_prompt_chunks_alone_replay_one_joined_graph(pair_dirs, prompts, pair, spec):
+    """The first step of a closed loop of 3 holds three prompt chunks and no verify row: it replays one joined
+    target graph (its verify segment one inert row) and one joined draft prefill, and the run serves the eager
+    engine's tokens."""
+    target, draft = (load_model(d) for d in pair_dirs[pair])
+    eager = _engine(target, draft, SPECS[spec], "none", budget=32).generate(prompts[:6], max_concurrency=3)
+    engine = _engine(target, draft, SPECS[spec], "full", mixed="joined", budget=32)
+    ran = []
+    choose = engine._mixed_parts
+    engine._mixed_parts = lambda batch: ran.append(choose(batch)) or ran[-1]
+    out = engine.generate(prompts[:6], max_concurrency=3)
+    assert [r.output_token_ids for r in out.requests] == [r.output_token_ids for r in eager.requests]
+    assert [r.verifies for r in out.requests] == [r.verifies for r in eager.requests]
+    first = out.steps[0]
+    assert first.num_reqs == 3 and first.num_prefill_tokens == first.num_tokens
+    assert ran[0] is not None and ran[0].joined is not None and ran[0].joined[2][0] == 3  # M = 3 chunk rows
+    assert ran[0].joined[0].num_reqs == 1  # the inert verify segment
+    assert engine.num_prompt_batches_graphed >= 1
+    joined = sum(m.num_replays for m in engine.mixed_graphs.managers.values())
+    assert joined == engine.num_mixed_joined + engine.num_prompt_batches_graphed
+    if engine.speculator is not None:
+        assert engine.speculator.num_prompt_batches_graphed == engine.num_prompt_batches_graphed
+        assert engine.speculator.prefill_graphs.num_eager == engine.verify_graphs.num_eager
 
 
 def test_joined_graphs_are_captured_per_chunk_shape_and_verify_key_below_max_num_seqs(pair_dirs):

@@ -254,8 +254,8 @@ def test_prefill_graphs_serve_the_eager_tokens(pair_dirs, prompts, pair, k, max_
     captured token count (8 or 16; chunks are cut at 16 tokens) and replayed through the persistent buffers,
     including chunks after the first (cached keys, stored conv windows) and one-token prompts. A step of verify
     rows beside prompt chunks replays graphs: beside one chunk, one joined target graph (`mixed_graphs`), else in
-    parts (the verify rows' graph, then a prompt graph per chunk); only steps of several prompt chunks and no verify
-    row run eagerly. The draft's prefill of a chunk replays a graph of one more
+    parts (the verify rows' graph, then a prompt graph per chunk); so does a step of several prompt chunks and no
+    verify row (a joined graph beside one inert verify row, or a prompt graph per chunk). The draft's prefill of a chunk replays a graph of one more
     slot. Attention-only, short-conv and hybrid targets and drafts: the greedy tokens are the eager engine's, and
     every chunk replayed, in the target and in the draft."""
     target_dir, draft_dir = pair_dirs[pair] if pair != "llama+lfm2" else (pair_dirs["llama+llama"][0],
@@ -284,7 +284,8 @@ def test_prefill_graphs_serve_the_eager_tokens(pair_dirs, prompts, pair, k, max_
     prompts_only = sum(1 for s in graphed.steps if s.num_prefill_tokens == s.num_tokens and s.num_reqs > 1)
     replays = {n: engine.prefill_graphs.managers[n].num_replays for n in (8, 16)}
     assert engine.num_mixed_in_parts + engine.num_mixed_joined == mixed
-    assert engine.verify_graphs.num_eager == prompts_only  # every other step replayed graphs only
+    assert engine.num_prompt_batches_graphed == prompts_only
+    assert engine.verify_graphs.num_eager == 0  # every step replayed graphs only
     assert sum(replays.values()) >= lone_chunks + engine.num_mixed_in_parts
     if max_num_seqs == 1:  # every prefill chunk is alone: short ones take the 8-token graph, full ones the 16
         assert replays[8] > 0 and replays[16] > 0 and mixed == 0
@@ -295,7 +296,8 @@ def test_prefill_graphs_serve_the_eager_tokens(pair_dirs, prompts, pair, k, max_
         assert set(prompt_graphs) == {9, 17}
         assert sum(m.num_replays for m in prompt_graphs.values()) == sum(replays.values())
         assert engine.speculator.num_mixed_joined == engine.num_mixed_joined  # the draft joins the same steps
-        assert engine.speculator.prefill_graphs.num_eager == prompts_only
+        assert engine.speculator.prefill_graphs.num_eager == 0
+        assert engine.speculator.num_prompt_batches_graphed == prompts_only
     assert {f"target_prefill_{n}" for n in (8, 16)} <= {m.name for m in engine.graph_managers()}
 
 
