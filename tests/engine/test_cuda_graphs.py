@@ -218,13 +218,17 @@ def test_one_graph_pool_serves_every_manager(pairs, pair):
     for shared in (True, False):
         graphed = _engine(target, draft, 3, 8, graphs=True, cudagraph_prefill_tokens=(16, 32),
                           cudagraph_shared_pool=shared)
-        pools = [m.pool for m in graphed.graph_managers()]
+        managers = graphed.graph_managers()
+        mixed_pools = [m.pool for m in managers if m.name.startswith(("target_mixed", "draft_mixed"))]
+        pools = [m.pool for m in managers if not m.name.startswith(("target_mixed", "draft_mixed"))]
         prompt_pools = {m.pool for m in graphed.prefill_graphs.managers.values()}
         if shared:
-            assert set(pools) == {graphed.graph_pool}
+            assert set(pools) | set(mixed_pools) == {graphed.graph_pool}
         else:
             assert graphed.graph_pool is None and len(prompt_pools) == 1
             assert len(set(pools)) == 5, "verify, target prompts, draft prefill, draft prompts, draft decode"
+            assert mixed_pools and len(set(mixed_pools)) == len(mixed_pools)  # a pool per joined-graph manager
+            assert not set(mixed_pools) & set(pools)
         prompt_managers = [*graphed.prefill_graphs.managers.values(), *graphed.speculator.prompt_graphs.managers.values()]
         for prompts, expected in zip((batch, lone), eager):
             before = sum(m.num_replays for m in prompt_managers)
