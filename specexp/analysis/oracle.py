@@ -136,16 +136,21 @@ def static_k_table(matches: dict[str, Sequence[bool | None]], ks: Iterable[int])
 
 def step_costs(steps_by_k: dict[int, pd.DataFrame]) -> dict[int, dict[int, float]]:
     """Measured decode step cost in ms by depth and batch size, ``{k: {num_reqs: mean step_ms}}``, from each
-    depth's steps.parquet (steps that emitted tokens): the steps with no prompt token of a batch size where it has
-    any, else all its steps. What prompt tokens cost is :func:`prefill_ms_per_token`'s: a mean over a batch
-    size's steps would charge that depth's mix of prefill-heavy steps to every step of that size."""
+    depth's steps.parquet (steps that emitted tokens): the mean of the steps with no prompt token at each batch
+    size that has any; a batch size that only ran steps with prompt tokens gets the decode cost interpolated from
+    the sizes around it (:func:`cost_at`), not its own steps' mean, which would charge their prefill as decode
+    time and hide it from :func:`prefill_ms_per_token`. A depth with no decode-only step at all (or steps without
+    ``num_prefill_tokens``) keeps every step's mean."""
     costs = {}
     for k, steps in steps_by_k.items():
         timed = steps.dropna(subset=["step_ms"])
-        if "num_prefill_tokens" in timed:
+        sizes = sorted(int(b) for b in timed["num_reqs"].unique())
+        if "num_prefill_tokens" in timed and (timed["num_prefill_tokens"] == 0).any():
             decode = timed[timed["num_prefill_tokens"] == 0]
-            timed = pd.concat([decode, timed[~timed["num_reqs"].isin(decode["num_reqs"])]])
-        costs[k] = {int(b): float(ms) for b, ms in timed.groupby("num_reqs")["step_ms"].mean().items()}
+            measured = {int(b): float(ms) for b, ms in decode.groupby("num_reqs")["step_ms"].mean().items()}
+            costs[k] = {b: measured[b] if b in measured else cost_at(measured, b) for b in sizes}
+        else:
+            costs[k] = {int(b): float(ms) for b, ms in timed.groupby("num_reqs")["step_ms"].mean().items()}
     return costs
 
 

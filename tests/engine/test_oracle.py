@@ -112,3 +112,16 @@ def test_prompt_tokens_cost_once_for_the_whole_output():
     # without prompt costs the decode rates alone decide: 10 tokens in 8 ms at k = 2, 4 in 4 ms at k = 0
     free = per_step_oracle(traces, costs)
     assert free.static_tokens_per_s == pytest.approx({0: 1e3, 2: 1e3 * 10 / 8}) and free.best_static_k == 2
+
+
+def test_a_batch_size_with_prompt_steps_only_gets_the_decode_cost_around_it():
+    """Decode steps at 2 and 4 rows cost 2 and 4 ms; every 3-row step held prompt tokens (10 ms, 8 prompt tokens
+    each): a 3-row decode step costs 3 ms (between its neighbours), and those steps' 7 ms beyond it is prefill
+    time, 7 / 8 ms a prompt token."""
+    steps = pd.DataFrame({"num_reqs": [2, 2, 3, 3, 4], "step_ms": [2.0, 2.0, 10.0, 10.0, 4.0],
+                          "num_prefill_tokens": [0, 0, 8, 8, 0]})
+    costs = step_costs({1: steps})[1]
+    assert costs == pytest.approx({2: 2.0, 3: 3.0, 4: 4.0})
+    assert prefill_ms_per_token(steps, costs) == pytest.approx(14.0 / 16)
+    only_prompts = pd.DataFrame({"num_reqs": [1, 2], "step_ms": [5.0, 6.0], "num_prefill_tokens": [4, 4]})
+    assert step_costs({0: only_prompts})[0] == {1: 5.0, 2: 6.0}  # no decode step to go by: every step's mean
