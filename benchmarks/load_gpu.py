@@ -159,25 +159,22 @@ def trace_frame(out):
 
 
 def oracle_cells(runs_by_k: dict[int, dict[int, list[dict]]], traces: dict[int, list], levels: list[int]) -> dict:
-    """Per concurrency, what choosing k could win (`specexp.analysis.oracle.per_step_oracle`): on each measured
+    """Per concurrency, what choosing k could win (`specexp.analysis.oracle.oracle_rounds`): on each measured
     round's steps of the deepest k (its traces), with every k's decode step cost by batch size and cost per prompt
     token from the same round, the modelled best static k and its speedup over k = 0, and the per-step hindsight
     oracle's speedup and mean k; each summarised over the rounds (mean ± std, 95% interval, n)."""
-    from specexp.analysis.oracle import per_step_oracle
+    from specexp.analysis.oracle import oracle_rounds
 
     cells = {}
     for c in levels:
-        static, oracle, mean_k, best = [], [], [], []
-        for r, frame in enumerate(traces[c]):
-            costs = {k: {int(b): ms for b, ms in runs[c][r]["step_ms_by_batch"].items()} for k, runs in runs_by_k.items()}
-            prefill = {k: runs[c][r]["prefill_ms_per_token"] for k, runs in runs_by_k.items()}
-            result = per_step_oracle(frame, costs, prefill_ms=prefill)
-            best.append(result.best_static_k)
-            static.append(result.speedup(result.static_tokens_per_s[result.best_static_k]))
-            oracle.append(result.speedup(result.oracle_tokens_per_s))
-            mean_k.append(sum(result.oracle_k) / len(result.oracle_k))
-        cells[str(c)] = {"model_best_static_k": best, "model_best_static_speedup": repeat_summary(static),
-                         "oracle_speedup": repeat_summary(oracle), "oracle_k_mean": repeat_summary(mean_k)}
+        rounds = [(frame,
+                   {k: {int(b): ms for b, ms in runs[c][r]["step_ms_by_batch"].items()} for k, runs in runs_by_k.items()},
+                   {k: runs[c][r]["prefill_ms_per_token"] for k, runs in runs_by_k.items()})
+                  for r, frame in enumerate(traces[c])]
+        per_round = oracle_rounds(rounds)
+        cells[str(c)] = {"model_best_static_k": per_round["best_static_k"],
+                         **{name: repeat_summary(per_round[name])
+                            for name in ("model_best_static_speedup", "oracle_speedup", "oracle_k_mean")}}
     return cells
 
 

@@ -30,7 +30,7 @@ import pandas as pd
 from specexp.analysis.groups import comparison_columns
 from specexp.analysis.metrics import _ok
 from specexp.analysis.oracle import (
-    per_step_oracle,
+    oracle_rounds,
     prefill_ms_per_token,
     request_matches,
     static_k_table,
@@ -192,23 +192,17 @@ def _modelled(traces: pd.DataFrame, steps_by_k: dict[int, pd.DataFrame]) -> dict
 
     parts = {k: _by_repeat(steps) for k, steps in steps_by_k.items()}
 
-    def oracle(steps: dict[int, pd.DataFrame]):
+    def costs_of(steps: dict[int, pd.DataFrame]) -> tuple[dict, dict]:
         costs = step_costs(steps)
-        prefill = {k: prefill_ms_per_token(frame, costs[k]) for k, frame in steps.items()}
-        return per_step_oracle(traces, costs, prefill_ms=prefill)
+        return costs, {k: prefill_ms_per_token(frame, costs[k]) for k, frame in steps.items()}
 
-    best_static = oracle(steps_by_k).best_static_k
+    best_static = oracle_rounds([(traces, *costs_of(steps_by_k))])["best_static_k"][0]
     repeats = min(len(p) for p in parts.values())
-    static, oracle_speedup, mean_k = [], [], []
-    for r in range(repeats):
-        result = oracle({k: p[r] for k, p in parts.items()})
-        static.append(result.speedup(result.static_tokens_per_s[best_static]))
-        oracle_speedup.append(result.speedup(result.oracle_tokens_per_s))
-        mean_k.append(sum(result.oracle_k) / len(result.oracle_k))
+    per_round = oracle_rounds([(traces, *costs_of({k: p[r] for k, p in parts.items()})) for r in range(repeats)],
+                              best_static_k=best_static)
     row = {"model_best_static_k": best_static}
-    for name, values in (("model_best_static_speedup", static), ("oracle_speedup", oracle_speedup),
-                         ("oracle_k_mean", mean_k)):
-        summary = repeat_summary(values)
+    for name in ("model_best_static_speedup", "oracle_speedup", "oracle_k_mean"):
+        summary = repeat_summary(per_round[name])
         row[name] = summary["mean"]
         for stat in INTERVAL_STATS:
             row[f"{name}_{stat}"] = math.nan if summary[stat] is None else summary[stat]
@@ -238,7 +232,7 @@ def _filled_matches(traces: pd.DataFrame, run_dir: str, draft_pair, cache: dict)
 def oracle_table(runs: pd.DataFrame, draft_pair=None) -> pd.DataFrame:
     """Per series and load, from its deepest run's traces and every depth's measured step costs: the measured
     best speedup over k = 0 (with ``measured_speedup_low`` / ``_high`` from the repeats of both points), the
-    modelled best static depth and its speedup (:func:`per_step_oracle` on the deepest run's steps), the
+    modelled best static depth and its speedup (:func:`~specexp.analysis.oracle.per_step_oracle` on the deepest run's steps), the
     per-step oracle's speedup (both per repeat, then mean with ``_std``, ``_low`` / ``_high`` and ``_n``:
     :func:`_modelled`), and the acceptance length each measured k replays to
     from the deepest run (greedy; ``replay_exact``: no unobserved position reached). ``draft_pair``: the

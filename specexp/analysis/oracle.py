@@ -258,3 +258,20 @@ def per_step_oracle(traces: pd.DataFrame, costs: dict[int, dict[int, float]], ma
         oracle, choice = static[0], [0] * len(steps)
     steps = steps.assign(oracle_k=choice)
     return OracleResult(steps, static, oracle, choice)
+
+
+def oracle_rounds(rounds: Iterable[tuple[pd.DataFrame, dict[int, dict[int, float]], dict[int, float]]],
+                  best_static_k: int | None = None) -> dict[str, list]:
+    """:func:`per_step_oracle` on each measured round: ``rounds`` of (the deepest run's traces, every depth's
+    :func:`step_costs`, every depth's :func:`prefill_ms_per_token`). Per round, in lists: ``best_static_k`` (the
+    given k, else that round's best), ``model_best_static_speedup`` (that k's over k = 0),
+    ``oracle_speedup`` and ``oracle_k_mean`` (the per-step oracle's speedup over k = 0 and mean k)."""
+    out = {"best_static_k": [], "model_best_static_speedup": [], "oracle_speedup": [], "oracle_k_mean": []}
+    for traces, costs, prefill in rounds:
+        result = per_step_oracle(traces, costs, prefill_ms=prefill)
+        best = result.best_static_k if best_static_k is None else best_static_k
+        out["best_static_k"].append(best)
+        out["model_best_static_speedup"].append(result.speedup(result.static_tokens_per_s[best]))
+        out["oracle_speedup"].append(result.speedup(result.oracle_tokens_per_s))
+        out["oracle_k_mean"].append(sum(result.oracle_k) / len(result.oracle_k))
+    return out
