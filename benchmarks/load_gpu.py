@@ -168,7 +168,8 @@ def oracle_cells(runs_by_k: dict[int, dict[int, list[dict]]], traces: dict[int, 
     cells = {}
     for c in levels:
         rounds = [(frame,
-                   {k: {int(b): ms for b, ms in runs[c][r]["step_ms_by_batch"].items()} for k, runs in runs_by_k.items()},
+                   {k: {int(b): ms for b, ms in runs[c][r]["step_ms_by_batch"].items()}
+                    for k, runs in runs_by_k.items()},
                    {k: runs[c][r]["prefill_ms_per_token"] for k, runs in runs_by_k.items()})
                   for r, frame in enumerate(traces[c])]
         per_round = oracle_rounds(rounds)

@@ -232,8 +232,8 @@ def _filled_matches(traces: pd.DataFrame, run_dir: str, draft_pair, cache: dict)
 def oracle_table(runs: pd.DataFrame, draft_pair=None) -> pd.DataFrame:
     """Per series and load, from its deepest run's traces and every depth's measured step costs: the measured
     best speedup over k = 0 (with ``measured_speedup_low`` / ``_high`` from the repeats of both points), the
-    modelled best static depth and its speedup (:func:`~specexp.analysis.oracle.per_step_oracle` on the deepest run's steps), the
-    per-step oracle's speedup (both per repeat, then mean with ``_std``, ``_low`` / ``_high`` and ``_n``:
+    modelled best static depth and its speedup (:func:`~specexp.analysis.oracle.per_step_oracle` on the deepest
+    run's steps), the per-step oracle's speedup (both per repeat, then mean with ``_std``, ``_low`` / ``_high`` and ``_n``:
     :func:`_modelled`), and the acceptance length each measured k replays to
     from the deepest run (greedy; ``replay_exact``: no unobserved position reached). ``draft_pair``: the
     runs' (target, draft) as transformers models
