@@ -152,8 +152,6 @@ class TargetMixedGraphs:
     """The joined half of `NativeEngine`'s mixed steps (a mixin: it reads the engine's buffers, `chunk_buffers`,
     conv builder and sampler)."""
 
-    num_mixed_joined: int = 0
-
     def _init_mixed_graphs(self) -> None:
         """The joined graphs of the engine's prompt-graph counts and verify keys (none unless
         `engine.cudagraph_mixed` is "joined"), and the buffers their chunk segment reads."""
@@ -224,8 +222,6 @@ class DraftMixedGraphs:
     rows' regions (v + 2 slots a row, in `prefill_buffers`) and the chunks' regions (each its tokens + the sampled
     one, rows of C slots in `chunk_prefill_buffers`) in one segmented draft forward, which samples draft token 0
     of every row; the one decode graph of the step follows as in any step."""
-
-    num_mixed_joined: int = 0
 
     def _init_mixed_graphs(self, keys, shapes: tuple[ChunkShape, ...], buckets: tuple[int, ...], pool: tuple | None,
                            enabled: bool) -> None:

@@ -67,12 +67,31 @@ def split_point(is_verify: list[bool], query_lens: list[int]) -> int | None:
     return num_verify
 
 
-class TargetMixedSteps:
+class GraphedStepCounts:
+    """How many steps (the target's) or draft prefills (the draft's) replayed graphs beyond a uniform batch's: mixed
+    ones joined (`mixed_graphs`) or in parts, and those of several prompt chunks alone, either way."""
+
+    num_mixed_joined: int = 0
+    num_mixed_in_parts: int = 0
+    num_prompt_batches_graphed: int = 0
+
+    def _count_mixed(self, num_verify: int, joined: bool) -> None:
+        """Count one such step: chunks alone on their own, a mixed one as joined or in parts."""
+        if not num_verify:
+            self.num_prompt_batches_graphed += 1
+        elif joined:
+            self.num_mixed_joined += 1
+        else:
+            self.num_mixed_in_parts += 1
+
+    def reset_graphed_step_counts(self) -> None:
+        """Zero the counts (a new run's figures)."""
+        self.num_mixed_joined = self.num_mixed_in_parts = self.num_prompt_batches_graphed = 0
+
+
+class TargetMixedSteps(GraphedStepCounts):
     """The target half (a mixin of `NativeEngine`: it reads the engine's graphs and buffers and calls its
     `_prepare_target_inputs`)."""
-
-    num_mixed_in_parts: int = 0
-    num_prompt_batches_graphed: int = 0  # steps of several prompt chunks alone, joined or in parts
 
     def _mixed_parts(self, batch: ScheduledBatch) -> MixedParts | None:
         """The parts `batch` runs in, counted as replays by their managers; None (nothing counted) unless it is
@@ -104,15 +123,6 @@ class TargetMixedSteps:
             verify = self.verify_graphs.dispatch(num_verify, num_verify * (v + 1), True, max(ends[:num_verify]), k=v)
         return MixedParts(num_verify, verify,
                           [self.prefill_graphs.dispatch(row.num_query_tokens, end) for row, end in prompts])
-
-    def _count_mixed(self, num_verify: int, joined: bool) -> None:
-        """Count a step that replays graphs: a mixed one as joined or in parts, chunks alone on their own."""
-        if not num_verify:
-            self.num_prompt_batches_graphed += 1
-        elif joined:
-            self.num_mixed_joined += 1
-        else:
-            self.num_mixed_in_parts += 1
 
     def _verify_in_parts(self, batch: ScheduledBatch, parts: MixedParts) -> VerifiedBatch | None:
         """Stage and replay every part (verify rows, if any, then each prompt chunk), leaving `step_out[:R]` and
@@ -175,10 +185,8 @@ def rows_of(batch: VerifiedBatch, start: int, stop: int) -> VerifiedBatch:
     )
 
 
-class DraftMixedSteps:
+class DraftMixedSteps(GraphedStepCounts):
     """The draft half (a mixin of `AutoRegressiveSpeculator`: its prefill graphs, prompt graphs and buffers)."""
-
-    num_prompt_batches_graphed: int = 0  # prefills of several prompt chunks alone, joined or in parts
 
     def _prefill_parts(self, batch: VerifiedBatch) -> MixedParts | None:
         """The parts of the draft's prefill of `batch`, counted as replays; None (nothing counted) unless it is a
@@ -194,7 +202,7 @@ class DraftMixedSteps:
         v = query_lens[0] - 1 if num_verify else None  # None: chunks alone, any captured v
         joined = self.mixed_graphs.lookup(num_verify, v, [q + 1 for q in query_lens[num_verify:]], max(ends))
         if joined is not None:  # one joined graph holds the whole prefill
-            self._count_mixed(num_verify)
+            self._count_mixed(num_verify, joined=True)
             desc = joined[0]
             joined[1].dispatch(num_verify, num_verify * (desc.num_speculative_tokens + 2), True, max(ends),
                                k=desc.num_speculative_tokens)  # counts the replay
@@ -204,19 +212,11 @@ class DraftMixedSteps:
         prompts = list(zip(query_lens[num_verify:], ends[num_verify:]))
         if not all(self.prompt_graphs.holds(q + 1, end) for q, end in prompts):
             return None
+        self._count_mixed(num_verify, joined=False)
         verify = None
         if num_verify:
             verify = self.prefill_graphs.dispatch(num_verify, num_verify * (v + 2), True, max(ends[:num_verify]), k=v)
-        else:
-            self.num_prompt_batches_graphed += 1
         return MixedParts(num_verify, verify, [self.prompt_graphs.dispatch(q + 1, end) for q, end in prompts])
-
-    def _count_mixed(self, num_verify: int) -> None:
-        """Count a joined prefill: a mixed step's, or several chunks' alone."""
-        if num_verify:
-            self.num_mixed_joined += 1
-        else:
-            self.num_prompt_batches_graphed += 1
 
     def _prefill_in_parts(self, batch: VerifiedBatch, parts: MixedParts) -> StagedRows:
         """Stage and replay the draft prefill of every part (verify rows, if any, then each chunk's region),

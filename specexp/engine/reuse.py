@@ -81,9 +81,9 @@ class EngineReuse:
             manager.num_replays = manager.num_eager = 0
             manager.replays_per_graph.clear()
             manager.num_eager_uncaptured.clear()
-        self.num_mixed_in_parts = self.num_mixed_joined = self.num_prompt_batches_graphed = 0
+        self.reset_graphed_step_counts()
         if self.speculator is not None:
-            self.speculator.num_mixed_joined = self.speculator.num_prompt_batches_graphed = 0
+            self.speculator.reset_graphed_step_counts()
 
     def reseed(self, seed: int) -> None:
         """Restart the sampling's random state from `seed` (what `engine.seed` does at start-up)."""
