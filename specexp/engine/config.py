@@ -62,8 +62,9 @@ class EngineConfig:
     attention_kernel: "sdpa" (gather each row's keys, then SDPA) | "triton" (uniform batches, i.e. decode
     and verify steps, on one Triton kernel reading the paged cache in place, `specexp.models.triton_attention`;
     CUDA only; other batches keep SDPA).
-    conv_kernel: "torch" | "triton" (LFM2's gated short conv of uniform batches in one Triton kernel per layer,
-    `specexp.models.triton_short_conv`; CUDA only; other batches keep the torch path).
+    conv_kernel: "torch" | "triton" (LFM2's gated short conv in one Triton kernel per layer for uniform batches and
+    for batches of non-spec rows alone, e.g. prompt chunks, `specexp.models.triton_short_conv`; CUDA only; batches
+    mixing spec and non-spec rows keep the torch path).
     plain_decode_lookahead: without speculation (k = 0), queue each step before the last one's tokens are read
     back (a step emits one token a row, so everything but the token's value is known; the device gathers it):
     the host's work for a step overlaps the device's previous step. A request that stops at EOS costs one

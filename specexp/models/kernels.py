@@ -14,10 +14,12 @@ from torch import nn
 @dataclass(frozen=True)
 class UniformKernel:
     """`uniform` runs a layer's uniform batches (every decode and verify step: each row the same number of
-    tokens, row after row) when it supports them; None, or any batch it does not take, runs the default path."""
+    tokens, row after row) when it supports them; `varlen`, where a layer kind has one, its batches of non-spec
+    rows of any lengths (prompt chunks). None, or any batch a kernel does not take, runs the default path."""
 
     name: str
     uniform: Callable[..., torch.Tensor] | None
+    varlen: Callable[..., torch.Tensor] | None = None
 
 
 def set_on_modules(model: nn.Module, attr: str, value: object) -> None:

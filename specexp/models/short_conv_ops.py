@@ -268,6 +268,10 @@ class ConvPlan:
         """:func:`uniform_indices` of this step's spec rows, for conv width W and state length S."""
         return self._derived(_plan_uniform_indices, width, state_len)
 
+    def has_initial_non_spec(self) -> torch.Tensor | None:
+        """`meta.has_initial_states_non_spec()` (bool[n_ns] or None), concatenated once per forward."""
+        return self._derived(ShortConvMetadata.has_initial_states_non_spec)
+
 
 def _plan_spec_indices(m: ShortConvMetadata, width: int, state_len: int, num_tokens: int) -> VarlenIndices:
     return spec_indices(m.spec_query_start_loc, m.spec_state_indices_tensor, m.num_accepted_tokens, num_tokens,
@@ -347,10 +351,11 @@ def uniform_spec_query_len(meta: ShortConvMetadata) -> int | None:
     return meta.spec_query_len if meta.num_spec_decode_tokens == rows * meta.spec_query_len else None
 
 
-# How short-conv layers run uniform batches (`engine.conv_kernel`): the default torch path, or the whole gated
-# conv (b * x, the taps, c * out, the state update) in one Triton kernel per layer.
+# How short-conv layers run uniform batches and batches of non-spec rows (`engine.conv_kernel`): the default torch
+# path, or the whole gated conv (b * x, the taps, c * out, the state update) in one Triton kernel per layer.
 TORCH_CONV = UniformKernel("torch", None)
-TRITON_CONV = UniformKernel("triton", triton_short_conv.gated_short_conv_uniform)
+TRITON_CONV = UniformKernel("triton", triton_short_conv.gated_short_conv_uniform,
+                            triton_short_conv.gated_short_conv_varlen)
 CONV_KERNELS = {kernel.name: kernel for kernel in (TORCH_CONV, TRITON_CONV)}
 
 
@@ -370,20 +375,24 @@ def gated_short_conv(
 ) -> torch.Tensor:
     """LFM2's gated short conv, c * short_conv(b * x) with (b, c, x) = bcx.chunk(3, dim=-1), over a whole step.
 
-    bcx: [T, 3 * D] (in_proj's output); the rest as :func:`short_conv`. A uniform batch on the GPU runs on
-    `kernel.uniform` when it supports the layer; every other batch on :func:`short_conv`. Returns [T, D].
+    bcx: [T, 3 * D] (in_proj's output); the rest as :func:`short_conv`. On the GPU a uniform batch runs on
+    `kernel.uniform` and a batch of non-spec rows alone (prompt chunks) on `kernel.varlen`, where the kernel has
+    one and supports the layer; every other batch on :func:`short_conv`. Returns [T, D].
     A `SegmentedPlan` runs each segment's tokens with its own plan (`specexp.models.segments`).
     """
     if isinstance(meta, SegmentedPlan):
         return torch.cat([gated_short_conv(bcx[a:b], weight, bias, conv_state, plan, taps, kernel)
                           for a, b, plan in meta.parts])
     plan = meta if isinstance(meta, ConvPlan) else ConvPlan(meta)
-    uniform_len = uniform_spec_query_len(plan.meta)
-    if (kernel.uniform is not None and uniform_len is not None and bcx.is_cuda
-            and triton_short_conv.supports(bcx, conv_state)):
-        m = plan.meta
+    m = plan.meta
+    on_kernel = bcx.is_cuda and triton_short_conv.supports(bcx, conv_state)
+    uniform_len = uniform_spec_query_len(m)
+    if kernel.uniform is not None and uniform_len is not None and on_kernel:
         return kernel.uniform(bcx, weight, bias, conv_state, m.spec_state_indices_tensor, m.num_accepted_tokens,
                               uniform_len, m.num_spec_decodes)
+    if kernel.varlen is not None and m.num_spec_decodes == 0 and m.num_non_spec_rows > 0 and on_kernel:
+        return kernel.varlen(bcx, weight, bias, conv_state, m.non_spec_query_start_loc, m.state_indices_tensor,
+                             plan.has_initial_non_spec(), m.non_spec_state_lookahead, m.non_spec_token_indx)
     b, c, x = bcx.chunk(3, dim=-1)
     return c * short_conv(b * x, weight, bias, conv_state, plan, taps)
 
@@ -425,7 +434,7 @@ def short_conv(
     if not has_spec and meta.non_spec_token_indx is None:
         return causal_conv1d_varlen(
             x, weight, bias, conv_state, meta.non_spec_query_start_loc, meta.state_indices_tensor,
-            meta.has_initial_states_non_spec(), meta.non_spec_state_lookahead,
+            plan.has_initial_non_spec(), meta.non_spec_state_lookahead,
             plan.non_spec_indices(width, state_len, x.shape[0]),
         )
     out = torch.zeros_like(x)
@@ -439,7 +448,7 @@ def short_conv(
         ns_idx = meta.non_spec_token_indx
         out[ns_idx] = causal_conv1d_varlen(
             x[ns_idx], weight, bias, conv_state, meta.non_spec_query_start_loc, meta.state_indices_tensor,
-            meta.has_initial_states_non_spec(), meta.non_spec_state_lookahead,
+            plan.has_initial_non_spec(), meta.non_spec_state_lookahead,
             plan.non_spec_indices(width, state_len, ns_idx.numel()),
         )
     return out

@@ -1,6 +1,6 @@
-"""The Triton gated short conv for uniform batches (`engine.conv_kernel=triton`) against the default path
-(`c * causal_conv1d_spec_update_uniform(b * x)`): outputs and conv states, on a GPU (`pytest -m cuda`) and, where
-triton is installed, under Triton's CPU interpreter."""
+"""The Triton gated short conv (`engine.conv_kernel=triton`) against the default paths: for uniform batches
+`c * causal_conv1d_spec_update_uniform(b * x)`, for non-spec rows `c * causal_conv1d_varlen(b * x)`; outputs and
+conv states, on a GPU (`pytest -m cuda`) and, where triton is installed, under Triton's CPU interpreter."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from triton_interpreter import on_triton_gpu, run_in_triton_interpreter
 
 from specexp.models import triton_short_conv
 from specexp.models.metadata import NULL_BLOCK_ID
-from specexp.models.short_conv_ops import causal_conv1d_spec_update_uniform
+from specexp.models.short_conv_ops import causal_conv1d_spec_update_uniform, causal_conv1d_varlen
 
 # (rows, real rows (the rest: NULL-slot padding), q tokens per row, channels, width, bias, extra tokens past R*q)
 CASES = [(1, 1, 1, 64, 3, False, 0), (3, 2, 5, 200, 4, True, 0), (4, 4, 3, 130, 3, True, 2), (2, 1, 9, 96, 4, False, 0)]
@@ -60,3 +60,68 @@ def test_triton_short_conv_matches_default_on_gpu(dtype, tol):
 def test_triton_short_conv_matches_default_in_triton_interpreter():
     """The kernel's arithmetic on CPU tensors, in Triton's interpreter (skipped without triton)."""
     run_in_triton_interpreter('test_triton_short_conv', 'check_against_default', "torch.float32", "1e-6")
+
+# Non-spec rows: (query lens (0 = an empty padding row), has initial state per row or None, NULL-slot rows,
+# lookahead, channels, width, bias, padding tokens past the rows, gathered through a token permutation)
+VARLEN_CASES = [
+    ([64], [True], [], 0, 128, 4, False, 0, False),            # a prompt chunk after the first
+    ([65], [False], [], 1, 200, 3, True, 15, False),           # a draft's first prompt region, padded to 80
+    ([1, 7, 2, 33], None, [], 0, 96, 4, True, 3, True),        # decodes and chunks, gathered in another order
+    ([17, 0, 5, 1], [True, False, False, True], [1, 3], 1, 130, 4, False, 6, True),  # empty and NULL rows
+    ([2, 1], [False, True], [], 2, 64, 3, True, 0, False),     # chunks shorter than window + lookahead
+    ([40, 9, 16], [True, True, False], [], 0, 64, 2, False, 4, True),  # width 2: a one-column window
+]
+
+
+def check_varlen_against_default(device: str, dtype: torch.dtype, tol: float) -> None:
+    """Every VARLEN_CASES batch: the varlen kernel's outputs and updated states equal the default varlen path's."""
+    gen = torch.Generator().manual_seed(1)
+    for case, (lens, initial, null_rows, lookahead, dim, width, with_bias, pad, gather) in enumerate(VARLEN_CASES):
+        rows, real_tokens = len(lens), sum(lens)
+        num_tokens = real_tokens + pad
+        state_len = width - 1 + max(lookahead, 3)
+        bcx = torch.randn(num_tokens, 3 * dim, generator=gen)
+        weight, bias = torch.randn(dim, width, generator=gen), torch.randn(dim, generator=gen)
+        conv_state = torch.randn(rows + 3, dim, state_len, generator=gen)
+        slots = torch.tensor([NULL_BLOCK_ID if r in null_rows else rows + 2 - r for r in range(rows)],
+                             dtype=torch.int32)
+        qsl = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32)
+        has_initial = None if initial is None else torch.tensor(initial)
+        # gathered order: the rows' tokens scattered over the batch, the padding tokens gathered last
+        token_indx = torch.randperm(num_tokens, generator=gen) if gather else None
+        bcx, weight, bias, conv_state = (t.to(device=device, dtype=dtype) for t in (bcx, weight, bias, conv_state))
+        slots, qsl = slots.to(device), qsl.to(device)
+        has_initial = None if has_initial is None else has_initial.to(device)
+        token_indx = None if token_indx is None else token_indx.to(device)
+        b, c, x = bcx.chunk(3, dim=-1)
+        expected_state = conv_state.clone()
+        rows_of = token_indx if gather else torch.arange(num_tokens, device=device)
+        conv = causal_conv1d_varlen((b * x)[rows_of], weight, bias if with_bias else None, expected_state, qsl, slots,
+                                    has_initial, lookahead)
+        expected = torch.zeros_like(c)
+        expected[rows_of[:real_tokens]] = (c[rows_of] * conv)[:real_tokens]
+        got_state = conv_state.clone()
+        got = triton_short_conv.gated_short_conv_varlen(bcx, weight, bias if with_bias else None, got_state, qsl,
+                                                        slots, has_initial, lookahead, token_indx)
+        label = f"case {case} (lens {lens}, lookahead {lookahead}, D {dim}, W {width}, gather {gather}) {dtype}"
+        assert got.shape == expected.shape and got.dtype == dtype, label
+        err = (got.double() - expected.double()).abs().max().item() / (1 + expected.double().abs().max().item())
+        assert err < tol, f"{label}: output error {err:.2e} (relative)"
+        outside = torch.ones(num_tokens, dtype=torch.bool, device=device)
+        outside[rows_of[:real_tokens]] = False
+        assert torch.equal(got[outside], torch.zeros_like(got[outside])), f"{label}: padding must give zeros"
+        state_err = (got_state.double() - expected_state.double()).abs().max().item()
+        assert state_err < tol, f"{label}: state error {state_err:.2e}"
+        untouched = [s for s in range(rows + 3) if s not in slots.tolist() or s == NULL_BLOCK_ID]
+        assert torch.equal(got_state[untouched], conv_state[untouched]), f"{label}: other slots must not change"
+
+
+@on_triton_gpu
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-6), (torch.bfloat16, 2e-2), (torch.float16, 3e-3)])
+def test_triton_varlen_short_conv_matches_default_on_gpu(dtype, tol):
+    check_varlen_against_default("cuda", dtype, tol)
+
+
+def test_triton_varlen_short_conv_matches_default_in_triton_interpreter():
+    """The varlen kernel's arithmetic on CPU tensors, in Triton's interpreter (skipped without triton)."""
+    run_in_triton_interpreter('test_triton_short_conv', 'check_varlen_against_default', "torch.float32", "1e-6")
