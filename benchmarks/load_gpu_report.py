@@ -5,12 +5,17 @@ with a 95% interval (delta method over the rounds of both).
 
     python benchmarks/load_gpu_report.py tables NATIVE.json [VLLM.json]                # markdown on stdout
     python benchmarks/load_gpu_report.py figure OUT.png NATIVE.json [VLLM.json]
+    python benchmarks/load_gpu_report.py mixed MIXED.json [MIXED.json ...] [--mode joined]
+
+`mixed` tabulates runs of `benchmarks/diagnostics/mixed_step.py`: per pair and batch size, each run's mixed step over
+its pure verify step, then the median and the largest over the runs.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -149,6 +154,27 @@ def tables(paths: list[str]) -> str:
     return "\n".join(out)
 
 
+def mixed_runs_table(paths: list[str], mode: str = "joined") -> str:
+    """Per (pair, batch b), each mixed_step.py run's median GPU time of its mixed steps of b rows over its pure
+    verify steps' (n mixed / pure steps), then the median and the largest of those ratios over the runs that
+    measured the cell; markdown. mode: how the runs' mixed steps ran (the runs' `--mixed`)."""
+    runs = [json.loads(Path(path).read_text()) for path in paths]
+    cells: dict[tuple[str, int], list[dict | None]] = {}
+    for i, run in enumerate(runs):
+        for pair, modes in run["pairs"].items():
+            for batch, cell in modes.get(mode, {}).items():
+                cells.setdefault((pair, int(batch)), [None] * len(runs))[i] = cell
+    head = " | ".join(f"run {i + 1}" for i in range(len(runs)))
+    lines = [f"| pair | b | {head} | median of runs | largest |", "|---|---|" + "---|" * (len(runs) + 2)]
+    for (pair, batch), per_run in sorted(cells.items()):
+        ratios = [c["mixed_over_pure"] for c in per_run if c and c.get("mixed_over_pure") is not None]
+        shown = [f"{c['mixed_over_pure']:.2f} (n {c['mixed']['n']} / {c['pure']['n']})"
+                 if c and c.get("mixed_over_pure") is not None else "-" for c in per_run]
+        summary = [f"{statistics.median(ratios):.2f}", f"{max(ratios):.2f}"] if ratios else ["-", "-"]
+        lines.append(f"| {pair} | {batch} | {' | '.join(shown)} | {' | '.join(summary)} |")
+    return "\n".join(lines)
+
+
 def figure(out_png: str, paths: list[str]) -> None:
     """Output tokens/s against concurrency per k, one panel per pair: native solid, vLLM dashed, ± std bars."""
     import matplotlib
@@ -190,9 +216,14 @@ def main() -> None:
     f = sub.add_parser("figure")
     f.add_argument("png")
     f.add_argument("files", nargs="+")
+    m = sub.add_parser("mixed")
+    m.add_argument("files", nargs="+")
+    m.add_argument("--mode", default="joined", help="the runs' --mixed mode to tabulate")
     args = parser.parse_args()
     if args.command == "tables":
         print(tables(args.files))
+    elif args.command == "mixed":
+        print(mixed_runs_table(args.files, args.mode))
     else:
         figure(args.png, args.files)
 
