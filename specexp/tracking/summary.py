@@ -62,6 +62,8 @@ def acceptance_text(m: dict) -> str:
         return _fmt(m.get("acceptance_length"))
     if not m.get("num_drafts"):
         return f"{_fmt(m.get('acceptance_length'))} (exact: no drafts)"
+    if not boot.get("num_requests"):  # whole-run counters only (vLLM): nothing to resample
+        return f"{_fmt(m.get('acceptance_length'))} (no interval: {boot.get('note') or 'no per-request counts'})"
     return (f"{_fmt(m.get('acceptance_length'))} {_interval(bounds.get('low'), bounds.get('high'))} 95% bootstrap"
             f" over {boot.get('num_requests')} requests")
 

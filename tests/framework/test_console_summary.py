@@ -84,3 +84,19 @@ def test_a_dynamic_depth_run_says_how_many_steps_ran_each_k():
     assert summary_rows(format_summary(record))["steps per k (num_speculative_tokens_hist)"] == "k=0:2 k=2:5 k=4:1"
     static = {**record, "metrics": {"num_speculative_tokens": 4, "num_speculative_tokens_hist": [0, 0, 0, 0, 9]}}
     assert "steps per k (num_speculative_tokens_hist)" not in summary_rows(format_summary(static))
+
+
+def test_whole_run_acceptance_counters_say_why_they_have_no_interval():
+    """vLLM counts acceptance for the whole run: the summary says so instead of a bootstrap over 0 requests."""
+    note = "no per-request counts (this backend counts acceptance for the whole run only)"
+    boot = {"unit": "request", "num_requests": 0, "acceptance_length": {"low": None, "high": None}, "note": note}
+    record = {"status": "ok", "run_dir": "r", "env": {"device": "cuda:0"}, "wandb": {"mode": "disabled"},
+              "metrics": {"num_speculative_tokens": 4, "acceptance_length": 3.3567, "num_drafts": 2456,
+                          "intervals": {"acceptance": boot}}}
+    shown = summary_rows(format_summary(record))["acceptance_length"]
+    assert shown.startswith(f"3.36 (no interval: {note})"), shown
+    assert "over 0 requests" not in shown
+    per_request = {**boot, "num_requests": 8, "acceptance_length": {"low": 3.1, "high": 3.6}}
+    record["metrics"]["intervals"] = {"acceptance": per_request}
+    assert summary_rows(format_summary(record))["acceptance_length"].startswith(
+        "3.36 [3.10, 3.60] 95% bootstrap over 8 requests")
