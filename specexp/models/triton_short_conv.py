@@ -196,7 +196,7 @@ if AVAILABLE:
         # column 0, as the default path clamps them); every load before any store
         c = tl.arange(0, BLOCK_C)
         writes = (block == 0) & (q > 0) & (slot != NULL_SLOT)
-        c_ok = (c < W - 1 + lookahead) & writes
+        c_ok = (c < W - 1 + lookahead) & (c < state_len) & writes  # the default path writes no column past S
         e = tl.maximum(q - lookahead + c, 0)
         from_state = e < W - 1
         reads = c_ok & from_state
