@@ -137,6 +137,29 @@ TOKENS_PER_PROGRAM = 16
 if AVAILABLE:
 
     @triton.jit
+    def _varlen_ext(e, ok, row, start, state_row, state_len, initial_ptr, token_ptr, bcx_ptr, stride_bcx, dim, d,
+                    d_ok, W: tl.constexpr, HAS_INITIAL: tl.constexpr, GATHER: tl.constexpr):
+        """ext_r at positions e [BLOCK] of a row whose gathered tokens start at `start`, where `ok`: (window column e
+        as stored, zeros without an initial state; the gated input b*x of the row's token e - (W-1), rounded to the
+        activations' dtype; whether e is a window column), each [BLOCK_D, BLOCK]."""
+        from_state = e < W - 1
+        reads = ok & from_state
+        if HAS_INITIAL:
+            reads = reads & (tl.load(initial_ptr + row) != 0)
+        window = tl.load(state_row + tl.minimum(e, state_len - 1)[None, :], mask=d_ok[:, None] & reads[None, :],
+                         other=0.0)
+        x_ok = ok & (e >= W - 1)
+        p = start + e - (W - 1)
+        if GATHER:
+            t = tl.load(token_ptr + p, mask=x_ok, other=0)
+        else:
+            t = p
+        x_mask = d_ok[:, None] & x_ok[None, :]
+        b_val = tl.load(bcx_ptr + t[None, :] * stride_bcx + d[:, None], mask=x_mask, other=0.0)
+        x_val = tl.load(bcx_ptr + t[None, :] * stride_bcx + 2 * dim + d[:, None], mask=x_mask, other=0.0)
+        return window, (b_val * x_val).to(b_val.dtype), from_state
+
+    @triton.jit
     def _gated_short_conv_varlen_kernel(
         bcx_ptr, w_ptr, bias_ptr, state_ptr, qsl_ptr, slots_ptr, initial_ptr, token_ptr, y_ptr,
         stride_bcx, stride_ws, stride_ss, stride_sd, stride_y, dim, state_len, lookahead,
@@ -150,8 +173,6 @@ if AVAILABLE:
         start = tl.load(qsl_ptr + row)
         q = tl.load(qsl_ptr + row + 1) - start
         slot = tl.load(slots_ptr + row).to(tl.int64)
-        if HAS_INITIAL:
-            initial = tl.load(initial_ptr + row) != 0
         state_row = state_ptr + slot * stride_ss + d[:, None] * stride_sd
 
         # out[i] = bias + sum_j w[:, j] * ext[i + j]: ext position e < W-1 is window column e (zeros without an
@@ -160,25 +181,10 @@ if AVAILABLE:
         i_ok = i < q
         acc = tl.zeros([BLOCK_D, BLOCK_T], dtype=tl.float32)
         for j in tl.static_range(W):
-            e = i + j
-            from_state = e < W - 1
-            reads = i_ok & from_state
-            if HAS_INITIAL:
-                reads = reads & initial
-            s_val = tl.load(state_row + tl.minimum(e, state_len - 1)[None, :], mask=d_ok[:, None] & reads[None, :],
-                            other=0.0)
-            x_ok = i_ok & (e >= W - 1)
-            p = start + e - (W - 1)
-            if GATHER:
-                t = tl.load(token_ptr + p, mask=x_ok, other=0)
-            else:
-                t = p
-            x_mask = d_ok[:, None] & x_ok[None, :]
-            b_val = tl.load(bcx_ptr + t[None, :] * stride_bcx + d[:, None], mask=x_mask, other=0.0)
-            x_val = tl.load(bcx_ptr + t[None, :] * stride_bcx + 2 * dim + d[:, None], mask=x_mask, other=0.0)
-            bx = (b_val * x_val).to(b_val.dtype).to(tl.float32)
-            ext = tl.where(from_state[None, :], s_val.to(b_val.dtype).to(tl.float32), bx)
-            w = tl.load(w_ptr + d * stride_ws + j, mask=d_ok, other=0.0).to(b_val.dtype).to(tl.float32)
+            window, bx, from_state = _varlen_ext(i + j, i_ok, row, start, state_row, state_len, initial_ptr,
+                                                 token_ptr, bcx_ptr, stride_bcx, dim, d, d_ok, W, HAS_INITIAL, GATHER)
+            ext = tl.where(from_state[None, :], window.to(bx.dtype).to(tl.float32), bx.to(tl.float32))
+            w = tl.load(w_ptr + d * stride_ws + j, mask=d_ok, other=0.0).to(bx.dtype).to(tl.float32)
             acc += w[:, None] * ext
         if HAS_BIAS:
             acc += tl.load(bias_ptr + d, mask=d_ok, other=0.0).to(tl.float32)[:, None]
@@ -197,24 +203,11 @@ if AVAILABLE:
         c = tl.arange(0, BLOCK_C)
         writes = (block == 0) & (q > 0) & (slot != NULL_SLOT)
         c_ok = (c < W - 1 + lookahead) & (c < state_len) & writes  # the default path writes no column past S
-        e = tl.maximum(q - lookahead + c, 0)
-        from_state = e < W - 1
-        reads = c_ok & from_state
-        if HAS_INITIAL:
-            reads = reads & initial
-        s_new = tl.load(state_row + tl.minimum(e, state_len - 1)[None, :], mask=d_ok[:, None] & reads[None, :],
-                        other=0.0)
-        x_ok = c_ok & (e >= W - 1)
-        p = start + e - (W - 1)
-        if GATHER:
-            t = tl.load(token_ptr + p, mask=x_ok, other=0)
-        else:
-            t = p
-        x_mask = d_ok[:, None] & x_ok[None, :]
-        b_new = tl.load(bcx_ptr + t[None, :] * stride_bcx + d[:, None], mask=x_mask, other=0.0)
-        x_new = tl.load(bcx_ptr + t[None, :] * stride_bcx + 2 * dim + d[:, None], mask=x_mask, other=0.0)
+        window, bx, from_state = _varlen_ext(tl.maximum(q - lookahead + c, 0), c_ok, row, start, state_row, state_len,
+                                             initial_ptr, token_ptr, bcx_ptr, stride_bcx, dim, d, d_ok, W, HAS_INITIAL,
+                                             GATHER)
         # window columns pass through the activations' dtype, as the default path's concatenation does
-        new = tl.where(from_state[None, :], s_new.to(b_new.dtype), (b_new * x_new).to(b_new.dtype)).to(s_new.dtype)
+        new = tl.where(from_state[None, :], window.to(bx.dtype), bx).to(window.dtype)
         tl.debug_barrier()
         tl.store(state_row + c[None, :], new, mask=d_ok[:, None] & c_ok[None, :])
 
