@@ -39,27 +39,26 @@ def check_against_default(device: str, dtype: torch.dtype, tol: float) -> None:
         got = triton_short_conv.gated_short_conv_uniform(bcx, weight, bias if with_bias else None, got_state, slots,
                                                          accepted, q, rows)
         label = f"case {case} (rows {rows}, real {real}, q {q}, D {dim}, W {width}) {dtype}"
-        assert got.shape == expected.shape and got.dtype == dtype, label
-        # relative to the outputs' scale: in half precision the default path rounds after every tap, the kernel
-        # once, so they differ by a few units in the last place of outputs of magnitude ~10
-        err = (got.double() - expected.double()).abs().max().item() / (1 + expected.double().abs().max().item())
-        assert err < tol, f"{label}: output error {err:.2e} (relative)"
-        assert torch.equal(got[real * q:], torch.zeros_like(got[real * q:])), f"{label}: padding must give zeros"
-        state_err = (got_state.double() - expected_state.double()).abs().max().item()
-        assert state_err < tol, f"{label}: state error {state_err:.2e}"
+        padding = torch.arange(num_tokens, device=device) >= real * q
         untouched = [s for s in range(7) if s not in slots.tolist()]
-        assert torch.equal(got_state[untouched], conv_state[untouched]), f"{label}: other slots must not change"
+        assert_kernel_matches(label, got, expected, padding, got_state, expected_state, conv_state, untouched, tol)
 
 
-@on_triton_gpu
-@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-6), (torch.bfloat16, 2e-2), (torch.float16, 3e-3)])
-def test_triton_short_conv_matches_default_on_gpu(dtype, tol):
-    check_against_default("cuda", dtype, tol)
+def assert_kernel_matches(label: str, got, expected, padding, got_state, expected_state, initial_state,
+                          untouched: list[int], tol: float) -> None:
+    """The kernel's outputs `got` within tol of the default path's, zeros exactly at the `padding` tokens (bool[T]),
+    its states within tol of the default path's and the `untouched` slots exactly as `initial_state` held them."""
+    assert got.shape == expected.shape and got.dtype == expected.dtype, label
+    # relative to the outputs' scale: in half precision the default path rounds after every tap, the kernel
+    # once, so they differ by a few units in the last place of outputs of magnitude ~10
+    err = (got.double() - expected.double()).abs().max().item() / (1 + expected.double().abs().max().item())
+    assert err < tol, f"{label}: output error {err:.2e} (relative)"
+    assert torch.equal(got[padding], torch.zeros_like(got[padding])), f"{label}: padding must give zeros"
+    state_err = (got_state.double() - expected_state.double()).abs().max().item()
+    assert state_err < tol, f"{label}: state error {state_err:.2e}"
+    assert torch.equal(got_state[untouched], initial_state[untouched]), f"{label}: other slots must not change"
 
 
-def test_triton_short_conv_matches_default_in_triton_interpreter():
-    """The kernel's arithmetic on CPU tensors, in Triton's interpreter (skipped without triton)."""
-    run_in_triton_interpreter('test_triton_short_conv', 'check_against_default', "torch.float32", "1e-6")
 
 # Non-spec rows: (query lens (0 = an empty padding row), has initial state per row or None, NULL-slot rows,
 # lookahead, channels, width, bias, padding tokens past the rows, gathered through a token permutation)
@@ -104,24 +103,23 @@ def check_varlen_against_default(device: str, dtype: torch.dtype, tol: float) ->
         got = triton_short_conv.gated_short_conv_varlen(bcx, weight, bias if with_bias else None, got_state, qsl,
                                                         slots, has_initial, lookahead, token_indx)
         label = f"case {case} (lens {lens}, lookahead {lookahead}, D {dim}, W {width}, gather {gather}) {dtype}"
-        assert got.shape == expected.shape and got.dtype == dtype, label
-        err = (got.double() - expected.double()).abs().max().item() / (1 + expected.double().abs().max().item())
-        assert err < tol, f"{label}: output error {err:.2e} (relative)"
         outside = torch.ones(num_tokens, dtype=torch.bool, device=device)
         outside[rows_of[:real_tokens]] = False
-        assert torch.equal(got[outside], torch.zeros_like(got[outside])), f"{label}: padding must give zeros"
-        state_err = (got_state.double() - expected_state.double()).abs().max().item()
-        assert state_err < tol, f"{label}: state error {state_err:.2e}"
         untouched = [s for s in range(rows + 3) if s not in slots.tolist() or s == NULL_BLOCK_ID]
-        assert torch.equal(got_state[untouched], conv_state[untouched]), f"{label}: other slots must not change"
+        assert_kernel_matches(label, got, expected, outside, got_state, expected_state, conv_state, untouched, tol)
+
+
+CHECKS = ["check_against_default", "check_varlen_against_default"]  # the uniform and the varlen kernel
 
 
 @on_triton_gpu
+@pytest.mark.parametrize("check", CHECKS)
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-6), (torch.bfloat16, 2e-2), (torch.float16, 3e-3)])
-def test_triton_varlen_short_conv_matches_default_on_gpu(dtype, tol):
-    check_varlen_against_default("cuda", dtype, tol)
+def test_triton_short_conv_matches_default_on_gpu(check, dtype, tol):
+    globals()[check]("cuda", dtype, tol)
 
 
-def test_triton_varlen_short_conv_matches_default_in_triton_interpreter():
-    """The varlen kernel's arithmetic on CPU tensors, in Triton's interpreter (skipped without triton)."""
-    run_in_triton_interpreter('test_triton_short_conv', 'check_varlen_against_default', "torch.float32", "1e-6")
+@pytest.mark.parametrize("check", CHECKS)
+def test_triton_short_conv_matches_default_in_triton_interpreter(check):
+    """The kernels' arithmetic on CPU tensors, in Triton's interpreter (skipped without triton)."""
+    run_in_triton_interpreter('test_triton_short_conv', check, "torch.float32", "1e-6")
