@@ -9,12 +9,14 @@ per-position rates)
 
 and a step of n rows costs
 
-    t(k) = fixed(n) + t_verify(k + 1, n) + max(k - 1, 0) * t_draft(n)
+    t(k) = fixed(n) + t_verify(k + 1, n) + t_draft(k, n)
 
-from the engine's step costs measured at start-up (`StepCostTable`: a verify of k + 1 tokens a row and one draft
-decode step, each timed as the engine runs it, graph replay or eager, at every batch size it pads to; `fixed`
-below). The draft's prefill of the tokens just committed runs at every k (it keeps the draft's KV up to date) and
-samples draft 1, so k drafts take k - 1 decode steps. The step's k is
+from the engine's step costs measured at start-up (`StepCostTable`: a verify of k + 1 tokens a row, and the draft's
+decode phase for k drafts, each timed as the engine runs it, graph replay or eager, at every batch size it pads to;
+`fixed` below). The draft's prefill of the tokens just committed runs at every k (it keeps the draft's KV up to
+date) and samples draft 1, so k drafts take k - 1 decode steps: t_draft(k, n) = 0 for k <= 1, and for k >= 2 the
+fused loop of k - 1 steps timed as one (on a GPU one graph replay of k - 1 steps costs less than k - 1 replays of
+one step, which a per-step cost times k - 1 would charge). The step's k is
 
     argmax_k  sum_r E_r(min(k, c_r)) / t(k)        over k = 0..K, ties to the smaller k,
 
@@ -64,13 +66,22 @@ class GoodputSettings:
 @dataclass
 class StepCostTable:
     """Step costs in ms by batch size: verify_ms[size][q - 1] (a verify of q tokens a row, q = 1..K+1),
-    draft_ms[size] (one draft decode step) and fixed_ms[size] (what a real step costs beyond its verify, at any k:
-    the host's work and the draft's prefill). A batch of n rows costs what the smallest size >= n costs (the
-    largest size's beyond it)."""
+    draft_ms[size][k] (the draft's decode phase for k drafts, k = 0..K: k - 1 decode steps, 0 for k <= 1) and
+    fixed_ms[size] (what a real step costs beyond its verify, at any k: the host's work and the draft's prefill).
+    A batch of n rows costs what the smallest size >= n costs (the largest size's beyond it). A number in place of
+    a draft_ms list is the cost of one decode step, each k then charged k - 1 of them."""
 
     verify_ms: dict[int, list[float]]
-    draft_ms: dict[int, float]
+    draft_ms: dict[int, list[float]]
     fixed_ms: dict[int, float] = field(default_factory=dict)  # by size; missing sizes cost 0
+
+    def __post_init__(self) -> None:
+        for size, draft in self.draft_ms.items():
+            if isinstance(draft, (int, float)):
+                self.draft_ms[size] = [max(k - 1, 0) * float(draft) for k in range(len(self.verify_ms[size]))]
+            elif len(draft) != len(self.verify_ms[size]):
+                raise ValueError(f"draft_ms[{size}] has {len(draft)} depths, verify_ms[{size}] "
+                                 f"{len(self.verify_ms[size])}: one entry per k = 0..K in both")
 
     def size_for(self, num_reqs: int) -> int:
         """The table's batch size that a step of num_reqs rows costs as."""
@@ -78,21 +89,20 @@ class StepCostTable:
         return next((s for s in sizes if s >= num_reqs), sizes[-1])
 
     def step_ms(self, k: int, num_reqs: int) -> float:
-        """t(k) = fixed(n) + t_verify(k + 1, n) + max(k - 1, 0) * t_draft(n) in ms at batch size n = num_reqs
-        (the draft's prefill, in fixed, samples draft 1)."""
-        size = self.size_for(num_reqs)
-        return self.fixed_ms.get(size, 0.0) + self.verify_ms[size][k] + max(k - 1, 0) * self.draft_ms[size]
+        """t(k) = fixed(n) + t_verify(k + 1, n) + t_draft(k, n) in ms at batch size n = num_reqs (the draft's
+        prefill, in fixed, samples draft 1)."""
+        return self.step_ms_by_k(num_reqs, k)[k]
 
     def step_ms_by_k(self, num_reqs: int, max_k: int) -> list[float]:
-        """[t(0), .., t(max_k)] in ms at batch size num_reqs (`step_ms` for each k, the size looked up once)."""
+        """[t(0), .., t(max_k)] in ms at batch size num_reqs (the size looked up once)."""
         size = self.size_for(num_reqs)
         fixed, verify, draft = self.fixed_ms.get(size, 0.0), self.verify_ms[size], self.draft_ms[size]
-        return [fixed + verify[k] + max(k - 1, 0) * draft for k in range(max_k + 1)]
+        return [fixed + verify[k] + draft[k] for k in range(max_k + 1)]
 
     def to_dict(self) -> dict:
-        """JSON-ready: {"verify_ms": {"SIZE": [q=1..]}, "draft_ms": {"SIZE": ms}, "fixed_ms": {"SIZE": ms}}."""
+        """JSON-ready: {"verify_ms": {"SIZE": [q=1..]}, "draft_ms": {"SIZE": [k=0..]}, "fixed_ms": {"SIZE": ms}}."""
         return {"verify_ms": {str(s): list(v) for s, v in sorted(self.verify_ms.items())},
-                "draft_ms": {str(s): v for s, v in sorted(self.draft_ms.items())},
+                "draft_ms": {str(s): list(v) for s, v in sorted(self.draft_ms.items())},
                 "fixed_ms": {str(s): v for s, v in sorted(self.fixed_ms.items())}}
 
 

@@ -245,11 +245,12 @@ class AutoRegressiveSpeculator(DraftMixedSteps, DraftMixedGraphs):
             conv = self.decode_conv_builder.build_for_cudagraph_capture(num_reqs=num_reqs, num_tokens=num_reqs)
         self._decode_graph_ctx[graph_key(desc)] = self._decode_ctx = self._ctx(attn, conv)
 
-    def run_inert_decode(self, num_reqs: int, bucket: int) -> None:
-        """One draft decode step of num_reqs inert rows (as at capture), replayed when its (size, 2) graph was
-        captured, else eager: what the engine times as t_draft (`measure_step_costs`)."""
-        desc = self.decode_graphs.lookup(num_reqs, bucket, 2)
-        desc = desc or BatchExecutionDescriptor(num_reqs, num_reqs, NONE, bucket, 2)
+    def run_inert_decode(self, num_reqs: int, bucket: int, k: int = 2) -> None:
+        """The draft's decode phase for k >= 2 drafts (its k - 1 fused decode steps) on num_reqs inert rows (as at
+        capture), replayed when its (size, k) graph was captured, else eager: what the engine times as
+        t_draft(k) (`measure_step_costs`)."""
+        desc = self.decode_graphs.lookup(num_reqs, bucket, k)
+        desc = desc or BatchExecutionDescriptor(num_reqs, num_reqs, NONE, bucket, k)
         self._prepare_decode_capture(desc)
         self.decode_graphs.execute(desc, self._fused_multi_step_decode)
 

@@ -64,16 +64,19 @@ class TargetGraphs:
 
     @torch.inference_mode()
     def measure_step_costs(self, reps: int = 5) -> StepCostTable:
-        """The step costs `adaptive: goodput` weighs: t_verify(v+1, size) for v = 0..K and t_draft(size) (one
-        draft decode step) at sizes 1, 2, 4, ... max_num_seqs, on inert batches at the smallest key-length bucket,
-        each run as a step of that shape runs: its graph's replay when its (size, k) was captured, else eagerly.
-        The median of `reps` runs after one warm-up, in ms. Touches no request's state (as capture)."""
+        """The step costs `adaptive: goodput` weighs: t_verify(v+1, size) for v = 0..K and t_draft(k, size) (the
+        draft's k - 1 fused decode steps, k = 2..K; 0 below) at sizes 1, 2, 4, ... max_num_seqs, on inert batches
+        at the smallest key-length bucket, each run as a step of that shape runs: its graph's replay when its
+        (size, k) was captured, else eagerly. The median of `reps` runs after one warm-up, in ms. Touches no
+        request's state (as capture)."""
         bucket = self.seq_len_buckets[0]
         verify_ms, draft_ms = {}, {}
         for size in default_capture_sizes(self.cfg.max_num_seqs):
             verify_ms[size] = [self._median_ms(lambda s=size, v=v: self._run_inert_verify(s, v, bucket), reps)
                                for v in range(self.k + 1)]
-            draft_ms[size] = self._median_ms(lambda s=size: self.speculator.run_inert_decode(s, bucket), reps)
+            draft_ms[size] = [0.0, 0.0][: self.k + 1] + [
+                self._median_ms(lambda s=size, k=k: self.speculator.run_inert_decode(s, bucket, k), reps)
+                for k in range(2, self.k + 1)]
         return StepCostTable(verify_ms, draft_ms)
 
     def measure_fixed_ms(self, costs: StepCostTable, reps: int = 3) -> dict[int, float]:

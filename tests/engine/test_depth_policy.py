@@ -185,6 +185,18 @@ def test_a_step_costs_its_verify_its_fixed_cost_and_one_decode_step_per_draft_pa
     costs = StepCostTable({1: [1.0, 1.5, 2.0, 2.5]}, {1: 0.25}, {1: 0.75})
     assert [costs.step_ms(k, 1) for k in range(4)] == [1.75, 2.25, 3.0, 3.75]
     assert costs.step_ms_by_k(1, 3) == [1.75, 2.25, 3.0, 3.75]
+    assert costs.draft_ms == {1: [0.0, 0.0, 0.25, 0.5]}  # one decode step's cost, charged k - 1 times
+
+
+def test_a_measured_draft_phase_per_k_is_charged_as_measured():
+    """The fused decode loop of k - 1 steps, timed per k, is what a step of k drafts costs: no per-step slope."""
+    costs = StepCostTable({1: [1.0, 1.5, 2.0, 2.5], 4: [2.0, 2.5, 3.0, 3.5]},
+                          {1: [0.0, 0.0, 0.3, 0.4], 4: [0.0, 0.0, 0.5, 0.7]}, {1: 0.75, 4: 1.0})
+    assert costs.step_ms_by_k(1, 3) == pytest.approx([1.75, 2.25, 3.05, 3.65])
+    assert costs.step_ms_by_k(3, 3) == pytest.approx([3.0, 3.5, 4.5, 5.2])  # 3 rows cost as the size 4
+    assert costs.to_dict()["draft_ms"] == {"1": [0.0, 0.0, 0.3, 0.4], "4": [0.0, 0.0, 0.5, 0.7]}
+    with pytest.raises(ValueError, match=r"draft_ms\[1\] has 3 depths, verify_ms\[1\] 4"):
+        StepCostTable({1: [1.0, 1.5, 2.0, 2.5]}, {1: [0.0, 0.0, 0.3]})
 
 
 @settings(max_examples=200, deadline=None)
