@@ -167,9 +167,10 @@ def mixed_runs_table(paths: list[str], mode: str = "joined") -> str:
     head = " | ".join(f"run {i + 1}" for i in range(len(runs)))
     lines = [f"| pair | b | {head} | median of runs | largest |", "|---|---|" + "---|" * (len(runs) + 2)]
     for (pair, batch), per_run in sorted(cells.items()):
-        ratios = [c["mixed_over_pure"] for c in per_run if c and c.get("mixed_over_pure") is not None]
-        shown = [f"{c['mixed_over_pure']:.2f} (n {c['mixed']['n']} / {c['pure']['n']})"
-                 if c and c.get("mixed_over_pure") is not None else "-" for c in per_run]
+        measured = [c if c and c.get("mixed_over_pure") is not None else None for c in per_run]
+        ratios = [c["mixed_over_pure"] for c in measured if c]
+        shown = [f"{c['mixed_over_pure']:.2f} (n {c['mixed']['n']} / {c['pure']['n']})" if c else "-"
+                 for c in measured]
         summary = [f"{statistics.median(ratios):.2f}", f"{max(ratios):.2f}"] if ratios else ["-", "-"]
         lines.append(f"| {pair} | {batch} | {' | '.join(shown)} | {' | '.join(summary)} |")
     return "\n".join(lines)

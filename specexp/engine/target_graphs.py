@@ -74,7 +74,7 @@ class TargetGraphs:
         for size in default_capture_sizes(self.cfg.max_num_seqs):
             verify_ms[size] = [self._median_ms(lambda s=size, v=v: self._run_inert_verify(s, v, bucket), reps)
                                for v in range(self.k + 1)]
-            draft_ms[size] = [0.0, 0.0][: self.k + 1] + [
+            draft_ms[size] = [0.0] * min(2, self.k + 1) + [
                 self._median_ms(lambda s=size, k=k: self.speculator.run_inert_decode(s, bucket, k), reps)
                 for k in range(2, self.k + 1)]
         return StepCostTable(verify_ms, draft_ms)
