@@ -17,7 +17,10 @@ alternating with that best static engine.
 
     python benchmarks/dynamic_depth_gpu.py --out results.json [--pairs llama-3.2-1b+llama-100m,tiny_lfm2]
         [--batches 1,4,16,64] [--modes k1,k2,k3,k4,k6,k8,schedule,confidence,goodput] [--rates 0.6,0.8]
-        [--repeats 3] [--new-tokens 64] [--device cuda|cpu] [--no-tuned-schedule]
+        [--repeats 3] [--tuned-repeats N] [--new-tokens 64] [--device cuda|cpu] [--no-tuned-schedule]
+
+`--tuned-repeats` (default: `--repeats`) sets the tuned phase's rounds alone: its runs cost little next to the
+engine builds, and its ratio is the one the target is read from.
 
 `--device cpu` runs the same code on emulated graphs (a check of the script, not a measurement). The JSON is
 rewritten after every pair and rate, so a run cut short keeps what it finished; `dynamic_depth_report.py`
@@ -262,7 +265,7 @@ def measure_tuned(target, draft, cells, prompts, args, synthetic: bool, rate) ->
     out = {"schedule": [list(r) for r in settings["num_speculative_tokens_per_batch_size"]], "by_batch": {}}
     for b in args.batches:
         pair_engines = {"tuned_schedule": tuned, best[b]: statics[best[b]]}
-        cells = measure_rounds(pair_engines, {b: prompts[b]}, args.repeats, f"tuned schedule, batch {b}")
+        cells = measure_rounds(pair_engines, {b: prompts[b]}, args.tuned_repeats, f"tuned schedule, batch {b}")
         t, s = cells["tuned_schedule"][b], cells[best[b]][b]
         out["by_batch"][b] = {"best_static": best[b], "tuned": t, "static": s,
                               "ratio": ratio_interval(t["output_tokens_per_s_runs"], s["output_tokens_per_s_runs"])}
@@ -286,11 +289,17 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--modes", default=DEFAULT_MODES)
     parser.add_argument("--rates", default="0.6,0.8")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--tuned-repeats", type=int, default=None)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     parser.add_argument("--no-tuned-schedule", dest="tuned_schedule", action="store_false")
     args = parser.parse_args(argv)
     args.batches = sorted(int(b) for b in args.batches.split(","))
+    if args.tuned_repeats is None:
+        args.tuned_repeats = args.repeats
+    for name in ("repeats", "tuned_repeats"):
+        if getattr(args, name) < 2:
+            raise SystemExit(f"--{name.replace('_', '-')}={getattr(args, name)}: needs at least 2 rounds for a spread")
     args.modes = args.modes.split(",")
     args.rates = [float(r) for r in args.rates.split(",")]
     pairs = args.pairs.split(",")
@@ -303,7 +312,8 @@ def main(argv: list[str] | None = None) -> dict:
         raise SystemExit(f"--modes={','.join(args.modes)}: needs at least one static k (e.g. k4) to compare with")
     out_path = Path(args.out)
     result = {"machine": machine(args.device), "batches": args.batches, "modes": args.modes,
-              "repeats": args.repeats, "new_tokens": args.new_tokens, "prompt_tokens": PROMPT_TOKENS,
+              "repeats": args.repeats, "tuned_repeats": args.tuned_repeats, "new_tokens": args.new_tokens,
+              "prompt_tokens": PROMPT_TOKENS,
               "argv": sys.argv[1:] if argv is None else argv, "pairs": {}}
     for pair in pairs:
         bench_pair(pair, args, result, out_path)

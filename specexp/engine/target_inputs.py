@@ -101,7 +101,11 @@ class TargetStepInputs:
         for row, start in zip(rows, cpu.query_start_loc.tolist()):
             req, last = row.request, row.num_query_tokens - 1
             scored = token_offset + start
-            packed_rows += [scored + (last if row.is_prefill else min(c, last)) for c in range(k + 1)]
+            if row.is_prefill:  # columns min(c, last) for c in 0..K (K + 1 of them), without a loop per column
+                packed_rows += [scored + last] * (k + 1)
+            else:
+                packed_rows += range(scored, scored + last + 1)
+                packed_rows += [scored + last] * (k - last)
             packed_rows += [max(req.draft_row, 0), row.num_draft_tokens, int(row.samples), req.conv_slot]
             if row.is_prefill:
                 continue

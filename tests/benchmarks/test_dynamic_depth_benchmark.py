@@ -24,13 +24,16 @@ def test_an_unknown_mode_or_pair_is_one_line(capsys):
         dynamic_depth_gpu.main(["--out", "x.json", "--modes", "k4,k5", "--device", "cpu"])
     with pytest.raises(SystemExit, match="needs at least one static k"):
         dynamic_depth_gpu.main(["--out", "x.json", "--modes", "goodput", "--device", "cpu"])
+    with pytest.raises(SystemExit, match="--tuned-repeats=1: needs at least 2 rounds"):
+        dynamic_depth_gpu.main(["--out", "x.json", "--tuned-repeats", "1", "--device", "cpu"])
 
 
 @pytest.mark.slow
 def test_the_benchmark_measures_every_mode_and_batch_and_the_report_renders_it(tmp_path):
     out = tmp_path / "dd.json"
     dynamic_depth_gpu.main(["--out", str(out), "--device", "cpu", "--pairs", "tiny_lfm2", "--batches", "1,2",
-                            "--modes", "k1,k2,goodput", "--repeats", "2", "--new-tokens", "6"])
+                            "--modes", "k1,k2,goodput", "--repeats", "2", "--tuned-repeats", "3",
+                            "--new-tokens", "6"])
     result = json.loads(out.read_text())
     by_rate = result["pairs"]["tiny_lfm2"]["by_rate"]["greedy"]
     for mode in ("k1", "k2", "goodput"):
@@ -42,6 +45,7 @@ def test_the_benchmark_measures_every_mode_and_batch_and_the_report_renders_it(t
     ratio = by_rate["ratio_to_best_static"]["goodput"]["1"]
     assert ratio["low"] <= ratio["value"] <= ratio["high"]
     tuned = by_rate["tuned_schedule"]
+    assert tuned["by_batch"]["1"]["tuned"]["output_tokens_per_s"]["n"] == 3  # --tuned-repeats
     assert [r[:2] for r in tuned["schedule"]] == [[1, 1], [2, 2]]
     assert result["pairs"]["tiny_lfm2"]["engines"]["goodput"]["step_costs"]["fixed_ms"]
     text = dynamic_depth_report.main(["tables", str(out)])
