@@ -435,10 +435,10 @@ def run_sweep_job(plain: dict, ctx: RunContext) -> str:
     if SWEEP.resuming:
         records.archive_previous(ctx.run_dir)
     try:
-        if plain.get("isolate_sweep_jobs", True) and not SWEEP.own_process and SWEEP.rounds is not None:
-            status = SWEEP.rounds.start(plain, ctx)  # "pending": it measures in the rounds after the launch
-        elif not SWEEP.own_process and SWEEP.groups is not None and SWEEP.groups.holds(ctx.job_num):
+        if not SWEEP.own_process and SWEEP.groups is not None and SWEEP.groups.holds(ctx.job_num):
             status = SWEEP.groups.start(plain, ctx)  # "pending": it runs with its group after the launch
+        elif plain.get("isolate_sweep_jobs", True) and not SWEEP.own_process and SWEEP.rounds is not None:
+            status = SWEEP.rounds.start(plain, ctx)  # "pending": it measures in the rounds after the launch
         elif plain.get("isolate_sweep_jobs", True) and not SWEEP.own_process and SWEEP.slots is not None:
             status = SWEEP.slots.launch(plain, ctx)  # "pending": it runs on its slot beside the others
         elif plain.get("isolate_sweep_jobs", True) and not SWEEP.own_process:

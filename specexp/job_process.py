@@ -95,7 +95,7 @@ def run_in_fresh_process(cfg: dict, ctx, order_note: str | None = None) -> str:
     return _run_jobs_process(payload, [(cfg, ctx)])[0]
 
 
-def run_group_in_fresh_process(jobs: list[tuple[dict, object]], order_note: str) -> list[str]:
+def run_group_in_fresh_process(jobs: list[tuple[dict, object]], order_note: str | None) -> list[str]:
     """Jobs ``(cfg, ctx)`` that share one engine (:mod:`specexp.sweep_groups`), one after another in one new
     interpreter; returns each job's status as its result.json records it (the parent writes the record of every
     job the process left without one). An interruption stops the process, records the jobs and is re-raised."""
@@ -202,7 +202,7 @@ def child_main() -> None:
         from specexp.experiment import EXIT_CONFIG, RunContext, execute, exit_code
 
         if "group" in payload:
-            sys.exit(_run_group(payload["group"], payload.get("order_note")))
+            sys.exit(_run_group(payload["group"], payload.get("order_note"), payload.get("pace_fds")))
         ctx = RunContext(**payload["context"])
         _log_to(ctx.run_dir)
         try:
@@ -220,10 +220,11 @@ def child_main() -> None:
     sys.exit(exit_code(record))
 
 
-def _run_group(jobs: list[dict], order_note: str | None) -> int:
-    """A group's jobs (``{"config", "context"}`` each) in this process, on one engine (:mod:`specexp.backends.reuse`);
-    each job records itself, a failure included, and the next one runs. Exit status 0 (each job's is in its
-    record)."""
+def _run_group(jobs: list[dict], order_note: str | None, pace_fds: list[int] | None = None) -> int:
+    """A group's jobs (``{"config", "context"}`` each) in this process, on one engine (:mod:`specexp.backends.reuse`):
+    one after another, or, with ``pace_fds`` (a sweep measuring in rounds), each in a thread the sweep paces
+    (:mod:`specexp.group_rounds`). Each job records itself, a failure included, and the others go on. Exit
+    status 0 (each job's is in its record)."""
     from specexp.backends.reuse import pooled
     from specexp.errors import ConfigError
     from specexp.experiment import RunContext, execute
@@ -234,11 +235,21 @@ def _run_group(jobs: list[dict], order_note: str | None) -> int:
     for job, ctx in zip(jobs, contexts, strict=True):
         with contextlib.suppress(Exception):  # a job whose spec does not build fails on its own below
             specs.append(build_run_spec(job["config"], ctx))
+
+    def run_job(index: int, pace=None) -> None:
+        _log_to(contexts[index].run_dir)
+        try:
+            execute(jobs[index]["config"], contexts[index], pace=pace, order_note=order_note)
+        except ConfigError as e:  # its directory cannot be written: the parent records it
+            print(f"specexp: error: {e}", file=sys.stderr, flush=True)
+
     with pooled(specs):
-        for job, ctx in zip(jobs, contexts, strict=True):
-            _log_to(ctx.run_dir)
-            try:
-                execute(job["config"], ctx, order_note=order_note)
-            except ConfigError as e:  # its directory cannot be written: the parent records it
-                print(f"specexp: error: {e}", file=sys.stderr, flush=True)
+        if pace_fds:
+            from specexp.group_rounds import GroupPace, run_group_in_rounds
+
+            group = GroupPace(*pace_fds, num_jobs=len(jobs), on_resume=lambda i: _log_to(contexts[i].run_dir))
+            run_group_in_rounds(len(jobs), run_job, group)
+        else:
+            for index in range(len(jobs)):
+                run_job(index)
     return 0

@@ -212,7 +212,7 @@ def plan_run(argv: list[str]) -> RunPlan:
         plan.slots = device_slots.plan_slots(to_run, launcher, visible, fake)
         parallel = len(plan.slots.slots) if plan.slots is not None and plan.slots.parallel else 1
         plan.interleave = interleave_decision(to_run, launcher, parallel)
-        if not plan.interleave[0] and parallel == 1 and (launcher is None or launcher == BASIC_LAUNCHER):
+        if parallel == 1 and (launcher is None or launcher == BASIC_LAUNCHER):
             from specexp.sweep_groups import plan_groups
 
             numbers = [j.num for j in jobs if j.num not in plan.keep]
@@ -376,7 +376,7 @@ def run_command(argv: list[str]) -> int:
         rounds = _rounds(plan)
         slots = _slot_runner(plan, run_dir, rounds)
         groups = None
-        if plan.groups and rounds is None and (slots is None or len(plan.slots.slots) == 1):  # one device
+        if plan.groups and (slots is None or len(plan.slots.slots) == 1):  # one device (always so in rounds)
             from specexp.sweep_groups import EngineGroups
 
             groups = EngineGroups(plan.groups)
@@ -387,10 +387,12 @@ def run_command(argv: list[str]) -> int:
             print(slots.announce(), flush=True)
         _run_hydra("config", experiment.hydra_task, args)
         if rounds is not None:
+            if groups is not None:  # grouped jobs take part in the rounds, a process per group
+                groups.join_rounds(rounds)
             rounds.run()
         if slots is not None:
             slots.drain()
-        if groups is not None:
+        if groups is not None and rounds is None:
             experiment.SWEEP.finish_groups()
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else experiment.EXIT_FAILED

@@ -12,9 +12,15 @@ W&B run, with its own counters; the engine is built by the first and lent to the
 (:mod:`specexp.backends.reuse`). A job that fails records its error and the group goes on; a process that dies
 leaves the parent to record every job it did not (:func:`specexp.job_process.ensure_record`).
 
+In a sweep that measures in rounds (:mod:`specexp.sweep_rounds`), a group's process takes part in the rounds:
+its jobs run in threads of that process, one at a time, paced by the sweep like lone jobs
+(:mod:`specexp.group_rounds`), and the engine is switched back to a job before each of its repeats with its
+counters, random state and start-up clock as it left them. Otherwise a group runs each job's repeats back to
+back, and its records say so.
+
 What is not grouped: k = 0 (it builds no draft), other backends, ``isolate_sweep_jobs=false``, and sweeps that
-measure in rounds or run jobs at once on several device slots (their jobs stay one process each; on one slot the
-groups run after the slot's other jobs): a group runs each job's repeats back to back, and its records say so.
+run jobs at once on several device slots (their jobs stay one process each; on one slot the groups run after the
+slot's other jobs).
 """
 
 from __future__ import annotations
@@ -92,6 +98,18 @@ class EngineGroups:
             self._running = None
             self.statuses.update({ctx.job_num: s for (_, ctx), s in zip(jobs, statuses, strict=True)})
         return self.statuses
+
+    def join_rounds(self, rounds) -> None:
+        """Hand every group's noted jobs to a sweep measuring in rounds (a
+        :class:`specexp.sweep_rounds.RoundsCoordinator`): each group starts in one process and its jobs' repeats
+        interleave with the sweep's other jobs'."""
+        for group in self.groups:
+            jobs = [self.pending.pop(n) for n in sorted(group) if n in self.pending]
+            if not jobs:
+                continue
+            log.info("jobs %s share one engine in one process, measured in rounds",
+                     ", ".join(str(ctx.job_num) for _, ctx in jobs))
+            self.statuses.update(rounds.start_group(jobs))  # an interruption: the rounds record these jobs
 
     def stop(self, signum: int) -> None:
         """Record every noted job that did not run (a group that was running is recorded by its runner)."""

@@ -91,18 +91,35 @@ class NativeServer(BackendServer):
         """Serve `spec` next, a sweep point of the engine's `serve` list: its static k, synthetic acceptance,
         seed, limits and workload; counters start again. Later points' start-up is their warm-up alone (the
         engine was built once)."""
-        engine, rate = self.engine, spec.speculator.options.get("synthetic_acceptance_rate")
-        self.spec, self.k = spec, spec.speculator.num_speculative_tokens
-        self.max_model_len, self.max_new_tokens = spec.engine.max_model_len, spec.sampling.max_new_tokens
-        engine.use_static_depth(self.k)
-        if spec.speculator.options.get("rejection") == "synthetic" and rate is not None:
-            engine.set_synthetic_acceptance(rate=float(rate))
-        engine.reseed(spec.engine.seed)
-        engine.reset_counters()
+        self._set_point(spec)
+        self.engine.reseed(spec.engine.seed)
+        self.engine.reset_counters()
         if not first:
             self.reused_by += 1
             self.import_s, self.clock = 0.0, PhaseClock()
             self.clock.phases_s.update(model_load=0.0, engine_build=0.0)
+
+    def suspend(self) -> dict:
+        """What the point being served needs to go on later exactly as if it had been alone (a sweep measuring
+        in rounds serves other points in between): its spec, start-up clock, counters and random state."""
+        return {"spec": self.spec, "clock": self.clock, "import_s": self.import_s, "reused_by": self.reused_by,
+                "counters": self.engine.counter_state(), "rng": self.engine.rng_state()}
+
+    def resume(self, state: dict) -> None:
+        """Serve again the point `suspend` saved: its k, acceptance and limits, its counters and random state."""
+        self._set_point(state["spec"])
+        self.engine.restore_counters(state["counters"])
+        self.engine.set_rng_state(state["rng"])
+        self.clock, self.import_s, self.reused_by = state["clock"], state["import_s"], state["reused_by"]
+
+    def _set_point(self, spec: RunSpec) -> None:
+        """The engine runs `spec`'s static k and synthetic acceptance; this server its limits."""
+        self.spec, self.k = spec, spec.speculator.num_speculative_tokens
+        self.max_model_len, self.max_new_tokens = spec.engine.max_model_len, spec.sampling.max_new_tokens
+        self.engine.use_static_depth(self.k)
+        rate = spec.speculator.options.get("synthetic_acceptance_rate")
+        if spec.speculator.options.get("rejection") == "synthetic" and rate is not None:
+            self.engine.set_synthetic_acceptance(rate=float(rate))
 
     def warm_up(self, prompts: list[Prompt], max_new_tokens: int | None = None) -> None:
         """Serve ``prompts`` (their first turns, together, to ``max_new_tokens``, at most

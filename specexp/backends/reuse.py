@@ -4,7 +4,10 @@ The group's process activates a :class:`ServerPool` of every point's RunSpec bef
 another (each through :func:`specexp.experiment.execute`, with its own directory, record and W&B run). The first
 point to open a server builds the one engine, at the group's largest k and max_model_len with every point's static
 k captured (:class:`specexp.backends.native.NativeServer` ``serve=``); each later point borrows it, retargeted to its
-own k, synthetic acceptance, seed and limits, counters reset (:meth:`NativeServer.retarget`). A borrowed server's
+own k, synthetic acceptance, seed and limits, counters reset (:meth:`NativeServer.retarget`). When the points
+measure in rounds (:mod:`specexp.group_rounds`), a point's repeats alternate with the others': before each of its
+passes the server is switched back to it (:meth:`ServerPool.activate`) with its counters, random state and
+start-up clock as it left them, so each point's figures are those it would have had alone. A borrowed server's
 ``close`` keeps the engine; the pool closes it when the group ends. A point whose build fails records its error;
 the next point tries the build again.
 """
@@ -19,15 +22,23 @@ POOL: ServerPool | None = None  # the active pool of this process (a group's), e
 
 
 class BorrowedServer(BackendServer):
-    """A pool's server lent to one sweep point: everything but ``close`` goes to the engine's server."""
+    """A pool's server lent to one sweep point: everything but ``close`` goes to the engine's server, switched
+    back to this point first when another point used it in between (:meth:`ServerPool.activate`)."""
 
-    def __init__(self, server) -> None:
-        self.server = server
+    def __init__(self, pool: ServerPool) -> None:
+        self.pool = pool
+        self.saved: dict | None = None  # this point's state while another point is served
+
+    @property
+    def server(self):
+        return self.pool.server
 
     def warm_up(self, prompts, max_new_tokens=None) -> None:
+        self.pool.activate(self)
         self.server.warm_up(prompts, max_new_tokens)
 
     def serve(self, prompts, progress=None):
+        self.pool.activate(self)
         return self.server.serve(prompts, progress)
 
     def close(self) -> None:
@@ -35,27 +46,43 @@ class BorrowedServer(BackendServer):
 
 
 class ServerPool:
-    """The group's points (their RunSpecs, in run order) and, once built, the one server they share."""
+    """The group's points (their RunSpecs, in run order) and, once built, the one server they share; ``active``:
+    the borrower the server is set up for."""
 
     def __init__(self, specs: list) -> None:
         self.specs = specs
         self.server = None
+        self.active: BorrowedServer | None = None
 
     def open(self, spec, progress=None) -> BorrowedServer:
         """The shared server retargeted to `spec` (built now, for every point, if no point has built it yet)."""
         from specexp.backends.native import NativeServer
 
+        if self.active is not None:
+            self.active.saved = self.server.suspend()
         if self.server is None:
             self.server = NativeServer(spec, progress, serve=self.specs)
         else:
             self.server.retarget(spec)
-        return BorrowedServer(self.server)
+        self.active = BorrowedServer(self)
+        return self.active
+
+    def activate(self, borrower: BorrowedServer) -> None:
+        """Set the server up for `borrower` again if another point used it since (a sweep measuring in rounds):
+        the other point's state is saved, this one's put back."""
+        if borrower is self.active:
+            return
+        if self.active is not None:
+            self.active.saved = self.server.suspend()
+        self.server.resume(borrower.saved)
+        borrower.saved, self.active = None, borrower
 
     def close(self) -> None:
         if self.server is not None:
             with contextlib.suppress(Exception):
                 self.server.close()
             self.server = None
+        self.active = None
 
 
 @contextlib.contextmanager

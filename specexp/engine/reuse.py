@@ -9,7 +9,8 @@ k, as an engine built at K = k would. Only the buffers stay sized for K: the tok
 are those of the engine built at k.
 
 What is per run: the step records and requests (each `generate` returns its own), the graph replay and
-eager-fallback counters (`reset_counters`), the random state (`reseed`) and the capture figures `graph_summary`
+eager-fallback counters (`reset_counters`; `counter_state` / `restore_counters` pause and resume them), the random
+state (`reseed`; `rng_state` / `set_rng_state` pause and resume it) and the capture figures `graph_summary`
 reports: with serve_depths set, only the graphs a static-k engine would have captured (per (manager, size, k)
 records of that k, and every k-independent manager's), their capture bytes and seconds summed from those
 records (the whole capture's free-memory delta, which also holds the warm-ups' allocations, is kept as
@@ -18,6 +19,7 @@ records (the whole capture's free-memory delta, which also holds the warm-ups' a
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
@@ -60,6 +62,10 @@ def depth_graph_summary(summary: dict, k: int) -> dict:
     return out
 
 
+MANAGER_COUNTERS = ("num_replays", "num_eager", "replays_per_graph", "num_eager_uncaptured")
+MIXED_COUNTERS = ("num_mixed_joined", "num_mixed_in_parts", "num_prompt_batches_graphed")
+
+
 class EngineReuse:
     """The between-runs half of `NativeEngine` (a mixin): what a sweep changes on a built engine."""
 
@@ -84,6 +90,39 @@ class EngineReuse:
         self.reset_graphed_step_counts()
         if self.speculator is not None:
             self.speculator.reset_graphed_step_counts()
+
+    def counter_state(self) -> list:
+        """A copy of every counter `reset_counters` zeroes (graph managers', then the mixed-step counts), for
+        `restore_counters`: a run paused while other runs use the engine resumes with its own counts."""
+        managers = [{name: copy.copy(getattr(m, name)) for name in MANAGER_COUNTERS} for m in self.graph_managers()]
+        return [managers, [{name: getattr(o, name) for name in MIXED_COUNTERS} for o in self._counted()]]
+
+    def restore_counters(self, state: list) -> None:
+        """Put back counters saved by `counter_state`."""
+        managers, mixed = state
+        for manager, saved in zip(self.graph_managers(), managers, strict=True):
+            for name, value in saved.items():
+                setattr(manager, name, copy.copy(value))
+        for owner, saved in zip(self._counted(), mixed, strict=True):
+            for name, value in saved.items():
+                setattr(owner, name, value)
+
+    def _counted(self) -> list:
+        return [self] + ([self.speculator] if self.speculator is not None else [])
+
+    def rng_state(self) -> torch.Tensor:
+        """The sampling's random state now (uint8 tensor), for `set_rng_state`."""
+        if self.device.type == "cuda":
+            return torch.cuda.get_rng_state(self.device)
+        return self.generator.get_state()
+
+    def set_rng_state(self, state: torch.Tensor) -> None:
+        """Put back a random state from `rng_state`: a run paused while other runs sampled goes on with the
+        numbers it would have drawn alone."""
+        if self.device.type == "cuda":
+            torch.cuda.set_rng_state(state, self.device)
+        else:
+            self.generator.set_state(state)
 
     def reseed(self, seed: int) -> None:
         """Restart the sampling's random state from `seed` (what `engine.seed` does at start-up)."""

@@ -76,6 +76,37 @@ def test_reseed_restarts_sampling(pair_dirs, prompts):
     assert runs[0] != [r.output_token_ids for r in engine.generate(prompts).requests]  # no reseed: moves on
 
 
+def test_a_paused_run_resumes_with_its_own_random_state_and_counters(pair_dirs, prompts):
+    """What a sweep in rounds does between two repeats of one point: save its random state and counters, serve
+    another point, put them back. The next run samples the tokens it would have sampled alone, and the counters
+    go on from where they were."""
+    target, draft = (load_model(d) for d in pair_dirs["llama+llama"])
+
+    def engine():
+        return NativeEngine(target, draft, EngineConfig(max_num_seqs=4, max_model_len=64, block_size=4,
+                                                        cudagraph_mode="full"),
+                            SpeculatorConfig(num_speculative_tokens=3, cudagraph_mode="full"),
+                            SamplingConfig(temperature=1.0, max_new_tokens=8, ignore_eos=True),
+                            emulate_graphs_on_cpu=True, serve_depths=(2,))
+
+    alone, shared = engine(), engine()
+    for e in (alone, shared):
+        e.reseed(5)
+        e.generate(prompts)
+    expected = [r.output_token_ids for r in alone.generate(prompts).requests]
+    expected_counts = alone.counter_state()
+    rng, counts = shared.rng_state(), shared.counter_state()
+    shared.use_static_depth(2)
+    shared.reset_counters()
+    shared.generate(prompts)  # another point, in between
+    shared.use_static_depth(3)
+    shared.set_rng_state(rng)
+    shared.restore_counters(counts)
+    assert [r.output_token_ids for r in shared.generate(prompts).requests] == expected
+    assert shared.counter_state() == expected_counts
+    assert shared.counter_state()[0][0]["num_replays"] > 0
+
+
 def test_the_graph_figures_are_those_of_the_served_depth():
     """Per-k managers keep their records of the served k, k-independent ones all theirs; the totals are summed
     from what is kept, the whole capture's figure kept beside them."""
