@@ -194,6 +194,7 @@ class RoundsCoordinator:
     def run(self) -> dict[int, str]:
         """Every round, then every job's finish; returns ``{job_num: status}``."""
         slot = 0
+        self.jobs.sort(key=lambda job: job.ctx.job_num)  # a group's jobs were started after the lone ones
         for index, repeat in interleaved_order([job.repeats for job in self.jobs]):
             job = self.jobs[index]
             if job.pending != f"{REPEAT} {repeat}":

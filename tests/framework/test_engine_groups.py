@@ -102,10 +102,11 @@ def test_a_failing_job_leaves_the_group_s_other_records(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_a_grouped_sweep_in_rounds_interleaves_and_serves_what_back_to_back_serves(tmp_path):
-    """k = 0, 1, 2 at T = 1, two repeats each, in rounds: k = 1 and 2 share one process and one engine, their
-    repeats interleave with k = 0's (slots 0..5 in round order), and every job's sampled outputs and acceptance
-    equal those of the same sweep run back to back (each job's random state and counters follow it)."""
-    sweep = ["run", "-m", "+exp=depth_sweep", "speculator.num_speculative_tokens=0,1,2", "measure.repeats=2",
+    """k = 1, 0, 2 (jobs 0, 1, 2) at T = 1, two repeats each, in rounds: k = 1 and 2 share one process and one
+    engine, their repeats interleave with k = 0's in job order (slots 0..5 round by round), and every job's sampled
+    outputs and acceptance equal those of the same sweep run back to back (each job's random state and counters
+    follow it)."""
+    sweep = ["run", "-m", "+exp=depth_sweep", "speculator.num_speculative_tokens=1,0,2", "measure.repeats=2",
              "workload.num_prompts=2", "sampling.max_new_tokens=16", "sampling.temperature=1.0", "tracking=disabled"]
     rounds = run_cli([*sweep, f"hydra.sweep.dir={tmp_path / 'rounds'}"], tmp_path / "runs")
     back = run_cli([*sweep, "measure.interleave=false", f"hydra.sweep.dir={tmp_path / 'back'}"], tmp_path / "runs")
@@ -115,7 +116,7 @@ def test_a_grouped_sweep_in_rounds_interleaves_and_serves_what_back_to_back_serv
     assert [[r["sweep_slot"] for r in rec["repeats"]] for rec in records["rounds"]] == [[0, 3], [1, 4], [2, 5]]
     assert all(rec["measure"]["order"] == "interleaved" for rec in records["rounds"])
     pids = [r["env"]["pid"] for r in records["rounds"]]
-    assert pids[1] == pids[2] != pids[0]
+    assert pids[0] == pids[2] != pids[1]
     for j in range(3):
         assert _outputs(tmp_path / "rounds" / str(j)) == _outputs(tmp_path / "back" / str(j)), j
         for key in ("acceptance_length", "num_accepted_tokens", "num_steps"):
