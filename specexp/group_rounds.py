@@ -8,6 +8,11 @@ and reported ``repeat 0``, or has ended), and afterwards a job runs only between
 next report. Its server is switched back to it before each pass (:meth:`ServerPool.activate`), so its figures
 are those it would have had alone.
 
+Everything that touches the engine (building it, warming up, serving a pass) runs on the process's main thread,
+handed over by the job's thread (:meth:`GroupPace.call`), as in a job's own process: on the CPU, torch's OpenMP
+threads serve the one thread that starts parallel work. With two such threads in one process (each with its own
+OpenMP team) a 2-core machine ran the demo pair's steps about 2.4x slower.
+
 On the pipe to the sweep every line names its job by its index in the group: the group reports ``<i> repeat
 <r>``, ``<i> finish`` (as a lone job's process reports ``repeat <r>`` and ``finish``) and ``<i> ended`` when job
 i's thread is done (its record written); the sweep sends ``go <i> [slot]``. An interruption of the process
@@ -57,7 +62,7 @@ class GroupPace:
         self._out = os.fdopen(write_fd, "w")
         self.members = [MemberPace(self, i) for i in range(num_jobs)]
         self.on_resume = on_resume
-        self._yielded = threading.Event()  # the running job reported (or ended): the main thread may go on
+        self._events: queue.Queue = queue.Queue()  # from the running job: ("call", fn, reply) or ("yield",)
 
     def report(self, index: int, label: str) -> None:
         try:
@@ -65,13 +70,39 @@ class GroupPace:
             self._out.flush()
         except (BrokenPipeError, OSError):  # the sweep went away; the job's record is what counts
             pass
-        self._yielded.set()
+        self._events.put(("yield",))
+
+    def call(self, fn: Callable[[], object]) -> object:
+        """fn() run on the main thread (see the module docstring), from the running job's thread; its result, or
+        its exception raised here."""
+        if threading.current_thread() is threading.main_thread():
+            return fn()
+        reply: queue.Queue = queue.Queue(maxsize=1)
+        self._events.put(("call", fn, reply))
+        ok, value = reply.get()
+        if ok:
+            return value
+        raise value
 
     def wait_for_yield(self) -> None:
-        """Block until the running job reports or ends (a signal still interrupts the wait)."""
-        while not self._yielded.wait(timeout=0.2):
-            pass
-        self._yielded.clear()
+        """Run the running job's calls on this (main) thread until it reports or ends. A signal still interrupts
+        the wait; one that arrives inside a call is handed to the job as well (it records itself)."""
+        while True:
+            try:
+                event = self._events.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            if event[0] == "yield":
+                return
+            _, fn, reply = event
+            try:
+                result = fn()
+            except BaseException as e:  # the job gets it; an interruption stops the group too
+                reply.put((False, e))
+                if isinstance(e, KeyboardInterrupt):
+                    raise
+            else:
+                reply.put((True, result))
 
     def next_go(self) -> tuple[int, int | None] | None:
         """The sweep's next ``go <i> [slot]``; None when the sweep closed the pipe."""

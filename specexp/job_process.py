@@ -243,13 +243,14 @@ def _run_group(jobs: list[dict], order_note: str | None, pace_fds: list[int] | N
         except ConfigError as e:  # its directory cannot be written: the parent records it
             print(f"specexp: error: {e}", file=sys.stderr, flush=True)
 
-    with pooled(specs):
-        if pace_fds:
-            from specexp.group_rounds import GroupPace, run_group_in_rounds
+    if pace_fds:
+        from specexp.group_rounds import GroupPace, run_group_in_rounds
 
-            group = GroupPace(*pace_fds, num_jobs=len(jobs), on_resume=lambda i: _log_to(contexts[i].run_dir))
+        group = GroupPace(*pace_fds, num_jobs=len(jobs), on_resume=lambda i: _log_to(contexts[i].run_dir))
+        with pooled(specs, run_on_engine_thread=group.call):
             run_group_in_rounds(len(jobs), run_job, group)
-        else:
+    else:
+        with pooled(specs):
             for index in range(len(jobs)):
                 run_job(index)
     return 0

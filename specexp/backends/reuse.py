@@ -15,6 +15,7 @@ the next point tries the build again.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 
 from specexp.backends.server import BackendServer
 
@@ -34,12 +35,18 @@ class BorrowedServer(BackendServer):
         return self.pool.server
 
     def warm_up(self, prompts, max_new_tokens=None) -> None:
-        self.pool.activate(self)
-        self.server.warm_up(prompts, max_new_tokens)
+        def warm_up_here() -> None:
+            self.pool.activate(self)
+            self.server.warm_up(prompts, max_new_tokens)
+
+        self.pool.run_on_engine_thread(warm_up_here)
 
     def serve(self, prompts, progress=None):
-        self.pool.activate(self)
-        return self.server.serve(prompts, progress)
+        def serve_here():
+            self.pool.activate(self)
+            return self.server.serve(prompts, progress)
+
+        return self.pool.run_on_engine_thread(serve_here)
 
     def close(self) -> None:
         """The engine stays for the group's next point."""
@@ -49,13 +56,19 @@ class ServerPool:
     """The group's points (their RunSpecs, in run order) and, once built, the one server they share; ``active``:
     the borrower the server is set up for."""
 
-    def __init__(self, specs: list) -> None:
+    def __init__(self, specs: list, run_on_engine_thread: Callable[[Callable], object] | None = None) -> None:
+        """run_on_engine_thread(fn): runs fn() on the thread that does all of the engine's work and returns its
+        result (a group measuring in rounds: the process's main thread, `GroupPace.call`); None: here."""
         self.specs = specs
         self.server = None
         self.active: BorrowedServer | None = None
+        self.run_on_engine_thread = run_on_engine_thread or (lambda fn: fn())
 
     def open(self, spec, progress=None) -> BorrowedServer:
         """The shared server retargeted to `spec` (built now, for every point, if no point has built it yet)."""
+        return self.run_on_engine_thread(lambda: self._open(spec, progress))
+
+    def _open(self, spec, progress=None) -> BorrowedServer:
         from specexp.backends.native import NativeServer
 
         if self.active is not None:
@@ -86,10 +99,10 @@ class ServerPool:
 
 
 @contextlib.contextmanager
-def pooled(specs: list):
+def pooled(specs: list, run_on_engine_thread: Callable[[Callable], object] | None = None):
     """Make `specs`' pool the process's for the block (native servers opened inside come from it)."""
     global POOL
-    POOL = ServerPool(specs)
+    POOL = ServerPool(specs, run_on_engine_thread)
     try:
         yield POOL
     finally:

@@ -93,3 +93,24 @@ def test_a_bad_line_from_the_sweep_is_named():
     with pytest.raises(RuntimeError, match="the sweep sent 'hello'"):
         run_group_in_rounds(1, lambda i, pace: pace.wait("repeat 0"), group)
     parent.join(timeout=10)
+
+
+def test_the_jobs_engine_work_runs_on_the_main_thread():
+    """What a job hands to `call` (its engine's build and passes) runs on the process's main thread, its result or
+    exception handed back to the job's thread."""
+    seen = []
+
+    def run_job(index: int, pace) -> None:
+        seen.append(pace.group.call(lambda: threading.current_thread() is threading.main_thread()))
+        with pytest.raises(ValueError, match="bad pass"):
+            pace.group.call(lambda: (_ for _ in ()).throw(ValueError("bad pass")))
+        pace.wait("repeat 0")
+        seen.append(pace.group.call(lambda: threading.current_thread().name))
+
+    sweep = FakeSweep(["go 0 0", "go 1 1"])
+    group = GroupPace(*sweep.fds, num_jobs=2, on_resume=lambda i: None)
+    parent = threading.Thread(target=sweep.serve, args=(2,))
+    parent.start()
+    run_group_in_rounds(2, run_job, group)
+    parent.join(timeout=10)
+    assert seen == [True, True, "MainThread", "MainThread"]
