@@ -64,7 +64,7 @@ class JobProcess:
         try:
             self.to_job.write(message + "\n")
             self.to_job.flush()
-        except (BrokenPipeError, OSError):
+        except (OSError, ValueError):  # a broken pipe, or one closed when the process was found gone
             return False
         return True
 
@@ -72,7 +72,7 @@ class JobProcess:
         """The process's next line; None when it closed its end (it exited)."""
         try:
             line = self.from_job.readline()
-        except OSError:
+        except (OSError, ValueError):  # ValueError: closed when another member found the process gone
             return None
         return line.strip() or None
 

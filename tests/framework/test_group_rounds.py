@@ -114,3 +114,46 @@ def test_the_jobs_engine_work_runs_on_the_main_thread():
     run_group_in_rounds(2, run_job, group)
     parent.join(timeout=10)
     assert seen == [True, True, "MainThread", "MainThread"]
+
+
+def test_a_group_process_that_dies_leaves_a_record_for_each_job_it_held(tmp_path, monkeypatch, capsys):
+    """The sweep's side (`RoundsCoordinator.start_group`): a group process that reports its two jobs ready and is
+    killed at the first go leaves both jobs recorded failed with the reason, and the lone job beside it goes on."""
+    import subprocess
+    import sys
+
+    from specexp import sweep_rounds
+    from specexp.experiment import RunContext
+    from specexp.tracking import records
+
+    script = ("import os, signal, sys\n"
+              "r, w = int(sys.argv[1]), int(sys.argv[2])\n"
+              "out, inp = os.fdopen(w, 'w'), os.fdopen(r)\n"
+              "out.write('0 repeat 0\\n1 repeat 0\\n'); out.flush()\n"
+              "inp.readline(); os.kill(os.getpid(), signal.SIGKILL)\n")
+    lone = ("import os, sys\n"
+            "r, w = int(sys.argv[1]), int(sys.argv[2])\n"
+            "out, inp = os.fdopen(w, 'w'), os.fdopen(r)\n"
+            "for label in ('repeat 0', 'repeat 1', 'finish'):\n"
+            "    out.write(label + '\\n'); out.flush(); inp.readline()\n")
+
+    def fake_start(payload, env=None, output=None, pass_fds=()):
+        code = script if "group" in payload else lone
+        fds = [str(fd) for fd in payload["pace_fds"]]
+        return subprocess.Popen([sys.executable, "-c", code, *fds], pass_fds=tuple(pass_fds))
+
+    monkeypatch.setattr(sweep_rounds, "start_job_process", fake_start)
+    cfg = {"engine": {"device": "cpu"}, "measure": {"repeats": 2}}
+    contexts = [RunContext(run_dir=tmp_path / str(n), experiment="x", sweep_dir=tmp_path, job_num=n) for n in range(3)]
+    for ctx in contexts:
+        ctx.run_dir.mkdir()
+    rounds = sweep_rounds.RoundsCoordinator()
+    assert rounds.start(cfg, contexts[1]) == "pending"
+    assert rounds.start_group([(cfg, contexts[0]), (cfg, contexts[2])]) == {0: "pending", 2: "pending"}
+    statuses = rounds.run()
+    assert statuses[0] == statuses[2] == "failed"
+    for n in (0, 2):
+        assert "killed by SIGKILL" in records.read_result(contexts[n].run_dir)["error"]
+    # the lone job still got both its rounds and its finish (a stand-in that writes no record: the parent's says so)
+    assert "job 1 repeat 2/2 (slot 2)" in capsys.readouterr().out
+    assert "exited with status 0" in records.read_result(contexts[1].run_dir)["error"]
