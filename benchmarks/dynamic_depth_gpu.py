@@ -182,11 +182,15 @@ def measure_rounds(engines: dict[str, NativeEngine], prompts: dict[int, list[lis
 
 
 def graph_cost(engine: NativeEngine) -> dict:
-    """What an engine's graphs cost: keys, graphs, bytes and capture seconds (None without graphs)."""
+    """What an engine's graphs cost: its (size, k) keys, the graphs of those keys (verify, draft prefill and
+    decode at each key-length bucket), every graph it captured (`graphs`: also prompt and joined mixed-step
+    graphs, one per chunk shape and key), bytes and capture seconds (None without graphs)."""
     summary = engine.graph_summary()
     if summary is None:
         return {}
-    return {"graph_keys": engine.graph_keys.num_keys, "graphs": engine.graph_keys.num_keys * len(engine.seq_len_buckets),
+    return {"graph_keys": engine.graph_keys.num_keys,
+            "depth_graphs": engine.graph_keys.num_keys * len(engine.seq_len_buckets),
+            "graphs": sum(len(m.graphs) for m in engine.graph_managers()),
             "graph_capture_bytes": summary["graph_capture_bytes"], "graph_capture_s": summary["graph_capture_s"],
             "step_costs": engine.step_costs.to_dict() if engine.step_costs is not None else None}
 
