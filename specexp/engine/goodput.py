@@ -39,10 +39,13 @@ drafts then measure it anew. The weight trades noise for tracking: with one requ
 (0.6 or 0.8) and the step costs of a 1B target with a 100M draft on an H200, a simulation of 64-token requests
 loses about 1-2% to the best static k at 0.1 and 2-4% at 0.25, most of it the noise of the estimate.
 
-The cost table's `fixed_ms` (measured at start-up by `NativeEngine.measure_fixed_ms`) is what a real step of n
-rows costs beyond its verify replay: the host's scheduling, staging and commit, and the draft's prefill. It weighs
-on every k alike, so it is what makes drafting pay on a pair whose step is bound by the host (without it a tiny
-pair's table says k = 0 where k = 4 runs 2.4 times as fast).
+The cost table's `fixed_ms` (measured at start-up by `NativeEngine.measure_fixed_ms`, for each k) is what a real
+step of n rows at depth k costs beyond its replays t_verify(k + 1, n) + t_draft(k, n): the host's scheduling,
+staging and commit, the draft's prefill, and whatever of the replays the host's work does not hide. It is what
+makes drafting pay on a pair whose step is bound by the host (without it a tiny pair's table says k = 0 where
+k = 4 runs 2.4 times as fast). It is measured per k because it is not the same at every k: on an H200 (Llama-3.2-1B
+shapes, batch 1) a step at k = 1 took 1.71 ms where one number for every k, measured at k = 0, gave 1.46 ms, so
+goodput ran k = 1 where k = 2 served 12% more tokens a second.
 
 Everything is a function of the verifies in step order and the cost table, so a fixed seed (and table:
 `metrics.adaptive_step_costs`) gives the same ks.
@@ -67,15 +70,20 @@ class GoodputSettings:
 class StepCostTable:
     """Step costs in ms by batch size: verify_ms[size][q - 1] (a verify of q tokens a row, q = 1..K+1),
     draft_ms[size][k] (the draft's decode phase for k drafts, k = 0..K: k - 1 decode steps, 0 for k <= 1) and
-    fixed_ms[size] (what a real step costs beyond its verify, at any k: the host's work and the draft's prefill).
+    fixed_ms[size] (what a real step costs beyond those replays: the host's work and the draft's prefill; one
+    number for every k, or a list by k = 0..K as `NativeEngine.measure_fixed_ms` measures it).
     A batch of n rows costs what the smallest size >= n costs (the largest size's beyond it). A number in place of
     a draft_ms list is the cost of one decode step, each k then charged k - 1 of them."""
 
     verify_ms: dict[int, list[float]]
     draft_ms: dict[int, list[float]]
-    fixed_ms: dict[int, float] = field(default_factory=dict)  # by size; missing sizes cost 0
+    fixed_ms: dict[int, float | list[float]] = field(default_factory=dict)  # by size (a list: by k); missing: 0
 
     def __post_init__(self) -> None:
+        for size, fixed in self.fixed_ms.items():
+            if not isinstance(fixed, (int, float)) and len(fixed) != len(self.verify_ms[size]):
+                raise ValueError(f"fixed_ms[{size}] has {len(fixed)} depths, verify_ms[{size}] "
+                                 f"{len(self.verify_ms[size])}: one number, or one entry per k = 0..K")
         for size, draft in self.draft_ms.items():
             if isinstance(draft, (int, float)):
                 self.draft_ms[size] = [max(k - 1, 0) * float(draft) for k in range(len(self.verify_ms[size]))]
@@ -97,13 +105,16 @@ class StepCostTable:
         """[t(0), .., t(max_k)] in ms at batch size num_reqs (the size looked up once)."""
         size = self.size_for(num_reqs)
         fixed, verify, draft = self.fixed_ms.get(size, 0.0), self.verify_ms[size], self.draft_ms[size]
-        return [fixed + verify[k] + draft[k] for k in range(max_k + 1)]
+        by_k = [float(fixed)] * (max_k + 1) if isinstance(fixed, (int, float)) else fixed
+        return [by_k[k] + verify[k] + draft[k] for k in range(max_k + 1)]
 
     def to_dict(self) -> dict:
-        """JSON-ready: {"verify_ms": {"SIZE": [q=1..]}, "draft_ms": {"SIZE": [k=0..]}, "fixed_ms": {"SIZE": ms}}."""
+        """JSON-ready: {"verify_ms": {"SIZE": [q=1..]}, "draft_ms": {"SIZE": [k=0..]}, "fixed_ms": {"SIZE": ms or
+        [k=0..]}}."""
         return {"verify_ms": {str(s): list(v) for s, v in sorted(self.verify_ms.items())},
                 "draft_ms": {str(s): list(v) for s, v in sorted(self.draft_ms.items())},
-                "fixed_ms": {str(s): v for s, v in sorted(self.fixed_ms.items())}}
+                "fixed_ms": {str(s): v if isinstance(v, (int, float)) else list(v)
+                             for s, v in sorted(self.fixed_ms.items())}}
 
 
 @dataclass

@@ -79,31 +79,35 @@ class TargetGraphs:
                 for k in range(2, self.k + 1)]
         return StepCostTable(verify_ms, draft_ms)
 
-    def measure_fixed_ms(self, costs: StepCostTable, reps: int = 3) -> dict[int, float]:
-        """Per batch size of `costs`, what a real step of that many rows costs beyond its table replay t(0): the
-        host's scheduling, staging and commit, and the draft's prefill of the committed token. Serves that many
-        dummy one-token-a-step requests (k = 0, the depth policy set aside) to 4 and to 16 new tokens (fewer where
-        max_model_len is short): the difference of the two runs' wall times over the difference of their step
-        counts, less t_verify(1, size); the median of `reps` such pairs, in ms, at least 0. Leaves no request
-        behind."""
-        fixed: dict[int, float] = {}
-        long_new = min(16, self.cfg.max_model_len - 4 - (2 * self.k + 1))
-        if long_new <= 4:
+    def measure_fixed_ms(self, costs: StepCostTable, reps: int = 3) -> dict[int, list[float]]:
+        """Per batch size of `costs` and per k = 0..K, what a real step of that many rows at depth k costs beyond
+        its table replays t_verify(k + 1) + t_draft(k): the host's scheduling, staging and commit, the draft's
+        prefill of the committed tokens, and what of the replays the host does not hide. Serves that many dummy
+        requests, every step at k (the depth policy set aside), to 4 new tokens and to 4 + 12 min(k + 1, 3) (fewer
+        where max_model_len is short): the difference of the two runs' wall times over the difference of their step
+        counts, less the replays; the median of `reps` such pairs, in ms, at least 0. Leaves no request behind."""
+        fixed: dict[int, list[float]] = {}
+        room = self.cfg.max_model_len - 4 - (2 * self.k + 1)
+        if room <= 4:
             return fixed
         step_depth = self.scheduler.step_depth
-        self.scheduler.step_depth = lambda rows: 0
         token = min(3, self.target.config.vocab_size - 1)
         try:
             for size in sorted(costs.verify_ms):
                 prompts = [[token] * 4 for _ in range(min(size, self.cfg.max_num_seqs))]
-                samples = []
-                for _ in range(reps):
-                    short = self.generate(prompts, max_new_tokens=4)
-                    long = self.generate(prompts, max_new_tokens=long_new)
-                    extra_steps = len(long.steps) - len(short.steps)
-                    if extra_steps > 0:
-                        samples.append(1e3 * (long.total_s - short.total_s) / extra_steps - costs.verify_ms[size][0])
-                fixed[size] = max(sorted(samples)[len(samples) // 2], 0.0) if samples else 0.0
+                fixed[size] = []
+                for k in range(self.k + 1):
+                    self.scheduler.step_depth = lambda rows, k=k: k
+                    long_new = min(4 + 12 * min(k + 1, 3), room)  # about 12 steps more, even all accepted
+                    samples = []
+                    for _ in range(reps):
+                        short = self.generate(prompts, max_new_tokens=4)
+                        long = self.generate(prompts, max_new_tokens=long_new)
+                        extra_steps = len(long.steps) - len(short.steps)
+                        if extra_steps > 0:
+                            samples.append(1e3 * (long.total_s - short.total_s) / extra_steps
+                                           - costs.verify_ms[size][k] - costs.draft_ms[size][k])
+                    fixed[size].append(max(sorted(samples)[len(samples) // 2], 0.0) if samples else 0.0)
         finally:
             self.scheduler.step_depth = step_depth
             self.steps = []

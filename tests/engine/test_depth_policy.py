@@ -281,3 +281,16 @@ def test_the_fixed_cost_of_a_step_makes_drafting_pay_on_a_host_bound_pair():
     assert costs.step_ms(2, 1) == 5.0 + 1.0 + 1.0
     assert best_depth([0.8] * 6, 50, costs, 1, 6) >= 3
     assert costs.to_dict()["fixed_ms"] == {"1": 5.0}
+
+
+def test_a_fixed_cost_measured_per_k_moves_the_choice():
+    """A step whose cost beyond its replays differs by k (as measured at start-up, one entry per k) is weighed at
+    its own k: a k = 1 step that costs more than its replays say makes k = 2 the better buy."""
+    costs = StepCostTable({1: [1.0, 1.05, 1.1, 1.15]}, {1: [0.0, 0.0, 0.3, 0.6]}, {1: 0.2})
+    assert best_depth([0.6] * 3, 50, costs, 1, 3) == 1  # 1.6 / 1.25 against 1.96 / 1.6
+    costs = StepCostTable({1: [1.0, 1.05, 1.1, 1.15]}, {1: [0.0, 0.0, 0.3, 0.6]}, {1: [0.2, 0.45, 0.2, 0.2]})
+    assert costs.step_ms_by_k(1, 3) == pytest.approx([1.2, 1.5, 1.6, 1.95])
+    assert best_depth([0.6] * 3, 50, costs, 1, 3) == 2  # 1.6 / 1.5 against 1.96 / 1.6
+    assert costs.to_dict()["fixed_ms"] == {"1": [0.2, 0.45, 0.2, 0.2]}
+    with pytest.raises(ValueError, match=r"fixed_ms\[1\] has 2 depths"):
+        StepCostTable({1: [1.0, 1.05, 1.1, 1.15]}, {1: [0.0, 0.0, 0.3, 0.6]}, {1: [0.2, 0.3]})

@@ -131,8 +131,10 @@ def test_goodput_measures_the_step_costs_it_weighs_at_start_up(pair_dirs):
     # the draft's decode phase per k: nothing for k <= 1 (the prefill samples draft 1), its fused loop from k = 2
     assert all(len(d) == 4 and d[:2] == [0.0, 0.0] and min(d[2:]) > 0 for d in costs.draft_ms.values())
     assert engine.depth.costs is costs
-    # what a real step costs beyond its replays, measured on dummy requests that leave nothing behind
-    assert sorted(costs.fixed_ms) == [1, 2, 4] and min(costs.fixed_ms.values()) >= 0
+    # what a real step at each k costs beyond its replays, measured on dummy requests that leave nothing behind
+    assert sorted(costs.fixed_ms) == [1, 2, 4]
+    assert all(len(f) == 4 and min(f) >= 0 for f in costs.fixed_ms.values())
+    assert costs.step_ms(2, 1) == costs.fixed_ms[1][2] + costs.verify_ms[1][2] + costs.draft_ms[1][2]
     assert not engine.scheduler.has_work and engine.steps == []
     out = engine.generate([[3, 4, 5], [6, 7]], max_new_tokens=4)
     assert out.step_costs == costs.to_dict()
