@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import gc
 import json
 import platform
 import sys
@@ -45,7 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpu_cudagraphs import CUDA_KERNELS, DEMO_PAIRS, RANDOM_PAIRS, ZOO
+from gpu_cudagraphs import CUDA_KERNELS, DEMO_PAIRS, RANDOM_PAIRS, ZOO, timed_generate
 
 from specexp.engine.config import EngineConfig, SamplingConfig, SpeculatorConfig
 from specexp.engine.cudagraph import FULL
@@ -130,12 +129,7 @@ def timed_run(engine: NativeEngine, prompts: list[list[int]], batch: int) -> dic
     managers = engine.graph_managers()
     eager_before = sum(m.num_eager for m in managers)
     uncaptured_before = sum(sum(m.num_eager_uncaptured.values()) for m in managers)
-    gc.collect()
-    gc.disable()
-    try:
-        out = engine.generate(prompts, max_concurrency=batch)
-    finally:
-        gc.enable()
+    out = timed_generate(engine, prompts, max_concurrency=batch)
     tokens = sum(r.num_output_tokens for r in out.requests)
     decode = [s for s in out.steps if s.num_prefill_tokens == 0]
     drafts = sum(s.num_drafts for s in out.steps)

@@ -224,13 +224,14 @@ def kernel_breakdown(fn, steps: int = 5, top: int = 20) -> dict:
             "kernel_ms_per_step": sum(r["ms_per_step"] for r in rows), "top": rows[:top]}
 
 
-def timed_generate(engine, prompts):
-    """One timed run with the garbage collector paused (collected just before), so a collection of the
-    process's objects cannot land inside one k's run and not another's."""
+def timed_generate(engine, prompts, max_concurrency: int | None = None):
+    """One timed run (`engine.generate(prompts, max_concurrency=...)`) with the garbage collector paused
+    (collected just before), so a collection of the process's objects cannot land inside one run and not
+    another's."""
     gc.collect()
     gc.disable()
     try:
-        return engine.generate(prompts)
+        return engine.generate(prompts, max_concurrency=max_concurrency)
     finally:
         gc.enable()
 

@@ -42,11 +42,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpu_cudagraphs import CUDA_KERNELS, DEMO_PAIRS, RANDOM_PAIRS, ZOO
+from gpu_cudagraphs import CUDA_KERNELS, DEMO_PAIRS, RANDOM_PAIRS, ZOO, timed_generate
 
+from specexp.analysis.oracle import prefill_ms_per_token, step_costs
 from specexp.engine.config import EngineConfig, SamplingConfig, SpeculatorConfig
 from specexp.engine.cudagraph import FULL
-from specexp.analysis.oracle import prefill_ms_per_token, step_costs
 from specexp.engine.stats import percentile
 from specexp.measure.intervals import repeat_summary
 from specexp.models import load_model
@@ -100,12 +100,7 @@ class NativeServer:
         engine = self.engine
         parts_before, joined_before = engine.num_mixed_in_parts, engine.num_mixed_joined
         prompts_before, eager_before = engine.num_prompt_batches_graphed, engine.verify_graphs.num_eager
-        gc.collect()
-        gc.disable()
-        try:
-            out = engine.generate(prompts, max_concurrency=concurrency)
-        finally:
-            gc.enable()
+        out = timed_generate(engine, prompts, max_concurrency=concurrency)
         tpot, ttft = [], []
         for r in out.requests:
             first = r.first_token_s if r.first_token_s is not None else r.finish_s

@@ -19,7 +19,6 @@ Needs only torch, safetensors and tokenizers (and a CUDA GPU; `--device cpu` che
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import statistics
 import sys
@@ -31,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository r
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/
 
 from dynamic_depth_gpu import build_engine, machine, num_prompts, prompts_for
-from gpu_cudagraphs import DEMO_PAIRS, RANDOM_PAIRS, ZOO
+from gpu_cudagraphs import DEMO_PAIRS, RANDOM_PAIRS, ZOO, timed_generate
 
 from specexp.measure.intervals import ratio_interval, repeat_summary
 from specexp.models import load_model
@@ -42,12 +41,7 @@ PHASES = ("schedule_ms", "verify_ms", "sample_ms", "draft_ms", "step_ms")
 def run_once(engine, prompts: list[list[int]], batch: int) -> dict:
     """One run at concurrency `batch`: tokens/s, steps, the k its steps ran, and the phase medians of its full
     pure-verify steps (ms)."""
-    gc.collect()
-    gc.disable()
-    try:
-        out = engine.generate(prompts, max_concurrency=batch)
-    finally:
-        gc.enable()
+    out = timed_generate(engine, prompts, max_concurrency=batch)
     pure = [s for s in out.steps if s.num_reqs == batch and s.num_prefill_tokens == 0]
     return {"output_tokens_per_s": sum(r.num_output_tokens for r in out.requests) / out.total_s,
             "steps": len(out.steps), "pure_steps": len(pure),
