@@ -27,6 +27,7 @@ import os
 import queue
 import signal
 import threading
+import time
 from collections.abc import Callable
 
 from specexp import interrupts
@@ -63,6 +64,7 @@ class GroupPace:
         self.members = [MemberPace(self, i) for i in range(num_jobs)]
         self.on_resume = on_resume
         self._events: queue.Queue = queue.Queue()  # from the running job: ("call", fn, reply) or ("yield",)
+        self.stopped_by: int | None = None  # the signal that stopped the group (its main thread serves no more)
 
     def report(self, index: int, label: str) -> None:
         try:
@@ -77,9 +79,17 @@ class GroupPace:
         its exception raised here."""
         if threading.current_thread() is threading.main_thread():
             return fn()
+        if self.stopped_by is not None:
+            raise interrupts.RunInterrupted(self.stopped_by)
         reply: queue.Queue = queue.Queue(maxsize=1)
         self._events.put(("call", fn, reply))
-        ok, value = reply.get()
+        while True:
+            try:
+                ok, value = reply.get(timeout=0.2)
+                break
+            except queue.Empty:
+                if self.stopped_by is not None:  # the main thread stopped before it took the call
+                    raise interrupts.RunInterrupted(self.stopped_by) from None
         if ok:
             return value
         raise value
@@ -115,7 +125,8 @@ class GroupPace:
         return int(parts[1]), int(parts[2]) if len(parts) > 2 else None
 
     def stop_all(self, signum: int) -> None:
-        """Every job waiting in its pace raises RunInterrupted(signum)."""
+        """Every job waiting in its pace, or for a call, raises RunInterrupted(signum)."""
+        self.stopped_by = int(signum)
         for member in self.members:
             member.inbox.put(("stop", signum))
 
@@ -156,5 +167,6 @@ def run_group_in_rounds(num_jobs: int, run_job: Callable[[int, MemberPace], None
         group.stop_all(e.signum if isinstance(e, interrupts.RunInterrupted) else signal.SIGTERM)
         raise
     finally:
+        deadline = time.monotonic() + 10  # a job mid-pass gets this long to reach its pace and record itself
         for thread in threads:
-            thread.join(timeout=30)
+            thread.join(timeout=max(deadline - time.monotonic(), 0.01))

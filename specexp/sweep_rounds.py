@@ -59,6 +59,7 @@ class JobProcess:
     to_job: object
     from_job: object
     returncode: int | None = None
+    gone: bool = False  # its end of the pipe closed: it exited, or is exiting
 
     def send(self, message: str) -> bool:
         try:
@@ -73,7 +74,9 @@ class JobProcess:
         try:
             line = self.from_job.readline()
         except (OSError, ValueError):  # ValueError: closed when another member found the process gone
-            return None
+            line = ""
+        if not line:
+            self.gone = True
         return line.strip() or None
 
     def wait(self) -> int | None:
@@ -184,7 +187,7 @@ class RoundsCoordinator:
         """Record the job's status (the parent writes the record of a job that left none). A group's member
         whose thread ended while its process goes on is judged by its record alone."""
         job.pending = None
-        if job.index is None or job.process.proc.poll() is not None:
+        if job.index is None or job.process.gone or job.process.proc.poll() is not None:
             returncode = job.process.wait()
         else:
             returncode = 0
