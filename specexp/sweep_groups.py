@@ -88,11 +88,7 @@ class EngineGroups:
         """Run every group's noted jobs, a group in one process; returns each job's status."""
         from specexp.job_process import run_group_in_fresh_process
 
-        for group in self.groups:
-            jobs = [self.pending.pop(n) for n in sorted(group) if n in self.pending]
-            if not jobs:
-                continue
-            log.info("jobs %s share one engine in one process", ", ".join(str(ctx.job_num) for _, ctx in jobs))
+        for jobs in self._take_noted(""):
             self._running = jobs
             statuses = run_group_in_fresh_process(jobs, order_note(len(jobs)))
             self._running = None
@@ -103,13 +99,18 @@ class EngineGroups:
         """Hand every group's noted jobs to a sweep measuring in rounds (a
         :class:`specexp.sweep_rounds.RoundsCoordinator`): each group starts in one process and its jobs' repeats
         interleave with the sweep's other jobs'."""
+        for jobs in self._take_noted(", measured in rounds"):
+            self.statuses.update(rounds.start_group(jobs))  # an interruption: the rounds record these jobs
+
+    def _take_noted(self, how: str):
+        """Each group's noted jobs ``(cfg, ctx)``, in job order, taken off the pending ones (groups with none
+        noted skipped), each logged as sharing one engine (``how`` ends the line)."""
         for group in self.groups:
             jobs = [self.pending.pop(n) for n in sorted(group) if n in self.pending]
-            if not jobs:
-                continue
-            log.info("jobs %s share one engine in one process, measured in rounds",
-                     ", ".join(str(ctx.job_num) for _, ctx in jobs))
-            self.statuses.update(rounds.start_group(jobs))  # an interruption: the rounds record these jobs
+            if jobs:
+                log.info("jobs %s share one engine in one process%s", ", ".join(str(ctx.job_num) for _, ctx in jobs),
+                         how)
+                yield jobs
 
     def stop(self, signum: int) -> None:
         """Record every noted job that did not run (a group that was running is recorded by its runner)."""

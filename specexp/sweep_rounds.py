@@ -24,11 +24,11 @@ import os
 import subprocess
 from dataclasses import dataclass
 
-from specexp.group_rounds import ENDED
+from specexp.group_rounds import ENDED, GO
 from specexp.job_process import ensure_record, start_job_process, stop_jobs
 from specexp.measure.rounds import interleaved_order
 
-REPEAT, FINISH, GO = "repeat", "finish", "go"
+REPEAT, FINISH = "repeat", "finish"
 
 
 class ChildPace:

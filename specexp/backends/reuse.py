@@ -71,8 +71,7 @@ class ServerPool:
     def _open(self, spec, progress=None) -> BorrowedServer:
         from specexp.backends.native import NativeServer
 
-        if self.active is not None:
-            self.active.saved = self.server.suspend()
+        self._set_aside_active()
         if self.server is None:
             self.server = NativeServer(spec, progress, serve=self.specs)
         else:
@@ -85,10 +84,14 @@ class ServerPool:
         the other point's state is saved, this one's put back."""
         if borrower is self.active:
             return
-        if self.active is not None:
-            self.active.saved = self.server.suspend()
+        self._set_aside_active()
         self.server.resume(borrower.saved)
         borrower.saved, self.active = None, borrower
+
+    def _set_aside_active(self) -> None:
+        """Save the state of the point the server is set up for (if any) in its borrower."""
+        if self.active is not None:
+            self.active.saved = self.server.suspend()
 
     def close(self) -> None:
         if self.server is not None:
