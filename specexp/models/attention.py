@@ -159,8 +159,8 @@ def write_kv_cache(kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tenso
         index = torch.where(slots < 0, padding_slot(kv_cache.shape[2]), slots)
     else:
         index = plan["write_index"]
-    flat[0].index_copy_(0, index, key.to(kv_cache.dtype))
-    flat[1].index_copy_(0, index, value.to(kv_cache.dtype))
+    new_kv = torch.stack((key, value))  # [2, T, Hkv, D]: keys and values written by one index_copy_
+    flat.index_copy_(1, index, new_kv if new_kv.dtype == kv_cache.dtype else new_kv.to(kv_cache.dtype))
 
 
 @dataclass(frozen=True)
@@ -259,7 +259,9 @@ def paged_attention(
 
     # Dense keys and values of each row, gathered together: [2, R, S, Hkv, D].
     kv = kv_cache.index_select(1, t["blocks"]).view(2, num_rows, max_keys, num_kv_heads, head_dim)
-    keys, values = kv[0], kv[1]
+    if kv.dtype != query.dtype:
+        kv = kv.to(query.dtype)
+    keys, values = kv.transpose(2, 3).unbind(0)  # each [R, Hkv, S, D]
 
     # Padded queries, with the G query heads of each KV head folded into the query axis: [R, Hkv, G * Q, D].
     q = query.view(num_rows, max_query_len, num_heads, head_dim) if t["uniform"] else query[t["token_of_slot"]]
@@ -267,8 +269,7 @@ def paged_attention(
     q = q.reshape(num_rows, num_kv_heads, group * max_query_len, head_dim)
     with sdpa_kernel(MASKED_SDPA_BACKENDS) if q.is_cuda else contextlib.nullcontext():
         out = F.scaled_dot_product_attention(
-            q, keys.transpose(1, 2).to(q.dtype), values.transpose(1, 2).to(q.dtype), attn_mask=t["mask"],
-            scale=scale)
+            q, keys, values, attn_mask=t["mask"], scale=scale)
     out = out.view(num_rows, num_kv_heads, group, max_query_len, head_dim).permute(0, 3, 1, 2, 4)
     if t["uniform"]:
         return out.reshape(num_tokens, num_heads * head_dim)

@@ -31,15 +31,31 @@ from specexp.models.short_conv_ops import conv_taps
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """weight * (x / sqrt(mean(x^2) + eps)) over the last dim; x [..., d], weight [d].
 
-    fp32: one fused op, (x * rstd) * weight. Half precision: normalised in fp32 and rounded once to x's dtype
-    (rms_norm on a half tensor computes in fp32 inside), then scaled by the weight — transformers' rounding,
-    which a fused fp32 scale would not reproduce. Mixed dtypes: normalise `x.float()`, cast back, scale.
+    fp32: one fused op, (x * rstd) * weight; on the CPU :func:`rms_norm_cpu`, which computes the same in fewer
+    kernels. Half precision: normalised in fp32 and rounded once to x's dtype (rms_norm on a half tensor computes
+    in fp32 inside), then scaled by the weight — transformers' rounding, which a fused fp32 scale would not
+    reproduce. Mixed dtypes: normalise `x.float()`, cast back, scale.
     """
     if x.dtype == weight.dtype == torch.float32:
+        if x.device.type == "cpu":
+            return rms_norm_cpu(x, weight, eps)
         return F.rms_norm(x, (x.shape[-1],), weight, eps)
     if x.dtype in (torch.float16, torch.bfloat16):
         return weight * F.rms_norm(x, (x.shape[-1],), eps=eps)
     return weight * F.rms_norm(x.to(torch.float32), (x.shape[-1],), eps=eps).to(x.dtype)
+
+
+def rms_norm_cpu(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """:func:`rms_norm` of fp32 CPU tensors as one LayerNorm: x [..., d] -> [..., d].
+
+    The row z = [x, -x] has mean 0 and variance mean(x^2), so LayerNorm(z)[:d] = x / sqrt(mean(x^2) + eps): the
+    same function, equal to F.rms_norm up to rounding (the two sum in different orders; a few ulp). Why: on a
+    CPU F.rms_norm runs as about eight kernels (pow, mean, add, rsqrt, two multiplies, casts) while LayerNorm has
+    a fused one. At the demo pair's sizes (rows of 128-256) a kernel costs microseconds whatever its size, and a
+    decode step normalises twice per layer.
+    """
+    d = x.shape[-1]
+    return F.layer_norm(torch.cat((x, x.neg()), dim=-1), (2 * d,), eps=eps)[..., :d] * weight
 
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -51,8 +67,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> 
     """Rotate-half rotary embedding, transformers' `x * cos + rotate_half(x) * sin` with rotate_half's sign
     moved into signed_sin (the same values: a sign flip is exact). x: [T, heads, head_dim]; cos/signed_sin:
     [T, head_dim] from `RotaryEmbedding`."""
-    half = x.shape[-1] // 2
-    swapped = torch.cat((x[..., half:], x[..., :half]), dim=-1)
+    swapped = x.roll(x.shape[-1] // 2, dims=-1)  # [x[D/2:], x[:D/2]], one op
     return x * cos.unsqueeze(1) + swapped * signed_sin.unsqueeze(1)
 
 

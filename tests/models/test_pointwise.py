@@ -1,12 +1,23 @@
-"""Compiled pointwise ops (torch.compile, inductor) against the eager ones they fuse."""
+"""The eager pointwise ops against their definitions, and the compiled ones (torch.compile, inductor) against
+the eager ones they fuse."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from specexp.models import load_model
-from specexp.models.pointwise import EAGER, PointwiseOps, compiled_pointwise_ops, use_pointwise_ops
+from specexp.models.pointwise import (
+    EAGER,
+    PointwiseOps,
+    apply_rope,
+    compiled_pointwise_ops,
+    rms_norm,
+    rms_norm_cpu,
+    use_pointwise_ops,
+)
 
 
 @pytest.fixture(scope="module")
@@ -39,3 +50,25 @@ def test_a_model_switches_every_pointwise_module(compiled):
     assert tables and all(t is EAGER for t in tables)
     use_pointwise_ops(model, compiled)
     assert all(m.ops is compiled for m in model.modules() if isinstance(getattr(m, "ops", None), PointwiseOps))
+
+
+@settings(max_examples=40, deadline=None)
+@given(rows=st.integers(1, 9), width=st.sampled_from([2, 32, 96, 256, 1000]), scale=st.floats(1e-3, 1e3),
+       eps=st.sampled_from([1e-6, 1e-5]), seed=st.integers(0, 2**16))
+def test_cpu_rms_norm_as_one_layer_norm_agrees_with_torch_rms_norm(rows, width, scale, eps, seed):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, 3, width, generator=gen) * scale
+    weight = torch.randn(width, generator=gen)
+    expected = torch.nn.functional.rms_norm(x, (width,), weight, eps)
+    torch.testing.assert_close(rms_norm_cpu(x, weight, eps), expected, rtol=2e-6, atol=2e-6 * weight.abs().max())
+    assert torch.equal(rms_norm(x, weight, eps), rms_norm_cpu(x, weight, eps))  # the path fp32 CPU tensors take
+
+
+def test_rope_rotates_half_exactly_as_transformers_writes_it():
+    gen = torch.Generator().manual_seed(0)
+    heads = torch.randn(5, 4, 64, generator=gen)
+    cos, sin = torch.randn(5, 64, generator=gen), torch.randn(5, 64, generator=gen)
+    rotate_half = torch.cat((-heads[..., 32:], heads[..., :32]), dim=-1)
+    signed_sin = torch.cat((-sin[:, :32], sin[:, 32:]), dim=-1)  # rotate_half's sign moved into sin
+    expected = heads * cos.unsqueeze(1) + rotate_half * sin.unsqueeze(1)
+    assert torch.equal(apply_rope(heads, cos, signed_sin), expected)
