@@ -22,6 +22,13 @@ alternating with that best static engine.
 `--tuned-repeats` (default: `--repeats`) sets the tuned phase's rounds alone: its runs cost little next to the
 engine builds, and its ratio is the one the target is read from.
 
+`--mixed` (default `parts`) is every engine's `engine.cudagraph_mixed`. The workload rarely mixes prompt chunks
+with verify rows: at b = 16 and 64 every request starts at once, and at b = 1 a new prompt never has a verify row
+beside it. Joined mixed-step graphs (one per chunk shape and key) were still most of the graphs an engine
+captured. Counted on this script's settings (sizes 1/4/16/64, prompt graphs 16-128, emulated on a CPU,
+2026-12-04), joined / parts: static k = 4 214 / 20 graphs, the shipped schedule 520 / 32. With parts, a mixed
+step replays the verify graph, then a prompt graph per chunk.
+
 `--device cpu` runs the same code on emulated graphs (a check of the script, not a measurement). The JSON is
 rewritten after every pair and rate, so a run cut short keeps what it finished; `dynamic_depth_report.py`
 renders it.
@@ -89,10 +96,11 @@ def tuned_schedule(best_k: dict[int, int]) -> tuple[tuple[int, int, int], ...]:
 
 
 def build_engine(target, draft, settings: dict, batches: list[int], device: str, synthetic: bool,
-                 new_tokens: int) -> NativeEngine:
-    """An engine for one depth mode: graphs at the measured batch sizes, one key-length bucket."""
+                 new_tokens: int, mixed: str = "parts") -> NativeEngine:
+    """An engine for one depth mode: graphs at the measured batch sizes, one key-length bucket; mixed steps
+    (prompt chunks beside verify rows) `mixed` ("parts" or "joined", `engine.cudagraph_mixed`)."""
     cuda = device == "cuda"
-    kernels = CUDA_KERNELS if cuda else {}
+    kernels = {**CUDA_KERNELS, "cudagraph_mixed": mixed} if cuda else {"cudagraph_mixed": mixed}
     block = 16
     max_model_len = -(-(PROMPT_TOKENS + 1 + new_tokens + 8) // block) * block
     engine = EngineConfig(device=device, dtype=str(target.lm_head.weight.dtype).replace("torch.", ""),
@@ -221,7 +229,7 @@ def bench_pair(pair: str, args, result: dict, out_path: Path) -> None:
     for mode in args.modes:
         start = time.perf_counter()
         engines[mode] = build_engine(target, draft, mode_settings(mode), args.batches, args.device, synthetic,
-                                     args.new_tokens)
+                                     args.new_tokens, args.mixed)
         build[mode] = {"build_s": time.perf_counter() - start, **graph_cost(engines[mode])}
         print(f"  built {mode}: {build[mode]['build_s']:.1f} s, {build[mode].get('graphs', 0)} graphs", flush=True)
     entry = result["pairs"].setdefault(pair, {"target": target_path, "draft": draft_path, "weights": weights,
@@ -253,9 +261,9 @@ def measure_tuned(target, draft, cells, prompts, args, synthetic: bool, rate) ->
     best = {b: best_static(cells, b) for b in args.batches}
     best_k = {b: mode_settings(m)["num_speculative_tokens"] for b, m in best.items()}
     settings = {"num_speculative_tokens": 8, "num_speculative_tokens_per_batch_size": tuned_schedule(best_k)}
-    tuned = build_engine(target, draft, settings, args.batches, args.device, synthetic, args.new_tokens)
-    statics = {m: build_engine(target, draft, mode_settings(m), args.batches, args.device, synthetic, args.new_tokens)
-               for m in sorted(set(best.values()))}
+    tuned = build_engine(target, draft, settings, args.batches, args.device, synthetic, args.new_tokens, args.mixed)
+    statics = {m: build_engine(target, draft, mode_settings(m), args.batches, args.device, synthetic, args.new_tokens,
+                               args.mixed) for m in sorted(set(best.values()))}
     for engine in (tuned, *statics.values()):
         if synthetic:
             engine.set_synthetic_acceptance(rate=rate)
@@ -291,6 +299,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     parser.add_argument("--no-tuned-schedule", dest="tuned_schedule", action="store_false")
+    parser.add_argument("--mixed", default="parts", choices=["parts", "joined"])
     args = parser.parse_args(argv)
     args.batches = sorted(int(b) for b in args.batches.split(","))
     if args.tuned_repeats is None:
@@ -311,7 +320,7 @@ def main(argv: list[str] | None = None) -> dict:
     out_path = Path(args.out)
     result = {"machine": machine(args.device), "batches": args.batches, "modes": args.modes,
               "repeats": args.repeats, "tuned_repeats": args.tuned_repeats, "new_tokens": args.new_tokens,
-              "prompt_tokens": PROMPT_TOKENS,
+              "prompt_tokens": PROMPT_TOKENS, "mixed_steps": args.mixed,
               "argv": sys.argv[1:] if argv is None else argv, "pairs": {}}
     for pair in pairs:
         bench_pair(pair, args, result, out_path)

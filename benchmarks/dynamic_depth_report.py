@@ -83,7 +83,8 @@ def render(results: list[dict], tolerance: float) -> str:
         lines += [f"Measured {m['date']} on {m.get('gpu', m['device'])} (torch {m['torch']}): "
                   f"`dynamic_depth_gpu.py {' '.join(a for a in result['argv'] if not a.startswith('/'))}`; "
                   f"{result['prompt_tokens']}-token prompts, {result['new_tokens']} new tokens, "
-                  f"{result['repeats']} rounds.", ""]
+                  f"{result['repeats']} rounds; mixed steps {result.get('mixed_steps', 'joined')} "
+                  f"(`engine.cudagraph_mixed`).", ""]
         for pair, entry in result["pairs"].items():
             for rate, by_rate in entry["by_rate"].items():
                 lines += render_rate(pair, rate, by_rate, tolerance)

@@ -35,6 +35,7 @@ def test_the_benchmark_measures_every_mode_and_batch_and_the_report_renders_it(t
                             "--modes", "k1,k2,goodput", "--repeats", "2", "--tuned-repeats", "3",
                             "--new-tokens", "6"])
     result = json.loads(out.read_text())
+    assert result["mixed_steps"] == "parts"  # the default: joined mixed-step graphs are of little use here
     by_rate = result["pairs"]["tiny_lfm2"]["by_rate"]["greedy"]
     for mode in ("k1", "k2", "goodput"):
         for b in ("1", "2"):
