@@ -181,5 +181,5 @@ def step_record(index: int, batch: ScheduledBatch, t_start: float, counts: StepC
         num_drafts=counts.num_drafts, num_draft_tokens=counts.num_draft_tokens,
         num_accepted_tokens=counts.num_accepted, num_output_tokens=counts.num_output,
         schedule_ms=0.0, verify_ms=0.0, sample_ms=0.0, draft_ms=0.0,
-        step_ms=(time.perf_counter() - t_start) * 1e3,
+        step_ms=(time.perf_counter() - t_start) * 1e3, start_s=t_start,
     )

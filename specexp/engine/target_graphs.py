@@ -13,6 +13,7 @@ them too, so the whole engine's graph memory is measured as one figure.
 
 from __future__ import annotations
 
+import statistics
 import time
 
 import torch
@@ -28,10 +29,18 @@ from specexp.engine.cudagraph import (
 )
 from specexp.engine.goodput import StepCostTable
 from specexp.engine.inputs import uniform_dummy_inputs
+from specexp.engine.output import StepRecord
 from specexp.engine.progress import ProgressCallback, capture_reporter
 from specexp.engine.reuse import depth_graph_summary
 from specexp.engine.scheduler import ScheduledBatch
 from specexp.models.metadata import ForwardContext
+
+
+def step_periods_ms(steps: list[StepRecord], num_reqs: int, k: int) -> list[float]:
+    """The step period, in ms, of each step of `steps` (one run, in order) that ran `num_reqs` rows at depth k with
+    no prompt tokens: from its start to the next step's (`StepRecord.start_s`). The last step has no period."""
+    return [(after.start_s - step.start_s) * 1e3 for step, after in zip(steps, steps[1:])
+            if step.num_reqs == num_reqs and step.num_speculative_tokens == k and step.num_prefill_tokens == 0]
 
 
 class TargetGraphs:
@@ -79,13 +88,14 @@ class TargetGraphs:
                 for k in range(2, self.k + 1)]
         return StepCostTable(verify_ms, draft_ms)
 
-    def measure_fixed_ms(self, costs: StepCostTable, reps: int = 3) -> dict[int, list[float]]:
+    def measure_fixed_ms(self, costs: StepCostTable) -> dict[int, list[float]]:
         """Per batch size of `costs` and per k = 0..K, what a real step of that many rows at depth k costs beyond
         its table replays t_verify(k + 1) + t_draft(k): the host's scheduling, staging and commit, the draft's
         prefill of the committed tokens, and what of the replays the host does not hide. Serves that many dummy
-        requests, every step at k (the depth policy set aside), to 4 new tokens and to 4 + 12 min(k + 1, 3) (fewer
-        where max_model_len is short): the difference of the two runs' wall times over the difference of their step
-        counts, less the replays; the median of `reps` such pairs, in ms, at least 0. Leaves no request behind."""
+        requests, every step at k (the depth policy set aside), to 4 + 10 (k + 1) new tokens (about ten steps even
+        were every draft accepted; fewer where max_model_len is short) and takes the median step period over its
+        steps at k without prefill (:func:`step_periods_ms`), less the replays; in ms, at least 0. Leaves no
+        request behind."""
         fixed: dict[int, list[float]] = {}
         room = self.cfg.max_model_len - 4 - (2 * self.k + 1)
         if room <= 4:
@@ -98,16 +108,10 @@ class TargetGraphs:
                 fixed[size] = []
                 for k in range(self.k + 1):
                     self.scheduler.step_depth = lambda rows, k=k: k
-                    long_new = min(4 + 12 * min(k + 1, 3), room)  # about 12 steps more, even all accepted
-                    samples = []
-                    for _ in range(reps):
-                        short = self.generate(prompts, max_new_tokens=4)
-                        long = self.generate(prompts, max_new_tokens=long_new)
-                        extra_steps = len(long.steps) - len(short.steps)
-                        if extra_steps > 0:
-                            samples.append(1e3 * (long.total_s - short.total_s) / extra_steps
-                                           - costs.verify_ms[size][k] - costs.draft_ms[size][k])
-                    fixed[size].append(max(sorted(samples)[len(samples) // 2], 0.0) if samples else 0.0)
+                    out = self.generate(prompts, max_new_tokens=min(4 + 10 * (k + 1), room))
+                    periods = step_periods_ms(out.steps, len(prompts), k)
+                    replays = costs.verify_ms[size][k] + costs.draft_ms[size][k]
+                    fixed[size].append(max(statistics.median(periods) - replays, 0.0) if periods else 0.0)
         finally:
             self.scheduler.step_depth = step_depth
             self.steps = []

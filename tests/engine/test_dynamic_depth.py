@@ -13,7 +13,9 @@ from pairs import random_prompts, save_tiny, second_token_pvalue, tiny_hf_model
 
 from specexp.engine.config import EngineConfig, SamplingConfig, SpeculatorConfig
 from specexp.engine.goodput import StepCostTable
+from specexp.engine.output import StepRecord
 from specexp.engine.runner import NativeEngine
+from specexp.engine.target_graphs import step_periods_ms
 from specexp.models import load_model
 
 MAX_NEW = 10
@@ -134,6 +136,7 @@ def test_goodput_measures_the_step_costs_it_weighs_at_start_up(pair_dirs):
     # what a real step at each k costs beyond its replays, measured on dummy requests that leave nothing behind
     assert sorted(costs.fixed_ms) == [1, 2, 4]
     assert all(len(f) == 4 and min(f) >= 0 for f in costs.fixed_ms.values())
+    assert all(max(f) > 0 for f in costs.fixed_ms.values())  # a real step's host work is never free
     assert costs.step_ms(2, 1) == costs.fixed_ms[1][2] + costs.verify_ms[1][2] + costs.draft_ms[1][2]
     assert not engine.scheduler.has_work and engine.steps == []
     out = engine.generate([[3, 4, 5], [6, 7]], max_new_tokens=4)
@@ -239,3 +242,16 @@ def test_synthetic_acceptance_changes_between_runs_of_one_engine(pair_dirs, prom
     greedy = _engine(target, draft, dict(num_speculative_tokens=3), 4)
     with pytest.raises(EngineConfigError, match="rejection=synthetic"):
         greedy.set_synthetic_acceptance(rate=0.5)
+
+
+def test_step_periods_run_from_a_steps_start_to_the_next_and_keep_only_full_steps_at_k():
+    def record(start_s, num_reqs=2, k=3, prefill=0):
+        return StepRecord(step=0, num_reqs=num_reqs, num_tokens=1, num_prefill_tokens=prefill, num_drafts=0,
+                          num_draft_tokens=0, num_accepted_tokens=0, num_output_tokens=1, schedule_ms=0.0,
+                          verify_ms=0.0, sample_ms=0.0, draft_ms=0.0, step_ms=0.0, num_speculative_tokens=k,
+                          start_s=start_s)
+
+    steps = [record(0.0, prefill=4), record(0.010), record(0.013), record(0.020, k=2), record(0.022),
+             record(0.030, num_reqs=1), record(0.031)]
+    periods = step_periods_ms(steps, num_reqs=2, k=3)
+    assert periods == pytest.approx([3.0, 7.0, 8.0])  # none for the prefill, the k = 2 and 1-row steps, the last
