@@ -1,0 +1,183 @@
+"""Wall time of a depth sweep, engines reused against one process per job, with every job's start-up breakdown.
+
+Runs `python -m specexp run -m +exp=depth_sweep ...` (the sweep a user runs: k = 0..8, each job measured in
+rounds) once per mode and round, alternating `sweep.reuse_engine=true` (jobs that differ only in k share one process
+and engine, `specexp.sweep_groups`) and `=false` (a process, model load and graph capture per job), and times each
+whole command. From every job's result.json it keeps k, status, acceptance length, output tokens/s and
+`metrics.startup_s` (import, model_load, engine_build, warmup; graph_capture within engine_build). Prints a
+table, writes JSON (rewritten after every sweep, so a run cut short keeps what it finished).
+
+    python benchmarks/sweep_time.py --out sweep_time.json [--pair llama_1b_random] [--engine cuda]
+        [--ks 0,1,2,3,4,5,6,7,8] [--rate 0.8] [--num-prompts 8] [--output-len 128] [--rounds 1]
+        [--modes reused,isolated] [-- EXTRA_OVERRIDE ...]
+
+The defaults are the sweep the speed target is set on: the Llama-3.2-1B-shaped random pair, batch 1
+(`engine.max_num_seqs=1`), 8 random prompts of 128 tokens, 128 new tokens each, synthetic acceptance 0.8,
+`engine=cuda`. On a CPU, `--pair tiny_lfm2 --engine cpu` runs the same sweep on the demo pair. Overrides after
+`--` are passed to every sweep (e.g. `-- measure.repeats=2`).
+
+Reused and isolated jobs must agree on acceptance at every k (synthetic acceptance is drawn from the engine's
+seeded generator, and a reused job's random state is its own): the script reports any k where they differ.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+STARTUP_PHASES = ("import", "model_load", "engine_build", "warmup")
+
+
+def sweep_command(args, mode: str) -> list[str]:
+    """The CLI command of one sweep in `mode` ("reused" or "isolated")."""
+    return [
+        sys.executable, "-m", "specexp", "run", "-m", "+exp=depth_sweep", f"pair={args.pair}",
+        f"engine={args.engine}", "workload=random", f"workload.num_prompts={args.num_prompts}",
+        f"workload.output_len={args.output_len}", "engine.max_num_seqs=1",
+        "speculator.rejection=synthetic", f"speculator.synthetic_acceptance_rate={args.rate}",
+        f"speculator.num_speculative_tokens={','.join(str(k) for k in args.ks)}",
+        f"sweep.reuse_engine={'true' if mode == 'reused' else 'false'}", "tracking=disabled",
+        f"name=sweep_{mode}", *args.extra,
+    ]
+
+
+def job_record(result_path: Path) -> dict:
+    """k, status, acceptance, tokens/s and start-up phases (s) of one job's result.json."""
+    record = json.loads(result_path.read_text())
+    metrics = record.get("metrics") or {}
+    startup = metrics.get("startup_s") or {}
+    return {
+        "k": record["config"]["speculator"]["num_speculative_tokens"], "status": record["status"],
+        "acceptance_length": metrics.get("acceptance_length"),
+        "output_tokens_per_s": metrics.get("output_tokens_per_s"),
+        "duration_s": record.get("duration_s"), "startup_s": startup,
+        "graph_capture_s": metrics.get("graph_capture_s"),
+    }
+
+
+def run_sweep(args, mode: str, runs_dir: Path) -> dict:
+    """Run one sweep; its wall time (s) and every job's record, by k."""
+    before = set(runs_dir.glob("sweep_*"))
+    start = time.perf_counter()
+    proc = subprocess.run(sweep_command(args, mode), capture_output=True, text=True,
+                          env={**os.environ, "SPECEXP_RUNS_DIR": str(runs_dir)}, check=False)
+    wall_s = time.perf_counter() - start
+    made = sorted(set(runs_dir.glob("sweep_*")) - before)
+    jobs = [job_record(p) for d in made for p in sorted(d.glob("*/result.json"))]
+    out = {"mode": mode, "wall_s": wall_s, "returncode": proc.returncode,
+           "jobs": sorted(jobs, key=lambda j: j["k"]),
+           "startup_sum_s": {phase: sum(j["startup_s"].get(phase, 0.0) for j in jobs) for phase in STARTUP_PHASES}}
+    if proc.returncode != 0:
+        out["error"] = (proc.stderr or proc.stdout)[-3000:]
+    return out
+
+
+def spread(values: list[float]) -> str:
+    """mean ± std (n) of values, or the one value."""
+    if len(values) == 1:
+        return f"{values[0]:.1f} (n = 1)"
+    return f"{statistics.mean(values):.1f} ± {statistics.stdev(values):.1f} (n = {len(values)})"
+
+
+def acceptance_mismatches(sweeps: list[dict]) -> list[int]:
+    """The ks whose acceptance length differs between any two of the sweeps' jobs."""
+    by_k: dict[int, set] = {}
+    for sweep in sweeps:
+        for job in sweep["jobs"]:
+            if job["acceptance_length"] is not None:
+                by_k.setdefault(job["k"], set()).add(round(job["acceptance_length"], 9))
+    return sorted(k for k, values in by_k.items() if len(values) > 1)
+
+
+def render(result: dict) -> str:
+    """The wall-time table per mode (start-up phases summed over the jobs of its first sweep), then one row per k:
+    each mode's start-up, tokens/s and acceptance in its first sweep."""
+    firsts = {}
+    lines = ["| mode | sweep wall s | jobs ok | start-up s summed over jobs (import / model_load / engine_build / "
+             "warmup) |", "|---|---|---|---|"]
+    for mode in result["modes"]:
+        sweeps = [s for s in result["sweeps"] if s["mode"] == mode]
+        if not sweeps:
+            continue
+        first = firsts[mode] = sweeps[0]
+        ok = sum(j["status"] == "ok" for j in first["jobs"])
+        phases = " / ".join(f"{first['startup_sum_s'][p]:.1f}" for p in STARTUP_PHASES)
+        lines.append(f"| {mode} | {spread([s['wall_s'] for s in sweeps])} | {ok}/{len(first['jobs'])} | {phases} |")
+    lines += ["", "| k | " + " | ".join(f"{m}: start-up s, tokens/s, acceptance" for m in firsts) + " |",
+              "|---|" + "---|" * len(firsts)]
+    for k in sorted({j["k"] for s in firsts.values() for j in s["jobs"]}):
+        cells = []
+        for sweep in firsts.values():
+            job = next((j for j in sweep["jobs"] if j["k"] == k), None)
+            if job is None or job["status"] != "ok":
+                cells.append(job["status"] if job else "-")
+                continue
+            cells.append(f"{job['startup_s'].get('total', 0.0):.1f}, {job['output_tokens_per_s']:.0f}, "
+                         f"{job['acceptance_length']:.3f}")
+        lines.append(f"| {k} | " + " | ".join(cells) + " |")
+    mismatches = result["acceptance_mismatches"]
+    lines.append("")
+    lines.append("acceptance identical in every mode at every k" if not mismatches
+                 else f"acceptance differs between sweeps at k = {mismatches}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    argv = sys.argv[1:] if argv is None else argv
+    extra = argv[argv.index("--") + 1:] if "--" in argv else []
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--pair", default="llama_1b_random")
+    parser.add_argument("--engine", default="cuda")
+    parser.add_argument("--ks", default="0,1,2,3,4,5,6,7,8")
+    parser.add_argument("--rate", type=float, default=0.8)
+    parser.add_argument("--num-prompts", type=int, default=8)
+    parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--modes", default="reused,isolated")
+    args = parser.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
+    args.extra = extra
+    try:
+        args.ks = [int(k) for k in args.ks.split(",")]
+    except ValueError:
+        raise SystemExit(f"--ks={args.ks}: comma-separated depths, e.g. 0,1,2,4") from None
+    modes = args.modes.split(",")
+    for mode in modes:
+        if mode not in ("reused", "isolated"):
+            raise SystemExit(f"--modes: unknown mode {mode!r}: valid are reused, isolated")
+    if args.rounds < 1:
+        raise SystemExit(f"--rounds={args.rounds}: at least 1")
+    out_path = Path(args.out)
+    result = {"machine": {"date": time.strftime("%Y-%m-%d"), "python": platform.python_version(),
+                          "cpu_count": os.cpu_count()},
+              "settings": {"pair": args.pair, "engine": args.engine, "ks": args.ks, "rate": args.rate,
+                           "num_prompts": args.num_prompts, "output_len": args.output_len, "extra": extra},
+              "modes": modes, "commands": {m: sweep_command(args, m)[1:] for m in modes}, "sweeps": [],
+              "acceptance_mismatches": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for round_index in range(args.rounds):
+            order = modes if round_index % 2 == 0 else modes[::-1]  # alternate which mode runs first
+            for mode in order:
+                sweep = run_sweep(args, mode, Path(tmp))
+                sweep["round"] = round_index
+                result["sweeps"].append(sweep)
+                result["acceptance_mismatches"] = acceptance_mismatches(result["sweeps"])
+                out_path.write_text(json.dumps(result, indent=1) + "\n")
+                status = "ok" if sweep["returncode"] == 0 else f"exit {sweep['returncode']}"
+                print(f"round {round_index + 1}/{args.rounds} {mode}: {sweep['wall_s']:.1f} s wall, "
+                      f"{len(sweep['jobs'])} jobs ({status})", flush=True)
+    print(render(result))
+    print(f"wrote {out_path}")
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,42 @@
+"""benchmarks/sweep_time.py on the CPU: both modes of a small depth sweep run, every job's start-up is read back,
+and reused and isolated jobs agree on acceptance."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+import sweep_time
+
+
+def test_bad_arguments_are_one_line():
+    with pytest.raises(SystemExit, match="unknown mode 'shared'"):
+        sweep_time.main(["--out", "x.json", "--modes", "reused,shared"])
+    with pytest.raises(SystemExit, match="--ks=1,x: comma-separated depths"):
+        sweep_time.main(["--out", "x.json", "--ks", "1,x"])
+
+
+@pytest.mark.slow
+def test_both_modes_sweep_every_k_with_the_same_acceptance(tmp_path):
+    out = tmp_path / "st.json"
+    result = sweep_time.main(["--out", str(out), "--pair", "tiny_lfm2", "--engine", "cpu", "--ks", "0,1,2",
+                              "--num-prompts", "2", "--output-len", "8", "--", "measure.repeats=2"])
+    assert json.loads(out.read_text()) == result
+    by_mode = {s["mode"]: s for s in result["sweeps"]}
+    assert set(by_mode) == {"reused", "isolated"}
+    for sweep in by_mode.values():
+        assert sweep["returncode"] == 0 and [j["k"] for j in sweep["jobs"]] == [0, 1, 2]
+        assert all(j["status"] == "ok" and j["startup_s"]["total"] > 0 for j in sweep["jobs"])
+    # k = 1 and 2 share one engine when reused: the later job loads no model
+    reused = {j["k"]: j for j in by_mode["reused"]["jobs"]}
+    isolated = {j["k"]: j for j in by_mode["isolated"]["jobs"]}
+    assert min(reused[1]["startup_s"]["model_load"], reused[2]["startup_s"]["model_load"]) == 0.0
+    assert all(j["startup_s"]["model_load"] > 0 for j in isolated.values())
+    assert result["acceptance_mismatches"] == []
+    assert reused[2]["acceptance_length"] == isolated[2]["acceptance_length"] > 1.0
+    assert "acceptance identical" in sweep_time.render(result)
