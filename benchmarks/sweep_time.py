@@ -101,8 +101,8 @@ def render(result: dict) -> str:
     """The wall-time table per mode (start-up phases summed over the jobs of its first sweep), then one row per k:
     each mode's start-up, tokens/s and acceptance in its first sweep."""
     firsts = {}
-    lines = ["| mode | sweep wall s | jobs ok | start-up s summed over jobs (import / model_load / engine_build / "
-             "warmup) |", "|---|---|---|---|"]
+    header = "| mode | sweep wall s | jobs ok | start-up s summed over jobs (import / model_load / engine_build / warmup) |"
+    lines = [header, "|---|---|---|---|"]
     for mode in result["modes"]:
         sweeps = [s for s in result["sweeps"] if s["mode"] == mode]
         if not sweeps:

@@ -3,7 +3,7 @@ for each group of jobs that differ only in what the engine can change between ru
 
 Most of a small sweep's wall time is start-up: every job's process imports torch, loads the pair, builds the
 engine and captures its graphs before it measures for a second. Jobs whose configs differ only in
-``speculator.num_speculative_tokens`` (k > 0), ``speculator.synthetic_acceptance_rate``, ``engine.seed``, the
+``speculator.num_speculative_tokens``, ``speculator.synthetic_acceptance_rate``, ``engine.seed``, the
 workload or the measurement settings (:func:`reuse_key`) form a group. Hydra still hands the jobs over one at a
 time; a grouped job is only noted (:meth:`EngineGroups.start`) and the groups run after the launch
 (:meth:`EngineGroups.run`), each in one fresh process (:func:`specexp.job_process.run_group_in_fresh_process`) that
@@ -18,7 +18,11 @@ its jobs run in threads of that process, one at a time, paced by the sweep like 
 counters, random state and start-up clock as it left them. Otherwise a group runs each job's repeats back to
 back, and its records say so.
 
-What is not grouped: k = 0 (it builds no draft), other backends, ``isolate_sweep_jobs=false``, and sweeps that
+k = 0 joins its group: the engine, built with the draft for the group's other ks, runs it as an engine without
+one would (the draft off, plain decoding's lookahead on: ``NativeEngine.use_static_depth``). A group of k = 0 jobs
+alone builds no draft.
+
+What is not grouped: other backends, ``isolate_sweep_jobs=false``, and sweeps that
 run jobs at once on several device slots (their jobs stay one process each; on one slot the groups run after the
 slot's other jobs).
 """
@@ -40,8 +44,6 @@ def reuse_key(config: dict) -> str | None:
     if not (config.get("sweep") or {}).get("reuse_engine", True) or not config.get("isolate_sweep_jobs", True):
         return None
     if (config.get("backend") or {}).get("name", "native") != "native":
-        return None
-    if not (config.get("speculator") or {}).get("num_speculative_tokens"):
         return None
     key = {}
     for group in ENGINE_GROUPS:

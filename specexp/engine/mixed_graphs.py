@@ -209,7 +209,7 @@ class TargetMixedGraphs:
                                              token_offset=desc.num_tokens, row_stride=count)]
         manager.replay(desc)
         move_rows((self.step_out, self.row_inputs), desc.num_reqs, num_verify, len(chunks))
-        if self.speculator is None:
+        if not self.drafting:
             return None
         chunk_ids = preps[1]["real_input_ids"]
         input_ids = [self.buffers.input_ids[: preps[0]["cpu"].num_tokens],

@@ -148,7 +148,7 @@ class TargetMixedSteps(GraphedStepCounts):
             input_ids.append(self.buffers.input_ids[: row.num_query_tokens].clone())
         self.step_out[0].copy_(first[0])
         self.row_inputs[0].copy_(first[1])
-        if self.speculator is None:
+        if not self.drafting:
             return None
         return self._joined_verified(batch, preps, input_ids)
 

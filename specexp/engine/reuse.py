@@ -6,7 +6,7 @@ time building engines: loading the pair, warming up, compiling and capturing gra
 built at K = the largest k of the points with `serve_depths` = their ks captures every graph those depths replay
 at start-up (`NativeEngine(serve_depths=...)`); between runs `use_static_depth(k)` makes every later step run at
 k, as an engine built at K = k would. Only the buffers stay sized for K: the tokens (greedy) and the acceptance
-are those of the engine built at k.
+are those of the engine built at k. At k = 0 the draft does not run at all (an engine built at K = 0 has none).
 
 What is per run: the step records and requests (each `generate` returns its own), the graph replay and
 eager-fallback counters (`reset_counters`; `counter_state` / `restore_counters` pause and resume them), the random
@@ -73,13 +73,18 @@ class EngineReuse:
 
     def use_static_depth(self, k: int) -> None:
         """Run every later step at depth k, one of `serve_depths` (or K itself): what an engine built at K = k runs.
-        EngineConfigError naming k when it is not one of them."""
+        EngineConfigError naming k when it is not one of them. At k = 0 that is an engine without a draft: the
+        draft does not run (`draft_off`), plain decoding queues each step before the last is read back
+        (`engine.plain_decode_lookahead`), and the graph and buffer figures are the target's. Called between runs
+        (no step in flight)."""
         if k != self.k and k not in self.serve_depths:
             served = sorted(self.serve_depths | {self.k})
             raise EngineConfigError(f"use_static_depth({k}): this engine captured graphs for k in {served} only "
                                     "(NativeEngine(serve_depths=...))")
         self.depth = StaticDepth(k)
         self.scheduler.step_depth = self.depth.step_k
+        self.draft_off = k == 0 and self.speculator is not None
+        self.lookahead = (self.k == 0 or self.draft_off) and self.cfg.plain_decode_lookahead
 
     def reset_counters(self) -> None:
         """Zero every graph manager's replay and eager counts and the mixed-step counts (a new run's figures)."""

@@ -243,7 +243,9 @@ class NativeEngine(TargetGraphs, TargetStepInputs, TargetMixedSteps, TargetMixed
                          for _ in range(2)]
         self.readback_done = [torch.cuda.Event() for _ in range(2)] if self.device.type == "cuda" else None
         self._read_back_slot = 0
-        # Plain decoding (k = 0) queues each step before the last one is read back.
+        # Plain decoding (k = 0) queues each step before the last one is read back. draft_off: a run at static
+        # depth 0 on an engine with a draft, served as a K = 0 engine would (`EngineReuse.use_static_depth`).
+        self.draft_off = False
         self.lookahead = self.k == 0 and engine.plain_decode_lookahead
         self._in_flight: InFlightStep | None = None
         # The last step's record, whose phase times are read when its draft has finished (one step late).
@@ -290,11 +292,16 @@ class NativeEngine(TargetGraphs, TargetStepInputs, TargetMixedSteps, TargetMixed
         out[:, k + 1].copy_(verified.num_sampled)
         out[:, k + 2].copy_(torch.where(samples, num_drafts, 0))
 
+    @property
+    def drafting(self) -> bool:
+        """Whether steps run the draft: a speculator, and no run at static depth 0 (`draft_off`)."""
+        return self.speculator is not None and not self.draft_off
+
     def persistent_buffer_bytes(self) -> int:
         total = self.buffers.nbytes() + sum(t.numel() * t.element_size() for t in (self.row_inputs, self.step_out))
-        if self.speculator is not None:
+        if self.drafting:
             total += self.speculator.persistent_buffer_bytes()
-        if self.req_draft_probs is not None:
+        if self.drafting and self.req_draft_probs is not None:
             total += self.req_draft_probs.numel() * self.req_draft_probs.element_size()
         return total
 
@@ -407,7 +414,7 @@ class NativeEngine(TargetGraphs, TargetStepInputs, TargetMixedSteps, TargetMixed
             self._sample(logits, num_reqs)
         host, done = self._start_read_back(num_reqs)
         timer.mark("draft")
-        if self.speculator is not None:
+        if self.drafting:
             step_k = batch.num_speculative_tokens
             _, probs = self.speculator.propose(verified if parts else self._verified_batch(batch, prep), step_k)
             if probs is not None and step_k > 0:

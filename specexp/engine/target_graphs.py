@@ -13,6 +13,7 @@ them too, so the whole engine's graph memory is measured as one figure.
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import time
 
@@ -39,7 +40,7 @@ from specexp.models.metadata import ForwardContext
 def step_periods_ms(steps: list[StepRecord], num_reqs: int, k: int) -> list[float]:
     """The step period, in ms, of each step of `steps` (one run, in order) that ran `num_reqs` rows at depth k with
     no prompt tokens: from its start to the next step's (`StepRecord.start_s`). The last step has no period."""
-    return [(after.start_s - step.start_s) * 1e3 for step, after in zip(steps, steps[1:])
+    return [(after.start_s - step.start_s) * 1e3 for step, after in itertools.pairwise(steps)
             if step.num_reqs == num_reqs and step.num_speculative_tokens == k and step.num_prefill_tokens == 0]
 
 
@@ -139,9 +140,13 @@ class TargetGraphs:
                 times.append((time.perf_counter() - start) * 1e3)
         return sorted(times)[len(times) // 2]
 
+    def target_graph_managers(self) -> list[CudaGraphManager]:
+        """The target's graph managers: verify, prompt prefill, joined mixed steps."""
+        return [self.verify_graphs, *self.prefill_graphs.managers.values(), *self.mixed_graphs.managers.values()]
+
     def graph_managers(self) -> list[CudaGraphManager]:
         """Every graph manager of the engine, target's then draft's."""
-        managers = [self.verify_graphs, *self.prefill_graphs.managers.values(), *self.mixed_graphs.managers.values()]
+        managers = self.target_graph_managers()
         if self.speculator is not None:
             spec = self.speculator
             managers += [spec.prefill_graphs, *spec.prompt_graphs.managers.values(),
@@ -155,7 +160,8 @@ class TargetGraphs:
         summary = {**self.graph_capture, "mixed_steps_in_parts": self.num_mixed_in_parts,
                    "mixed_steps_joined": self.num_mixed_joined,
                    "prompt_batches_graphed": self.num_prompt_batches_graphed,
-                   "managers": {m.name: m.summary() for m in self.graph_managers()}}
+                   "managers": {m.name: m.summary() for m in (self.graph_managers() if self.drafting
+                                                               else self.target_graph_managers())}}
         if self.serve_depths:  # an engine serving several static depths reports the one it serves (`reuse`)
             return depth_graph_summary(summary, self.depth.max_k)
         return summary

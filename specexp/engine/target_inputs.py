@@ -65,12 +65,12 @@ class TargetStepInputs:
         # full graphs replay. The conv builder's draft count is the drafts in each row's query (scored, not
         # capped).
         query_lens = starts_t = is_spec = samples_cpu = slots = num_accepted = None
-        if self.speculator is not None:
+        if self.drafting:
             query_lens, starts_t = host_tensor(
                 [r.num_query_tokens for r in rows] + starts, np.int64).view(2, num_reqs).unbind(0)
             is_spec, samples_cpu = host_tensor(
                 [not r.is_prefill for r in rows] + [r.samples for r in rows], np.bool_).view(2, num_reqs).unbind(0)
-        if self.speculator is not None or self.conv_states:
+        if self.drafting or self.conv_states:
             slots, num_accepted, starts_32, query_drafts = host_tensor(
                 [r.request.conv_slot for r in rows] + [r.request.num_accepted_tokens for r in rows] + starts
                 + [r.num_query_tokens - 1 if not r.is_prefill else -1 for r in rows],
@@ -123,7 +123,7 @@ class TargetStepInputs:
         if fill_tokens:
             # drafts: flat in the draft buffer; a pending token (k = 0): the in-flight step's, in step_out's
             # first column, which this step's sampling overwrites only after this gather
-            source = self.speculator.draft_tokens.view(-1) if self.speculator is not None else self.step_out[:, 0]
+            source = self.speculator.draft_tokens.view(-1) if self.drafting else self.step_out[:, 0]
             fill = packed[rows_padded * width :].to(dev, non_blocking=True).view(2, -1)
             buffers.input_ids[fill[0]] = source[fill[1]]
         return {

@@ -53,6 +53,37 @@ def test_a_reused_engine_serves_each_depth_as_an_engine_built_at_it(pair_dirs, p
         assert summary["managers"]["target_verify"]["num_eager"] == 0
 
 
+@pytest.mark.parametrize("pair", ["lfm2+llama", "lfm2+lfm2", "llama+llama"])
+def test_k0_on_an_engine_with_a_draft_runs_as_an_engine_without_one(pair_dirs, prompts, pair, monkeypatch):
+    """Static depth 0 on a K = 3 engine: the draft never runs, plain decoding's lookahead is on, the tokens and
+    steps are those of the K = 0 engine, and the figures are the target's alone; back at k = 3 the draft serves
+    as before (the k = 0 run left nothing in its way)."""
+    target, draft = (load_model(d) for d in pair_dirs[pair])
+    plain = _engine(target, None, 0)
+    shared = _engine(target, draft, 3, serve_depths=(0,))
+    drafted = _engine(target, draft, 3).generate(prompts, max_concurrency=3)
+    own = plain.generate(prompts, max_concurrency=3)
+    shared.use_static_depth(0)
+    assert shared.lookahead and not shared.drafting
+    propose = shared.speculator.propose
+    monkeypatch.setattr(shared.speculator, "propose", lambda *a, **kw: pytest.fail("the draft ran at k = 0"))
+    shared.reset_counters()
+    out = shared.generate(prompts, max_concurrency=3)
+    assert [r.output_token_ids for r in out.requests] == [r.output_token_ids for r in own.requests]
+    assert [(s.num_reqs, s.num_tokens, s.num_drafts) for s in out.steps] == [
+        (s.num_reqs, s.num_tokens, s.num_drafts) for s in own.steps]
+    summary = shared.graph_summary()
+    assert set(summary["managers"]) == set(plain.graph_summary()["managers"])  # no draft manager
+    assert summary["managers"]["target_verify"]["num_eager"] == 0
+    monkeypatch.setattr(shared.speculator, "propose", propose)
+    shared.use_static_depth(3)
+    assert shared.drafting and not shared.lookahead
+    again = shared.generate(prompts, max_concurrency=3)
+    assert [r.output_token_ids for r in again.requests] == [r.output_token_ids for r in drafted.requests]
+    assert [r.verifies for r in again.requests] == [r.verifies for r in drafted.requests]
+    assert again.persistent_buffer_bytes > out.persistent_buffer_bytes  # k = 0 reported the target's buffers only
+
+
 def test_depths_not_captured_are_refused_with_one_line(pair_dirs):
     target, draft = (load_model(d) for d in pair_dirs["llama+llama"])
     with pytest.raises(EngineConfigError, match=r"serve_depths: k=5 is not in 0..4"):
