@@ -74,7 +74,7 @@ def _started(record: dict) -> list[dt.datetime]:
 def test_a_sweep_measures_its_repeats_in_rounds_on_one_engine_per_job(tmp_path):
     sweep = tmp_path / "sweep"
     proc = run_cli(["run", "-m", *TINY_RUN, "measure.repeats=2", "speculator.num_speculative_tokens=0,2",
-                    f"hydra.sweep.dir={sweep}"], tmp_path / "runs")
+                    "sweep.reuse_engine=false", f"hydra.sweep.dir={sweep}"], tmp_path / "runs")
     assert proc.returncode == 0, proc.stderr
     a, b = (json.loads((sweep / str(n) / "result.json").read_text()) for n in (0, 1))
     assert [r["measure"]["order"] for r in (a, b)] == ["interleaved", "interleaved"]

@@ -95,7 +95,7 @@ def job_records(sweep_dir: Path) -> dict[int, dict]:
 @pytest.mark.parametrize("whom", ["main", "group"])
 def test_a_signal_stops_a_sweep_and_records_the_job_in_flight(tmp_path, signum, whom):
     runs, sweep_dir = tmp_path / "runs", tmp_path / "sweep"
-    proc = start_cli([*LONG_SWEEP, f"hydra.sweep.dir={sweep_dir}"], runs)
+    proc = start_cli([*LONG_SWEEP, "sweep.reuse_engine=false", f"hydra.sweep.dir={sweep_dir}"], runs)
     wait_for(started(sweep_dir / "0"), 240, proc)
     time.sleep(0.2)  # generating now
     sent_at = send(proc, signum, whom)
@@ -106,6 +106,22 @@ def test_a_signal_stops_a_sweep_and_records_the_job_in_flight(tmp_path, signum, 
     assert records[0]["error"] == f"interrupted by {signal.Signals(signum).name}"
     assert records[0]["env"]["pid"] != proc.pid, "the job recorded itself, in its own process"
     assert f"sweep: 2 jobs, 0 ok, 1 not ok, 1 not run (interrupted by {signal.Signals(signum).name})" in out
+    assert f"python -m specexp resume {sweep_dir}" in out
+
+
+def test_a_signal_stops_a_sweep_whose_jobs_share_an_engine_and_records_every_job(tmp_path):
+    """k = 0 and 1 in one process on one engine: Ctrl-C while k = 0 generates records both jobs interrupted (the
+    one in flight and the one its process never reached), with the resume hint."""
+    runs, sweep_dir = tmp_path / "runs", tmp_path / "sweep"
+    proc = start_cli([*LONG_SWEEP, f"hydra.sweep.dir={sweep_dir}"], runs)
+    wait_for(started(sweep_dir / "0"), 240, proc)
+    time.sleep(0.2)  # generating now
+    sent_at = send(proc, signal.SIGINT, "main")
+    out = assert_stopped(proc, sent_at, signal.SIGINT, runs)
+    records = job_records(sweep_dir)
+    assert [records[n]["status"] for n in (0, 1)] == ["interrupted", "interrupted"]
+    assert records[0]["env"]["pid"] != proc.pid, "the job recorded itself, in its own process"
+    assert "sweep: 2 jobs, 0 ok, 2 not ok (interrupted by SIGINT)" in out
     assert f"python -m specexp resume {sweep_dir}" in out
 
 
