@@ -16,6 +16,8 @@ The defaults are the sweep the speed target is set on: the Llama-3.2-1B-shaped r
 `engine=cuda`. On a CPU, `--pair tiny_lfm2 --engine cpu` runs the same sweep on the demo pair. Overrides after
 `--` are passed to every sweep (e.g. `-- measure.repeats=2`).
 
+    python benchmarks/sweep_time.py --table FILE.json   # the tables of an earlier run
+
 Reused and isolated jobs must agree on acceptance at every k (synthetic acceptance is drawn from the engine's
 seeded generator, and a reused job's random state is its own): the script reports any k where they differ.
 """
@@ -99,29 +101,31 @@ def acceptance_mismatches(sweeps: list[dict]) -> list[int]:
 
 def render(result: dict) -> str:
     """The wall-time table per mode (start-up phases summed over the jobs of its first sweep), then one row per k:
-    each mode's start-up, tokens/s and acceptance in its first sweep."""
-    firsts = {}
-    header = "| mode | sweep wall s | jobs ok | start-up s summed over jobs (import / model_load / engine_build / warmup) |"
+    each mode's tokens/s in every round, the ratio of the modes' means (reused over isolated) and the acceptance."""
+    header = ("| mode | sweep wall s | jobs ok | start-up s summed over jobs (import / model_load / engine_build / "
+              "warmup), first sweep |")
     lines = [header, "|---|---|---|---|"]
-    for mode in result["modes"]:
-        sweeps = [s for s in result["sweeps"] if s["mode"] == mode]
-        if not sweeps:
-            continue
-        first = firsts[mode] = sweeps[0]
+    by_mode = {mode: [s for s in result["sweeps"] if s["mode"] == mode] for mode in result["modes"]}
+    by_mode = {mode: sweeps for mode, sweeps in by_mode.items() if sweeps}
+    for mode, sweeps in by_mode.items():
+        first = sweeps[0]
         ok = sum(j["status"] == "ok" for j in first["jobs"])
         phases = " / ".join(f"{first['startup_sum_s'][p]:.1f}" for p in STARTUP_PHASES)
         lines.append(f"| {mode} | {spread([s['wall_s'] for s in sweeps])} | {ok}/{len(first['jobs'])} | {phases} |")
-    lines += ["", "| k | " + " | ".join(f"{m}: start-up s, tokens/s, acceptance" for m in firsts) + " |",
-              "|---|" + "---|" * len(firsts)]
-    for k in sorted({j["k"] for s in firsts.values() for j in s["jobs"]}):
-        cells = []
-        for sweep in firsts.values():
-            job = next((j for j in sweep["jobs"] if j["k"] == k), None)
-            if job is None or job["status"] != "ok":
-                cells.append(job["status"] if job else "-")
-                continue
-            cells.append(f"{job['startup_s'].get('total', 0.0):.1f}, {job['output_tokens_per_s']:.0f}, "
-                         f"{job['acceptance_length']:.3f}")
+    ratio = "reused" in by_mode and "isolated" in by_mode
+    lines += ["", "| k | " + " | ".join(f"{mode} tokens/s, by round" for mode in by_mode)
+              + (" | reused / isolated" if ratio else "") + " | acceptance |",
+              "|---|" + "---|" * (len(by_mode) + ratio + 1)]
+    for k in sorted({j["k"] for sweeps in by_mode.values() for s in sweeps for j in s["jobs"]}):
+        tps = {mode: [j["output_tokens_per_s"] for s in sweeps for j in s["jobs"]
+                      if j["k"] == k and j["output_tokens_per_s"] is not None] for mode, sweeps in by_mode.items()}
+        acceptance = sorted({round(j["acceptance_length"], 3) for sweeps in by_mode.values() for s in sweeps
+                             for j in s["jobs"] if j["k"] == k and j["acceptance_length"] is not None})
+        cells = [" / ".join(f"{v:.0f}" for v in values) or "-" for values in tps.values()]
+        if ratio:
+            both = tps["reused"] and tps["isolated"]
+            cells.append(f"{statistics.mean(tps['reused']) / statistics.mean(tps['isolated']):.3f}" if both else "-")
+        cells.append(" / ".join(f"{a:.3f}" for a in acceptance) or "-")
         lines.append(f"| {k} | " + " | ".join(cells) + " |")
     mismatches = result["acceptance_mismatches"]
     lines.append("")
@@ -132,6 +136,10 @@ def render(result: dict) -> str:
 
 def main(argv: list[str] | None = None) -> dict:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--table"]:  # the tables of earlier results
+        for path in argv[1:]:
+            print(render(json.loads(Path(path).read_text())))
+        return {}
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True)
