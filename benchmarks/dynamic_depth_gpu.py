@@ -100,7 +100,7 @@ def build_engine(target, draft, settings: dict, batches: list[int], device: str,
     """An engine for one depth mode: graphs at the measured batch sizes, one key-length bucket; mixed steps
     (prompt chunks beside verify rows) `mixed` ("parts" or "joined", `engine.cudagraph_mixed`)."""
     cuda = device == "cuda"
-    kernels = {**CUDA_KERNELS, "cudagraph_mixed": mixed} if cuda else {"cudagraph_mixed": mixed}
+    kernels = {**(CUDA_KERNELS if cuda else {}), "cudagraph_mixed": mixed}
     block = 16
     max_model_len = -(-(PROMPT_TOKENS + 1 + new_tokens + 8) // block) * block
     engine = EngineConfig(device=device, dtype=str(target.lm_head.weight.dtype).replace("torch.", ""),

@@ -106,6 +106,11 @@ class ResidentJob:
         return int((self.cfg.get("measure") or {}).get("repeats") or 1)
 
 
+def _processes(jobs: list[ResidentJob]) -> list[JobProcess]:
+    """The distinct processes of `jobs` (a group's members share one), in first-seen order."""
+    return list({id(job.process): job.process for job in jobs}.values())
+
+
 class RoundsCoordinator:
     """Starts a sweep's jobs and paces their repeats in rounds (see the module docstring)."""
 
@@ -213,14 +218,13 @@ class RoundsCoordinator:
                 self._read(job)
             if job.status is None:
                 self._ended(job)
-        for process in {id(job.process): job.process for job in self.jobs}.values():
+        for process in _processes(self.jobs):
             process.wait()
         return {job.ctx.job_num: job.status for job in self.jobs}
 
     def stop(self, signum: int) -> None:
         """Stop every job still running (forward ``signum``, then kill) and make sure each has a record."""
         running = [job for job in self.jobs if job.status is None]
-        processes = {id(job.process): job.process for job in running}
-        stop_jobs([p.proc for p in processes.values()], signum)
+        stop_jobs([p.proc for p in _processes(running)], signum)
         for job in running:
             job.status = ensure_record(job.cfg, job.ctx, job.process.proc.returncode, interrupted_by=signum)

@@ -38,8 +38,8 @@ class StepRecord:
     num_speculative_tokens: int = 0
     num_in_flight: int = 0
     num_waiting: int = 0
-    start_s: float = 0.0  # host perf_counter seconds when step() began: from one step's start to the next's is the
-    # engine's step period (the draft's device time the host hid included), which `measure_fixed_ms` reads
+    start_s: float = 0.0  # host perf_counter seconds when step() began; from one step's start to the next's is the
+    # engine's step period, the draft's device time under the host's work included (`measure_fixed_ms` uses it)
 
 
 @dataclass

@@ -84,7 +84,6 @@ class EngineReuse:
         self.depth = StaticDepth(k)
         self.scheduler.step_depth = self.depth.step_k
         self.draft_off = k == 0 and self.speculator is not None
-        self.lookahead = (self.k == 0 or self.draft_off) and self.cfg.plain_decode_lookahead
 
     def reset_counters(self) -> None:
         """Zero every graph manager's replay and eager counts and the mixed-step counts (a new run's figures)."""

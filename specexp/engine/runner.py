@@ -243,10 +243,9 @@ class NativeEngine(TargetGraphs, TargetStepInputs, TargetMixedSteps, TargetMixed
                          for _ in range(2)]
         self.readback_done = [torch.cuda.Event() for _ in range(2)] if self.device.type == "cuda" else None
         self._read_back_slot = 0
-        # Plain decoding (k = 0) queues each step before the last one is read back. draft_off: a run at static
-        # depth 0 on an engine with a draft, served as a K = 0 engine would (`EngineReuse.use_static_depth`).
+        # draft_off: a run at static depth 0 on an engine with a draft, served as a K = 0 engine would
+        # (`EngineReuse.use_static_depth`).
         self.draft_off = False
-        self.lookahead = self.k == 0 and engine.plain_decode_lookahead
         self._in_flight: InFlightStep | None = None
         # The last step's record, whose phase times are read when its draft has finished (one step late).
         self._pending: tuple[StepRecord, PhaseStamps] | None = None
@@ -296,6 +295,12 @@ class NativeEngine(TargetGraphs, TargetStepInputs, TargetMixedSteps, TargetMixed
     def drafting(self) -> bool:
         """Whether steps run the draft: a speculator, and no run at static depth 0 (`draft_off`)."""
         return self.speculator is not None and not self.draft_off
+
+    @property
+    def lookahead(self) -> bool:
+        """Plain decoding (no draft running) queues each step before the last one is read back
+        (`engine.plain_decode_lookahead`)."""
+        return not self.drafting and self.cfg.plain_decode_lookahead
 
     def persistent_buffer_bytes(self) -> int:
         total = self.buffers.nbytes() + sum(t.numel() * t.element_size() for t in (self.row_inputs, self.step_out))
