@@ -25,7 +25,8 @@ class EngineConfig:
     max_model_len: prompt + output tokens of one request, at most.
     max_num_batched_tokens: tokens of one step (prefill chunks are cut to fit); None = max_model_len * 2.
     block_size: tokens per KV-cache block. num_kv_blocks: None = enough for max_num_seqs full requests.
-    cudagraph_mode: "none" | "full" (graphs need CUDA; on CPU the engine always runs eager).
+    cudagraph_mode: "none" | "full". On a CPU, "full" compiles each step graph's function with torch.compile at
+    start-up and calls it where a GPU replays the graph (`specexp.engine.compiled_graphs`; needs a C++ compiler).
     cudagraph_capture_sizes: row counts to capture (None = 1, 2, 4, ... max_num_seqs).
     cudagraph_seq_len_buckets: key lengths (tokens) each size is captured at; a step replays the smallest
     bucket holding its longest row (None = 256, 512, ... and the longest a request can reach).

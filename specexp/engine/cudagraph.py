@@ -17,9 +17,11 @@ rows' real lengths. One graph at `max_model_len` makes every short-context step 
 (e.g. 4096 keys per layer for a 200-token request); buckets 256, 512, ... cap that waste at 2x the real
 length, for more graphs in the same shared pool.
 
-On a CPU device the manager *emulates* graphs (tests only): "capture" runs the warm-up, and "replay"
-calls the function again on the padded persistent buffers — the same padding and buffer-refresh logic,
-checkable without a GPU.
+On a CPU device there are no CUDA graphs. With `compile_on_cpu` (the engine's `cudagraph_mode=full` on a CPU)
+"capture" compiles the function once per key with torch.compile and "replay" calls the compiled function
+(`specexp.engine.compiled_graphs`); without it the manager *emulates* graphs (tests): "capture" runs the
+warm-up, and "replay" calls the function again on the padded persistent buffers — the same padding and
+buffer-refresh logic, checkable without a GPU.
 
 Memory is measured as vLLM does — device free memory before minus after capture, after emptying the
 allocator's cache — and, beyond vLLM, per captured size, together with the allocator's reserved-bytes
@@ -45,6 +47,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from specexp.engine.compiled_graphs import compile_step
+
 NONE, FULL = "none", "full"
 
 
@@ -64,7 +68,8 @@ class BatchExecutionDescriptor:
 @dataclass
 class CaptureRecord:
     """Cost of one captured (size, k, bucket): `capture_bytes` (free-memory delta), `reserved_bytes`
-    (allocator reserved delta), `capture_s` (warm-up excluded)."""
+    (allocator reserved delta), `capture_s` (warm-up excluded). A step compiled for a CPU (`compiled_graphs`):
+    `capture_s` is its compile and first run, the bytes 0."""
 
     manager: str
     num_reqs: int
@@ -162,6 +167,8 @@ class CudaGraphManager:
     capture_keys: tuple[tuple[int, int], ...] | None = None
     # Uniform batches that ran eagerly because their (size, k) was left out of the capture, by (size, k).
     num_eager_uncaptured: dict[tuple[int, int], int] = field(default_factory=dict)
+    # On a CPU: compile each key's function (True) rather than emulate its graph by calling fn again (False).
+    compile_on_cpu: bool = False
 
     def __post_init__(self) -> None:
         self.capture_sizes = sorted(set(self.capture_sizes))
@@ -173,6 +180,7 @@ class CudaGraphManager:
         if self.pool is None and self.enabled and not self.emulated:
             self.pool = torch.cuda.graph_pool_handle()
         self._fn: Callable[[BatchExecutionDescriptor], None] | None = None
+        self._compiled: dict[tuple[int, int, int], Callable[[], None]] = {}  # compile_on_cpu: by (size, k, bucket)
 
     def tokens_for(self, k: int) -> int:
         """Tokens one row runs at depth k."""
@@ -222,7 +230,14 @@ class CudaGraphManager:
         size, k = desc.num_reqs, desc.num_speculative_tokens
         prepare(desc)
         fn(desc)  # warm-up: lazy initialisation, autotuning and workspace allocation happen outside capture
-        self.graphs[(size, k, desc.max_seq_len)] = None if self.emulated else self._record_capture(fn, desc)
+        key = (size, k, desc.max_seq_len)
+        if not self.emulated:
+            self.graphs[key] = self._record_capture(fn, desc)
+        elif self.compile_on_cpu:
+            self.graphs[key] = None
+            self._compiled[key] = self._record_compile(fn, desc)
+        else:
+            self.graphs[key] = None
         if progress is not None:
             progress(f"{self.name} size {size} keys {desc.max_seq_len}" + (f" k {k}" if self.per_k else ""))
 
@@ -245,6 +260,16 @@ class CudaGraphManager:
         ))
         return graph
 
+    def _record_compile(self, fn, desc: BatchExecutionDescriptor) -> Callable[[], None]:
+        """Compile fn(desc) for a CPU (`compiled_graphs.compile_step`), recording the compile time as capture_s."""
+        start = time.perf_counter()
+        compiled = compile_step(fn, desc)
+        self.records.append(CaptureRecord(
+            self.name, desc.num_reqs, desc.num_tokens, desc.max_seq_len, capture_bytes=0, reserved_bytes=0,
+            capture_s=time.perf_counter() - start, num_speculative_tokens=desc.num_speculative_tokens,
+        ))
+        return compiled
+
     @property
     def num_graphs_to_capture(self) -> int:
         """(size, k, bucket) graphs `capture` will capture (0 when disabled)."""
@@ -259,7 +284,11 @@ class CudaGraphManager:
 
     def replay(self, desc: BatchExecutionDescriptor) -> None:
         if self.emulated:
-            self._fn(desc)
+            compiled = self._compiled.get((desc.num_reqs, desc.num_speculative_tokens, desc.max_seq_len))
+            if compiled is not None:
+                compiled()
+            else:
+                self._fn(desc)
         else:
             self.graphs[(desc.num_reqs, desc.num_speculative_tokens, desc.max_seq_len)].replay()
 

@@ -69,7 +69,7 @@ class TargetGraphs:
             capture_s = time.perf_counter() - start
         self.graph_capture = {
             "graph_capture_bytes": free_before - free_device_bytes(self.device) if cuda else None,
-            "graph_capture_s": capture_s if cuda else None,
+            "graph_capture_s": capture_s if cuda or self.compiled_graphs else None,  # a CPU's: compile time
         }
 
     @torch.inference_mode()

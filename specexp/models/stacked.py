@@ -9,8 +9,8 @@ unchanged) whose storage is a row-slice of one stacked tensor.
 Anything that re-allocates a parameter (`module.to(...)`, `to_empty`, `load_state_dict(assign=True)`)
 breaks the sharing; :meth:`StackedLinear.weights` notices (a pointer comparison per call, no device work)
 and re-stacks before the next use, so the stacked weight can never go stale. A CUDA graph captured after
-the first (eager warm-up) forward replays on the stacked storage; the engine never re-allocates weights
-after that.
+the first (eager warm-up) forward replays on the stacked storage, as a step compiled for a CPU reads it; the
+engine never re-allocates weights after that.
 """
 
 from __future__ import annotations
@@ -39,8 +39,12 @@ class StackedLinear:
         self._ptrs: tuple[int, ...] | None = None  # each part's data_ptr right after the last restack
 
     def weights(self) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(weight [sum(out), in], bias [sum(out)] or None), re-stacked first if a parameter was re-allocated."""
-        if not self._intact():
+        """(weight [sum(out), in], bias [sum(out)] or None), re-stacked first if a parameter was re-allocated.
+
+        Under torch.compile the check is left out (dynamo cannot trace a pointer comparison): the compiled code reads
+        the stacked tensor it was traced with, as a captured CUDA graph reads its addresses, and the eager warm-up
+        before every capture has already re-stacked."""
+        if not torch.compiler.is_compiling() and not self._intact():
             self.restack()
         return self.weight, self.bias
 

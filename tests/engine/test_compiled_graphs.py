@@ -1,0 +1,80 @@
+"""Step graphs compiled for a CPU (`engine.cudagraph_mode=full` on a CPU device, `specexp.engine.compiled_graphs`):
+the same tokens as eager and as emulated graphs, nothing compiled after start-up, one line when compiling fails.
+
+Each engine here compiles three graphs (verify, draft prefill, draft decode at one size, k and bucket); a
+compile takes seconds, so the cases are few and share shapes (inductor caches what it compiled)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from pairs import random_prompts
+
+from specexp.engine import compiled_graphs
+from specexp.engine.config import EngineConfig, SamplingConfig, SpeculatorConfig
+from specexp.engine.runner import NativeEngine
+from specexp.models import load_model
+
+K = 3
+PROMPTS = random_prompts([3, 11, 6, 17, 1, 9, 14, 5], seed=11)
+
+
+def _engine(target, draft, mode: str, emulate: bool = False, temperature: float = 0.0) -> NativeEngine:
+    """Four rows at most, graphs at size 4 only (smaller batches pad up to it), one key-length bucket; EOS
+    honoured, so requests finish at different steps and new prompts prefill beside running rows."""
+    return NativeEngine(
+        target, draft,
+        EngineConfig(max_num_seqs=4, max_model_len=64, block_size=4, cudagraph_mode=mode,
+                     cudagraph_capture_sizes=(4,), cudagraph_seq_len_buckets=(80,)),
+        SpeculatorConfig(num_speculative_tokens=K, cudagraph_mode=mode),
+        SamplingConfig(temperature=temperature, max_new_tokens=12, ignore_eos=False), eos_token_ids=[2],
+        emulate_graphs_on_cpu=emulate,
+    )
+
+
+def _compiled_graph_count() -> int:
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
+
+
+@pytest.mark.parametrize("pair", ["lfm2+llama", "lfm2+lfm2", "llama+llama"])
+def test_compiled_graphs_give_the_eager_tokens_and_compile_only_at_start_up(pair_dirs, pair):
+    target, draft = (load_model(d) for d in pair_dirs[pair])
+    eager = _engine(target, draft, "none").generate(PROMPTS)
+    compiled_before = _compiled_graph_count()
+    engine = _engine(target, draft, "full")
+    assert _compiled_graph_count() > compiled_before  # the counter sees compiles
+    managers = [engine.verify_graphs, engine.speculator.prefill_graphs, engine.speculator.decode_graphs]
+    assert all(m.compile_on_cpu and len(m.records) == 1 and m.records[0].capture_s > 0 for m in managers)
+    assert engine.graph_summary()["graph_capture_s"] >= sum(m.records[0].capture_s for m in managers)
+    compiled_before = _compiled_graph_count()
+    out = engine.generate(PROMPTS)
+    assert _compiled_graph_count() == compiled_before, "a step compiled after start-up"
+    assert [r.output_token_ids for r in out.requests] == [r.output_token_ids for r in eager.requests]
+    assert all(m.num_replays > 0 for m in managers)
+    assert engine.verify_graphs.num_eager > 0  # prompt prefills (and mixed steps) stay eager, counted
+
+
+def test_compiled_graphs_sample_as_emulated_graphs(pair_dirs):
+    """At T = 1 the compiled steps draw the same random numbers as the emulated ones (the sampler's generator
+    runs outside the compiled code), so the same seed gives the same tokens."""
+    target, draft = (load_model(d) for d in pair_dirs["lfm2+lfm2"])
+    runs = []
+    for emulate in (True, False):
+        engine = _engine(target, draft, "full", emulate=emulate, temperature=1.0)
+        runs.append([r.output_token_ids for r in engine.generate(PROMPTS).requests])
+    assert runs[0] == runs[1]
+
+
+def test_a_failed_compile_is_one_line_naming_the_way_out(pair_dirs, monkeypatch):
+    target, draft = (load_model(d) for d in pair_dirs["llama+llama"])
+
+    def no_compiler(fn, **_):
+        def run():
+            raise RuntimeError("C++ compile error\nlong compiler output\nmore lines")
+        return run
+
+    monkeypatch.setattr(compiled_graphs.torch, "compile", no_compiler)
+    with pytest.raises(compiled_graphs.StepCompileError) as err:
+        _engine(target, draft, "full")
+    message = str(err.value)
+    assert "\n" not in message and "C++ compile error" in message and "engine.cudagraph_mode=none" in message
