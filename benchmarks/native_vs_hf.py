@@ -15,6 +15,7 @@ finished).
 (`specexp.engine.compiled_graphs`; its compile time is start-up, outside the measured tokens/s).
 
     python benchmarks/native_vs_hf.py --table FILE.json ...   # the markdown table of earlier runs, one column each
+                                                              # (of --ab runs: one row each)
     python benchmarks/native_vs_hf.py --ab 5 [--out ab.json]   # only k = 4, batch 1: hf and native alternating
 
 `--ab N` measures the one point the comparison is judged on, k = 4 at batch 1, as N rounds of an hf run then a
@@ -29,6 +30,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -60,6 +62,7 @@ def run_point(backend: str, k: int, batch: int, args, runs_dir: Path) -> dict:
         "error": record["error"],
         "output_tokens_per_s": m.get("output_tokens_per_s"), "acceptance_length": m.get("acceptance_length"),
         "tpot_ms_p50": (m.get("tpot_ms") or {}).get("p50"), "num_output_tokens": m.get("num_output_tokens"),
+        "startup_s": m.get("startup_s"),
     }
 
 
@@ -92,6 +95,31 @@ def render(results: list[tuple[str, dict]]) -> str:
     ratios = [native_over_hf(data["points"]) for _, data in results]
     lines.append("| **native / hf** | 4 | 1 | | | " + " | ".join("-" if r is None else f"**{r:.2f}x**" for r in ratios)
                  + " |")
+    return "\n".join(lines)
+
+
+def render_ab(results: list[tuple[str, dict]]) -> str:
+    """One row per `--ab` result (file name, its JSON): the native runs' overrides, each backend's tokens/s (mean ±
+    std, n), native / hf with its 95% interval, the acceptance lengths seen and the start-up seconds native spent
+    capturing (on a CPU: compiling) graphs, in its first run and then in the later ones (mean ± std): inductor
+    caches what it compiled on disk, so a first run on a cold cache compiles and later ones mostly trace."""
+    lines = ["| file | native overrides | hf tokens/s | native tokens/s | native / hf [95%] | acceptance length "
+             "(native / hf) | native graph capture s (run 1, then the rest) |", "|---|---|---|---|---|---|---|"]
+    for name, data in results:
+        ab, speeds = data["ab"], data["ab"]["tokens_per_s"]
+        cells = [f"{speeds[b]['mean']:.1f} ± {speeds[b]['std'] or 0:.1f} (n = {speeds[b]['n']})" if b in speeds
+                 else "-" for b in ("hf", "native")]
+        ratio = ab["native_over_hf"]
+        ratio_cell = "-" if not ratio else f"**{ratio['value']:.2f}x** [{ratio['low']:.2f}, {ratio['high']:.2f}]"
+        lengths = " / ".join(f"{statistics.mean(r['acceptance_length'] for r in ab['runs'][b]):.4f}"
+                             for b in ("native", "hf"))
+        captures = [(r.get("startup_s") or {}).get("graph_capture") for r in ab["runs"]["native"]]
+        captures = [c for c in captures if c is not None]
+        capture = "-" if not captures else f"{captures[0]:.1f} first" + (
+            f", then {statistics.mean(captures[1:]):.1f} ± {statistics.stdev(captures[1:]) if len(captures) > 2 else 0:.1f}"
+            f" (n = {len(captures) - 1})" if len(captures) > 1 else "")
+        overrides = " ".join(f"`{o}`" for o in data["settings"].get("native_override") or []) or "none"
+        lines.append(f"| `{name}` | {overrides} | {cells[0]} | {cells[1]} | {ratio_cell} | {lengths} | {capture} |")
     return "\n".join(lines)
 
 
@@ -144,7 +172,11 @@ def main() -> None:
         missing = [f for f in args.table if not Path(f).is_file()]
         if missing:
             parser.error(f"--table: no such file: {', '.join(missing)}")
-        print(render([(Path(f).name, json.loads(Path(f).read_text())) for f in args.table]))
+        results = [(Path(f).name, json.loads(Path(f).read_text())) for f in args.table]
+        ab = [r for r in results if "ab" in r[1]]
+        if ab and len(ab) != len(results):
+            parser.error("--table: give files of --ab runs or files of full runs, not both")
+        print(render_ab(results) if ab else render(results))
         return
     if args.ab < 0:
         parser.error(f"--ab={args.ab}: must be a number of rounds >= 1 (or 0: every point once)")
