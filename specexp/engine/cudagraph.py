@@ -231,13 +231,9 @@ class CudaGraphManager:
         prepare(desc)
         fn(desc)  # warm-up: lazy initialisation, autotuning and workspace allocation happen outside capture
         key = (size, k, desc.max_seq_len)
-        if not self.emulated:
-            self.graphs[key] = self._record_capture(fn, desc)
-        elif self.compile_on_cpu:
-            self.graphs[key] = None
+        self.graphs[key] = None if self.emulated else self._record_capture(fn, desc)
+        if self.emulated and self.compile_on_cpu:
             self._compiled[key] = self._record_compile(fn, desc)
-        else:
-            self.graphs[key] = None
         if progress is not None:
             progress(f"{self.name} size {size} keys {desc.max_seq_len}" + (f" k {k}" if self.per_k else ""))
 

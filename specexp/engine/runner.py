@@ -37,7 +37,6 @@ from specexp.engine.commit import (
     commit_step,
     step_record,
 )
-from specexp.engine.compiled_graphs import reserve_compiled_variants
 from specexp.engine.config import EngineConfig, EngineConfigError, SamplingConfig, SpeculatorConfig
 from specexp.engine.cudagraph import (
     FULL,
@@ -161,9 +160,8 @@ class NativeEngine(TargetGraphs, TargetStepInputs, TargetMixedSteps, TargetMixed
         # +1: block id / conv slot 0 is the NULL entry.
         self.kv_caches = allocate_kv_caches(target, num_blocks + 1, engine.block_size, self.device, self.dtype)
         self.conv_states = allocate_conv_states(target, engine.max_num_seqs + 1, self.k, self.device, self.dtype)
-        # FULL on a CPU: each graph is its step function compiled by torch.compile (`compiled_graphs`);
-        # emulate_graphs_on_cpu (tests) pads and replays through the persistent buffers exactly as graphs do,
-        # compiling nothing.
+        # FULL on a CPU: each graph's step compiled by torch.compile (`compiled_graphs`); emulate_graphs_on_cpu
+        # (tests) pads and replays through the persistent buffers as graphs do, compiling nothing.
         self.use_graphs = engine.cudagraph_mode == FULL
         self.compiled_graphs = self.use_graphs and self.device.type != "cuda" and not emulate_graphs_on_cpu
         self.capture_sizes = sorted(
@@ -259,11 +257,6 @@ class NativeEngine(TargetGraphs, TargetStepInputs, TargetMixedSteps, TargetMixed
             log.info(describe_graph_cost(self.graph_keys, self.static_graph_keys, len(self.seq_len_buckets),
                                          set().union(*(self.depth.step_depths(n)
                                                        for n in range(1, engine.max_num_seqs + 1)))))
-            if self.compiled_graphs:
-                managers = self.graph_managers()
-                for manager in managers:
-                    manager.compile_on_cpu = True
-                reserve_compiled_variants(sum(m.num_graphs_to_capture for m in managers))
             self.capture()
             if engine.compile_pointwise and self.device.type == "cuda":
                 # The graphs hold the fused kernels. Steps that run eagerly (prefills, mixed batches) call the
@@ -279,9 +272,7 @@ class NativeEngine(TargetGraphs, TargetStepInputs, TargetMixedSteps, TargetMixed
                 step_costs.fixed_ms = self.measure_fixed_ms(step_costs)
             self.step_costs = step_costs
             self.depth.costs = self.step_costs
-        if self.generator is not None:
-            # A CPU's capture and cost measurement sample on inert rows: start the first run from engine.seed
-            # whatever ran before, so eager, emulated and compiled graphs draw the same random numbers.
+        if self.generator is not None:  # capture sampled inert rows: eager and graphs start from one state
             self.generator.manual_seed(engine.seed)
 
     def _sample(self, logits: torch.Tensor, num_rows: int) -> None:

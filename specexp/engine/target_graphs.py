@@ -19,6 +19,7 @@ import time
 
 import torch
 
+from specexp.engine.compiled_graphs import reserve_compiled_variants
 from specexp.engine.cudagraph import (
     NONE,
     BatchExecutionDescriptor,
@@ -56,7 +57,12 @@ class TargetGraphs:
         Records the free-memory delta of the whole capture (vLLM's figure) and each manager's per-size costs.
         progress (default: the engine's) receives a CAPTURE event before the first graph and after each."""
         cuda = self.device.type == "cuda"
-        total = sum(m.num_graphs_to_capture for m in self.graph_managers())
+        managers = self.graph_managers()
+        total = sum(m.num_graphs_to_capture for m in managers)
+        if self.compiled_graphs:  # a CPU: each graph is its step compiled by torch.compile (`compiled_graphs`)
+            for manager in managers:
+                manager.compile_on_cpu = True
+            reserve_compiled_variants(total)
         graph_captured = capture_reporter(self.progress if progress is None else progress, total)
         with frozen_gc():
             free_before = free_device_bytes(self.device) if cuda else None
