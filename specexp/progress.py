@@ -81,7 +81,7 @@ def format_line(event: ProgressEvent) -> str:
     elif event.done > 0:
         eta = _clock(event.elapsed_s * (event.total - event.done) / event.done)
     if event.phase == CAPTURE:
-        return (f"specexp: capturing CUDA graphs {event.done}/{event.total} graphs{share}, "
+        return (f"specexp: {event.activity} {event.done}/{event.total} graphs{share}, "
                 f"elapsed {_clock(event.elapsed_s)}, ETA {eta}")
     rate = event.output_tokens / event.elapsed_s if event.elapsed_s > 0 else 0.0
     return (f"specexp: run {event.done}/{event.total} requests{share}, {event.output_tokens} output tokens, "
@@ -126,7 +126,7 @@ class ProgressDisplay:
             from tqdm import tqdm
 
             capture = event.phase == CAPTURE
-            self._bar = tqdm(total=event.total, desc="capturing CUDA graphs" if capture else "requests",
+            self._bar = tqdm(total=event.total, desc=event.activity if capture else "requests",
                              unit="graph" if capture else "req", file=self.stream, leave=not capture,
                              dynamic_ncols=True, mininterval=0.5)
 

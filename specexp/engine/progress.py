@@ -3,8 +3,9 @@
 The engine draws nothing: it calls `progress(ProgressEvent)` and the app layer (`specexp.progress`) decides
 how to show it (a bar on a terminal, periodic lines in a log, nothing).
 
-- CAPTURE: CUDA graphs captured at start-up. One event before the first graph (done 0), then one per graph;
-  `label` names the graph just captured ("target_verify size 4 keys 256").
+- CAPTURE: CUDA graphs captured at start-up (on a CPU: step graphs compiled). One event before the first graph
+  (done 0), then one per graph; `label` names the graph just captured ("target_verify size 4 keys 256"),
+  `activity` says what capturing is ("capturing CUDA graphs", "compiling CPU step graphs").
 - RUN: requests served by one `generate` call. One event at the start (done 0), one whenever a request
   finishes, one at most every `RUN_EVENT_INTERVAL_S` while tokens are emitted, and a last one with
   done == total. `done` never decreases; `output_tokens` counts the tokens emitted so far.
@@ -17,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 CAPTURE, RUN = "capture", "run"
+CAPTURING, COMPILING = "capturing CUDA graphs", "compiling CPU step graphs"  # what a CAPTURE phase does
 # Between two RUN events when no request finishes (the host's cost: one clock read per step).
 RUN_EVENT_INTERVAL_S = 0.5
 
@@ -25,7 +27,7 @@ RUN_EVENT_INTERVAL_S = 0.5
 class ProgressEvent:
     """Where a phase stands. phase: CAPTURE (done/total graphs) or RUN (done/total requests); elapsed_s:
     seconds since the phase began; output_tokens: tokens emitted so far (RUN); label: the graph just
-    captured (CAPTURE)."""
+    captured (CAPTURE); activity: what a CAPTURE phase does."""
 
     phase: str
     done: int
@@ -33,24 +35,26 @@ class ProgressEvent:
     elapsed_s: float
     output_tokens: int = 0
     label: str = ""
+    activity: str = CAPTURING
 
 
 ProgressCallback = Callable[[ProgressEvent], None]
 
 
-def capture_reporter(progress: ProgressCallback | None, total: int) -> Callable[[str], None] | None:
+def capture_reporter(progress: ProgressCallback | None, total: int, activity: str = CAPTURING
+                     ) -> Callable[[str], None] | None:
     """A per-graph callback (`CudaGraphManager.capture`'s `progress(label)`) that reports CAPTURE events of
-    `total` graphs to `progress`; sends the done-0 event now. None when progress is None."""
+    `total` graphs, doing `activity`, to `progress`; sends the done-0 event now. None when progress is None."""
     if progress is None:
         return None
     start = time.perf_counter()
     done = 0
-    progress(ProgressEvent(CAPTURE, 0, total, 0.0))
+    progress(ProgressEvent(CAPTURE, 0, total, 0.0, activity=activity))
 
     def graph_captured(label: str) -> None:
         nonlocal done
         done += 1
-        progress(ProgressEvent(CAPTURE, done, total, time.perf_counter() - start, label=label))
+        progress(ProgressEvent(CAPTURE, done, total, time.perf_counter() - start, label=label, activity=activity))
 
     return graph_captured
 

@@ -32,7 +32,7 @@ from specexp.engine.cudagraph import (
 from specexp.engine.goodput import StepCostTable
 from specexp.engine.inputs import uniform_dummy_inputs
 from specexp.engine.output import StepRecord
-from specexp.engine.progress import ProgressCallback, capture_reporter
+from specexp.engine.progress import CAPTURING, COMPILING, ProgressCallback, capture_reporter
 from specexp.engine.reuse import depth_graph_summary
 from specexp.engine.scheduler import ScheduledBatch
 from specexp.models.metadata import ForwardContext
@@ -63,7 +63,8 @@ class TargetGraphs:
             for manager in managers:
                 manager.compile_on_cpu = True
             reserve_compiled_variants(total)
-        graph_captured = capture_reporter(self.progress if progress is None else progress, total)
+        graph_captured = capture_reporter(self.progress if progress is None else progress, total,
+                                          COMPILING if self.compiled_graphs else CAPTURING)
         with frozen_gc():
             free_before = free_device_bytes(self.device) if cuda else None
             start = time.perf_counter()

@@ -12,6 +12,7 @@ from pairs import random_prompts
 
 from specexp.engine import compiled_graphs
 from specexp.engine.config import EngineConfig, SamplingConfig, SpeculatorConfig
+from specexp.engine.progress import CAPTURE, COMPILING
 from specexp.engine.runner import NativeEngine
 from specexp.models import load_model
 
@@ -19,7 +20,8 @@ K = 3
 PROMPTS = random_prompts([3, 11, 6, 17, 1, 9, 14, 5], seed=11)
 
 
-def _engine(target, draft, mode: str, emulate: bool = False, temperature: float = 0.0) -> NativeEngine:
+def _engine(target, draft, mode: str, emulate: bool = False, temperature: float = 0.0, progress=None
+            ) -> NativeEngine:
     """Four rows at most, graphs at size 4 only (smaller batches pad up to it), one key-length bucket; EOS
     honoured, so requests finish at different steps and new prompts prefill beside running rows."""
     return NativeEngine(
@@ -28,7 +30,7 @@ def _engine(target, draft, mode: str, emulate: bool = False, temperature: float 
                      cudagraph_capture_sizes=(4,), cudagraph_seq_len_buckets=(80,)),
         SpeculatorConfig(num_speculative_tokens=K, cudagraph_mode=mode),
         SamplingConfig(temperature=temperature, max_new_tokens=12, ignore_eos=False), eos_token_ids=[2],
-        emulate_graphs_on_cpu=emulate,
+        emulate_graphs_on_cpu=emulate, progress=progress,
     )
 
 
@@ -40,9 +42,11 @@ def _compiled_graph_count() -> int:
 def test_compiled_graphs_give_the_eager_tokens_and_compile_only_at_start_up(pair_dirs, pair):
     target, draft = (load_model(d) for d in pair_dirs[pair])
     eager = _engine(target, draft, "none").generate(PROMPTS)
-    compiled_before = _compiled_graph_count()
-    engine = _engine(target, draft, "full")
+    compiled_before, events = _compiled_graph_count(), []
+    engine = _engine(target, draft, "full", progress=events.append)
     assert _compiled_graph_count() > compiled_before  # the counter sees compiles
+    captures = [e for e in events if e.phase == CAPTURE]
+    assert [e.done for e in captures] == [0, 1, 2, 3] and {e.activity for e in captures} == {COMPILING}
     managers = [engine.verify_graphs, engine.speculator.prefill_graphs, engine.speculator.decode_graphs]
     assert all(m.compile_on_cpu and len(m.records) == 1 and m.records[0].capture_s > 0 for m in managers)
     assert engine.graph_summary()["graph_capture_s"] >= sum(m.records[0].capture_s for m in managers)

@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 
 from specexp.backends import get_backend, run_backend
 from specexp.cli import compose_config
-from specexp.engine.progress import CAPTURE, RUN, ProgressEvent
+from specexp.engine.progress import CAPTURE, COMPILING, RUN, ProgressEvent
 from specexp.errors import ConfigError
 from specexp.experiment import RunContext, build_run_spec
 from specexp.progress import (
@@ -53,6 +53,8 @@ def test_a_line_says_the_rate_and_an_eta_from_the_finished_requests():
     assert format_line(ProgressEvent(RUN, 0, 4, 2.0)).endswith("ETA ?")
     assert format_line(ProgressEvent(CAPTURE, 10, 40, 5.0, label="x")) == (
         "specexp: capturing CUDA graphs 10/40 graphs (25%), elapsed 0:00:05, ETA 0:00:15")
+    assert format_line(ProgressEvent(CAPTURE, 1, 3, 5.0, activity=COMPILING)).startswith(
+        "specexp: compiling CPU step graphs 1/3 graphs (33%)")
 
 
 def test_a_new_phase_or_a_new_run_starts_its_own_lines():
