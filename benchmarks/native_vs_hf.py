@@ -103,8 +103,9 @@ def render_ab(results: list[tuple[str, dict]]) -> str:
     std, n), native / hf with its 95% interval, the acceptance lengths seen and the start-up seconds native spent
     capturing (on a CPU: compiling) graphs, in its first run and then in the later ones (mean ± std): inductor
     caches what it compiled on disk, so a first run on a cold cache compiles and later ones mostly trace."""
-    lines = ["| file | native overrides | hf tokens/s | native tokens/s | native / hf [95%] | acceptance length "
-             "(native / hf) | native graph capture s (run 1, then the rest) |", "|---|---|---|---|---|---|---|"]
+    header = ("| file | native overrides | hf tokens/s | native tokens/s | native / hf [95%] | acceptance length "
+              "(native / hf) | native graph capture s (run 1, then the rest) |")
+    lines = [header, "|---|---|---|---|---|---|---|"]
     for name, data in results:
         ab, speeds = data["ab"], data["ab"]["tokens_per_s"]
         cells = [f"{speeds[b]['mean']:.1f} ± {speeds[b]['std'] or 0:.1f} (n = {speeds[b]['n']})" if b in speeds
