@@ -41,15 +41,17 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
-from specexp.engine.compiled_graphs import compile_step
+from specexp.engine.compiled_graphs import RandomTape, StepCompileError, compile_step
 
 NONE, FULL = "none", "full"
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -167,8 +169,10 @@ class CudaGraphManager:
     capture_keys: tuple[tuple[int, int], ...] | None = None
     # Uniform batches that ran eagerly because their (size, k) was left out of the capture, by (size, k).
     num_eager_uncaptured: dict[tuple[int, int], int] = field(default_factory=dict)
-    # On a CPU: compile each key's function (True) rather than emulate its graph by calling fn again (False).
+    # On a CPU: compile each key's function (True) rather than emulate its graph by calling fn again (False),
+    # its random numbers drawn ahead of each call from `random_tape` (when the engine's samplers draw from one).
     compile_on_cpu: bool = False
+    random_tape: RandomTape | None = None
 
     def __post_init__(self) -> None:
         self.capture_sizes = sorted(set(self.capture_sizes))
@@ -181,6 +185,7 @@ class CudaGraphManager:
             self.pool = torch.cuda.graph_pool_handle()
         self._fn: Callable[[BatchExecutionDescriptor], None] | None = None
         self._compiled: dict[tuple[int, int, int], Callable[[], None]] = {}  # compile_on_cpu: by (size, k, bucket)
+        self._draws: dict[tuple[int, int, int], list] = {}  # random_tape: each compiled key's draws (its plan)
 
     def tokens_for(self, k: int) -> int:
         """Tokens one row runs at depth k."""
@@ -229,11 +234,15 @@ class CudaGraphManager:
     def _capture_one(self, fn, prepare, desc: BatchExecutionDescriptor, progress) -> None:
         size, k = desc.num_reqs, desc.num_speculative_tokens
         prepare(desc)
-        fn(desc)  # warm-up: lazy initialisation, autotuning and workspace allocation happen outside capture
         key = (size, k, desc.max_seq_len)
+        tape = self.random_tape if self.emulated and self.compile_on_cpu else None
+        if tape is not None:
+            tape.record()
+        fn(desc)  # warm-up: lazy initialisation, autotuning and workspace allocation happen outside capture
         self.graphs[key] = None if self.emulated else self._record_capture(fn, desc)
         if self.emulated and self.compile_on_cpu:
-            self._compiled[key] = self._record_compile(fn, desc)
+            self._draws[key] = tape.recorded() if tape is not None else []
+            self._compiled[key] = self._record_compile(fn, desc, key)
         if progress is not None:
             progress(f"{self.name} size {size} keys {desc.max_seq_len}" + (f" k {k}" if self.per_k else ""))
 
@@ -256,15 +265,31 @@ class CudaGraphManager:
         ))
         return graph
 
-    def _record_compile(self, fn, desc: BatchExecutionDescriptor) -> Callable[[], None]:
+    def _record_compile(self, fn, desc: BatchExecutionDescriptor, key) -> Callable[[], None]:
         """Compile fn(desc) for a CPU (`compiled_graphs.compile_step`), recording the compile time as capture_s."""
         start = time.perf_counter()
-        compiled = compile_step(fn, desc)
+        try:
+            with self._drawn(key):
+                compiled = compile_step(fn, desc)
+        except StepCompileError as exc:
+            if not self._draws.get(key):
+                raise
+            # Inductor failed on the step with its random numbers read from the tape (it does on some shapes, e.g.
+            # a 24-token vocabulary): compile it drawing them itself, which dynamo cuts at each generator call.
+            cause = (str(exc.__cause__).strip().splitlines() or [""])[0]
+            log.warning("%s %s: compiled with its random draws inside (inductor: %s)", self.name, key, cause)
+            self._draws[key] = []
+            compiled = compile_step(fn, desc)
         self.records.append(CaptureRecord(
             self.name, desc.num_reqs, desc.num_tokens, desc.max_seq_len, capture_bytes=0, reserved_bytes=0,
             capture_s=time.perf_counter() - start, num_speculative_tokens=desc.num_speculative_tokens,
         ))
         return compiled
+
+    def _drawn(self, key):
+        """The block a compiled key runs in: its random numbers drawn onto the tape first (none: nothing to do)."""
+        draws = self._draws.get(key)
+        return self.random_tape.play(draws) if draws else contextlib.nullcontext()
 
     @property
     def num_graphs_to_capture(self) -> int:
@@ -280,11 +305,13 @@ class CudaGraphManager:
 
     def replay(self, desc: BatchExecutionDescriptor) -> None:
         if self.emulated:
-            compiled = self._compiled.get((desc.num_reqs, desc.num_speculative_tokens, desc.max_seq_len))
-            if compiled is not None:
-                compiled()
-            else:
+            key = (desc.num_reqs, desc.num_speculative_tokens, desc.max_seq_len)
+            compiled = self._compiled.get(key)
+            if compiled is None:
                 self._fn(desc)
+                return
+            with self._drawn(key):
+                compiled()
         else:
             self.graphs[(desc.num_reqs, desc.num_speculative_tokens, desc.max_seq_len)].replay()
 

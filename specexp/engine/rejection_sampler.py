@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specexp.engine.sampling import logits_to_probs, sample_from_probs
+from specexp.engine.sampling import RandomSource, logits_to_probs, sample_from_probs, uniform
 
 
 @dataclass
@@ -60,7 +60,7 @@ class RejectionSampler:
 
     def __init__(self, *, temperature: float, top_k: int, top_p: float, mode: str = "standard",
                  synthetic_acceptance_rate: float = 1.0, synthetic_conditional_rates: list[float] | None = None,
-                 generator: torch.Generator | None = None) -> None:
+                 generator: RandomSource = None) -> None:
         self.temperature = temperature
         self.top_k = top_k
         self.top_p = top_p
@@ -108,7 +108,7 @@ class RejectionSampler:
         else:
             probs = logits_to_probs(target_logits, self.temperature, self.top_k, self.top_p)
         if self.mode == "synthetic":
-            u = torch.rand(num_rows, k, device=draft_tokens.device, generator=self.generator)
+            u = uniform((num_rows, k), draft_tokens.device, self.generator)
             accepted = _accepted_prefix_len((u < self._synthetic_rates(k, u.device)) & is_draft)
             if greedy:
                 last = target_tokens.gather(1, accepted.unsqueeze(1)).squeeze(1)
@@ -126,7 +126,7 @@ class RejectionSampler:
         assert draft_probs is not None, "sampling verification needs the draft's probabilities"
         p_draft_tok = probs[:, :k].gather(2, draft_tokens.unsqueeze(2)).squeeze(2)  # [R, K]
         q_draft_tok = draft_probs.gather(2, draft_tokens.unsqueeze(2)).squeeze(2)
-        u = torch.rand(num_rows, k, device=draft_tokens.device, generator=self.generator)
+        u = uniform((num_rows, k), draft_tokens.device, self.generator)
         accept = (u * q_draft_tok < p_draft_tok) & is_draft
         accepted = _accepted_prefix_len(accept)
         vocab = probs.shape[-1]

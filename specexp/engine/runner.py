@@ -37,6 +37,7 @@ from specexp.engine.commit import (
     commit_step,
     step_record,
 )
+from specexp.engine.compiled_graphs import step_random_source
 from specexp.engine.config import EngineConfig, EngineConfigError, SamplingConfig, SpeculatorConfig
 from specexp.engine.cudagraph import (
     FULL,
@@ -138,12 +139,8 @@ class NativeEngine(TargetGraphs, TargetStepInputs, TargetMixedSteps, TargetMixed
         self.stop = StopRule(self.eos_token_ids, sampling.ignore_eos, engine.max_model_len)
         self.progress = progress
         # On CUDA, sampling uses the default generator: CUDA graphs capture its Philox state natively.
-        self.generator: torch.Generator | None = None
-        if self.device.type == "cuda":
-            torch.cuda.manual_seed(engine.seed)
-        else:
-            self.generator = torch.Generator(device=self.device)
-            self.generator.manual_seed(engine.seed)
+        self.generator = None if self.device.type == "cuda" else torch.Generator(device=self.device)
+        self.reseed(engine.seed)
         lookahead = 2 * self.k + 1 if self.k else 0
         self.max_blocks_per_req = blocks_needed(engine.max_model_len + lookahead, engine.block_size)
         num_blocks = engine.num_kv_blocks or engine.max_num_seqs * self.max_blocks_per_req
@@ -152,18 +149,19 @@ class NativeEngine(TargetGraphs, TargetStepInputs, TargetMixedSteps, TargetMixed
         # Each step's k in 0..K (specexp.engine.depth); K = self.k sizes every buffer below.
         self.depth = depth_policy(speculator, self.k) if self.k > 0 else StaticDepth(0)
         self.scheduler = Scheduler(
-            max_num_seqs=engine.max_num_seqs, max_model_len=engine.max_model_len,
-            token_budget=engine.token_budget, block_size=engine.block_size, num_spec_tokens=self.k,
-            block_pool=self.block_pool, slot_pool=self.slot_pool, step_depth=self.depth.step_k,
-        )
+            max_num_seqs=engine.max_num_seqs, max_model_len=engine.max_model_len, token_budget=engine.token_budget,
+            block_size=engine.block_size, num_spec_tokens=self.k, block_pool=self.block_pool,
+            slot_pool=self.slot_pool, step_depth=self.depth.step_k)
         self.max_num_tokens = self.scheduler.token_budget
         # +1: block id / conv slot 0 is the NULL entry.
         self.kv_caches = allocate_kv_caches(target, num_blocks + 1, engine.block_size, self.device, self.dtype)
         self.conv_states = allocate_conv_states(target, engine.max_num_seqs + 1, self.k, self.device, self.dtype)
-        # FULL on a CPU: each graph's step compiled by torch.compile (`compiled_graphs`); emulate_graphs_on_cpu
-        # (tests) pads and replays through the persistent buffers as graphs do, compiling nothing.
+        # FULL on a CPU: each graph's step compiled by torch.compile, drawing from a tape (`compiled_graphs`);
+        # emulate_graphs_on_cpu (tests) pads and replays through the persistent buffers, compiling nothing.
         self.use_graphs = engine.cudagraph_mode == FULL
         self.compiled_graphs = self.use_graphs and self.device.type != "cuda" and not emulate_graphs_on_cpu
+        self.random = step_random_source(self.generator, self.compiled_graphs, engine.max_num_seqs, self.k,
+                                         target.config.vocab_size, not sampling.greedy, self.device)
         self.capture_sizes = sorted(
             s for s in (engine.cudagraph_capture_sizes or default_capture_sizes(engine.max_num_seqs))
             if s <= engine.max_num_seqs
@@ -212,7 +210,7 @@ class NativeEngine(TargetGraphs, TargetStepInputs, TargetMixedSteps, TargetMixed
             temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
             mode=speculator.rejection, synthetic_acceptance_rate=speculator.synthetic_acceptance_rate,
             synthetic_conditional_rates=speculator.synthetic_conditional_rates() if self.k else None,
-            generator=self.generator,
+            generator=self.random,
         )
         self.speculator: AutoRegressiveSpeculator | None = None
         self.req_draft_probs: torch.Tensor | None = None
@@ -221,7 +219,7 @@ class NativeEngine(TargetGraphs, TargetStepInputs, TargetMixedSteps, TargetMixed
                 draft, num_speculative_tokens=self.k, max_num_reqs=engine.max_num_seqs,
                 max_num_tokens=self.max_num_tokens, num_blocks=num_blocks + 1, block_size=engine.block_size,
                 max_blocks_per_req=self.max_blocks_per_req, temperature=sampling.temperature,
-                device=self.device, dtype=self.dtype, generator=self.generator,
+                device=self.device, dtype=self.dtype, generator=self.random,
                 use_cuda_graphs=self.use_graphs and speculator.cudagraph_mode == FULL,
                 capture_sizes=self.capture_sizes, seq_len_buckets=self.seq_len_buckets, graph_pool=self.graph_pool,
                 # a prompt chunk's draft region is its tokens + the sampled one

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from specexp.engine.compiled_graphs import RandomTape
+
 
 def logits_to_probs(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
     """Sampling distribution from logits [..., V] (fp32): temperature, then top-k, then top-p (nucleus).
@@ -24,10 +26,28 @@ def logits_to_probs(logits: torch.Tensor, temperature: float, top_k: int = 0, to
     return logits.softmax(dim=-1)
 
 
-def sample_from_probs(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+# What the samplers draw from: a torch.Generator (None: the device's default) or, in steps compiled for a CPU, a
+# `compiled_graphs.RandomTape` that hands out the numbers the generator would give.
+RandomSource = torch.Generator | RandomTape | None
+
+
+def uniform(shape: tuple[int, ...], device: torch.device, generator: RandomSource) -> torch.Tensor:
+    """U[0, 1) float32 of `shape`: torch.rand(shape, generator=generator), or the tape's numbers for it."""
+    if isinstance(generator, RandomTape):
+        return generator.uniform(shape, device)
+    return torch.rand(shape, device=device, generator=generator)
+
+
+def exponential_like(like: torch.Tensor, generator: RandomSource) -> torch.Tensor:
+    """Exp(1) noise of like's shape and dtype: empty_like(like).exponential_(generator=generator), or the tape's."""
+    if isinstance(generator, RandomTape):
+        return generator.exponential_like(like)
+    return torch.empty_like(like).exponential_(generator=generator)
+
+
+def sample_from_probs(probs: torch.Tensor, generator: RandomSource) -> torch.Tensor:
     """One token per row of probs [..., V] by the exponential race (argmax of p / Exp(1)); no sync.
 
     Returns int64 [...].
     """
-    noise = torch.empty_like(probs).exponential_(generator=generator)
-    return (probs / noise).argmax(dim=-1)
+    return (probs / exponential_like(probs, generator)).argmax(dim=-1)

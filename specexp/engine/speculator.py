@@ -51,7 +51,7 @@ from specexp.engine.cudagraph import FULL, NONE, BatchExecutionDescriptor, CudaG
 from specexp.engine.inputs import InputBuffers, StepInputsCPU, build_step_inputs, stride_rows, uniform_dummy_inputs
 from specexp.engine.mixed_graphs import DraftMixedGraphs
 from specexp.engine.mixed_steps import DraftMixedSteps
-from specexp.engine.sampling import logits_to_probs, sample_from_probs
+from specexp.engine.sampling import RandomSource, logits_to_probs, sample_from_probs
 from specexp.engine.short_conv import ShortConvMetadataBuilder
 from specexp.engine.verified import StagedRows, VerifiedBatch
 from specexp.models.caches import allocate_conv_state_stack, allocate_kv_caches
@@ -97,7 +97,7 @@ class AutoRegressiveSpeculator(DraftMixedSteps, DraftMixedGraphs):
         temperature: float,
         device: torch.device,
         dtype: torch.dtype,
-        generator: torch.Generator | None,
+        generator: RandomSource,
         use_cuda_graphs: bool = False,
         capture_sizes: list[int] | None = None,
         seq_len_buckets: list[int] | None = None,

@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from specexp.engine.compiled_graphs import reserve_compiled_variants
+from specexp.engine.compiled_graphs import RandomTape, reserve_compiled_variants
 from specexp.engine.cudagraph import (
     NONE,
     BatchExecutionDescriptor,
@@ -62,6 +62,7 @@ class TargetGraphs:
         if self.compiled_graphs:  # a CPU: each graph is its step compiled by torch.compile (`compiled_graphs`)
             for manager in managers:
                 manager.compile_on_cpu = True
+                manager.random_tape = self.random if isinstance(self.random, RandomTape) else None
             reserve_compiled_variants(total)
         graph_captured = capture_reporter(self.progress if progress is None else progress, total,
                                           COMPILING if self.compiled_graphs else CAPTURING)
