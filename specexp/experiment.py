@@ -483,9 +483,10 @@ def hydra_task(cfg) -> str:
         job_num=hydra_cfg.job.num if multirun else None,
         choices={k: v for k, v in dict(hydra_cfg.runtime.choices).items() if not k.startswith("hydra")},
     )
-    if not multirun:
-        record = execute(plain, ctx)
-        if record["status"] != "ok":
-            sys.exit(exit_code(record))
-        return "ok"
-    return run_sweep_job(plain, ctx)
+    with interrupts.interruptible():  # Hydra's steps around the task hold signals back (specexp.launch)
+        if not multirun:
+            record = execute(plain, ctx)
+            if record["status"] != "ok":
+                sys.exit(exit_code(record))
+            return "ok"
+        return run_sweep_job(plain, ctx)

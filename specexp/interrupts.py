@@ -111,3 +111,18 @@ def deferred():
         if not _state.deferring and _state.pending:
             _state.pending = False
             raise RunInterrupted(_state.received)
+
+
+@contextlib.contextmanager
+def interruptible():
+    """Inside :func:`deferred` blocks, a block where SIGINT/SIGTERM raise at once again (one held back already is
+    raised on entry): code that waits long inside code that must not be cut at an arbitrary point, e.g. a sweep
+    job's run inside Hydra's job loop, whose config handling a signal would leave half done."""
+    saved, _state.deferring = _state.deferring, 0
+    try:
+        if _state.pending:
+            _state.pending = False
+            raise RunInterrupted(_state.received)
+        yield
+    finally:
+        _state.deferring = saved

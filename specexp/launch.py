@@ -385,7 +385,10 @@ def run_command(argv: list[str]) -> int:
                                groups=groups)
         if slots is not None:
             print(slots.announce(), flush=True)
-        _run_hydra("config", experiment.hydra_task, args)
+        # Hydra's own steps (composing each job's config) run with signals held back: a signal inside omegaconf
+        # leaves its config half built and Hydra prints the error; each job's run takes them at once.
+        with interrupts.deferred():
+            _run_hydra("config", experiment.hydra_task, args)
         if rounds is not None:
             if groups is not None:  # grouped jobs take part in the rounds, a process per group
                 groups.join_rounds(rounds)
