@@ -23,7 +23,8 @@ Costs and limits:
 - start-up: inductor compiles each key (seconds each on a small CPU; cached on disk by inductor, so a second
   run of the same shapes mostly traces). The per-(manager, size, k) `capture_s` records it.
 - numerics: fp32 results may differ from eager in the last bits (inductor's fused reductions sum in another
-  order); half precision keeps eager's roundings (`emulate_precision_casts`).
+  order); in half precision `emulate_precision_casts` asks inductor to round where eager rounds (the tests check
+  fp32 pairs only).
 - dynamo caches compiled code per code object, and every key compiles the same functions again: the limit on
   compiled variants per function is raised to what the engine captures (:func:`reserve_compiled_variants`).
 """
