@@ -234,13 +234,13 @@ class CudaGraphManager:
     def _capture_one(self, fn, prepare, desc: BatchExecutionDescriptor, progress) -> None:
         size, k = desc.num_reqs, desc.num_speculative_tokens
         prepare(desc)
-        key = (size, k, desc.max_seq_len)
-        tape = self.random_tape if self.emulated and self.compile_on_cpu else None
-        if tape is not None:
+        key = graph_key(desc)
+        compiling, tape = self.emulated and self.compile_on_cpu, self.random_tape
+        if compiling and tape is not None:
             tape.record()
         fn(desc)  # warm-up: lazy initialisation, autotuning and workspace allocation happen outside capture
         self.graphs[key] = None if self.emulated else self._record_capture(fn, desc)
-        if self.emulated and self.compile_on_cpu:
+        if compiling:
             self._draws[key] = tape.recorded() if tape is not None else []
             self._compiled[key] = self._record_compile(fn, desc, key)
         if progress is not None:
@@ -304,16 +304,14 @@ class CudaGraphManager:
             fn(desc)
 
     def replay(self, desc: BatchExecutionDescriptor) -> None:
-        if self.emulated:
-            key = (desc.num_reqs, desc.num_speculative_tokens, desc.max_seq_len)
-            compiled = self._compiled.get(key)
-            if compiled is None:
-                self._fn(desc)
-                return
+        key = graph_key(desc)
+        if not self.emulated:
+            self.graphs[key].replay()
+        elif key in self._compiled:
             with self._drawn(key):
-                compiled()
+                self._compiled[key]()
         else:
-            self.graphs[(desc.num_reqs, desc.num_speculative_tokens, desc.max_seq_len)].replay()
+            self._fn(desc)
 
     def summary(self) -> dict:
         """Per-(size, k, bucket) capture records plus totals (bytes, seconds), replay/eager counts
