@@ -105,6 +105,8 @@ def render_ab(results: list[tuple[str, dict]]) -> str:
     caches what it compiled on disk, so a first run on a cold cache compiles and later ones mostly trace."""
     header = ("| file | native overrides | hf tokens/s | native tokens/s | native / hf [95%] | acceptance length "
               "(native / hf) | native graph capture s (run 1, then the rest) |")
+    from specexp.measure.intervals import repeat_summary
+
     lines = [header, "|---|---|---|---|---|---|---|"]
     for name, data in results:
         ab, speeds = data["ab"], data["ab"]["tokens_per_s"]
@@ -116,9 +118,9 @@ def render_ab(results: list[tuple[str, dict]]) -> str:
                              for b in ("native", "hf"))
         captures = [(r.get("startup_s") or {}).get("graph_capture") for r in ab["runs"]["native"]]
         captures = [c for c in captures if c is not None]
+        rest = repeat_summary(captures[1:])
         capture = "-" if not captures else f"{captures[0]:.1f} first" + (
-            f", then {statistics.mean(captures[1:]):.1f} ± {statistics.stdev(captures[1:]) if len(captures) > 2 else 0:.1f}"
-            f" (n = {len(captures) - 1})" if len(captures) > 1 else "")
+            f", then {rest['mean']:.1f} ± {rest['std'] or 0:.1f} (n = {rest['n']})" if rest["n"] else "")
         overrides = " ".join(f"`{o}`" for o in data["settings"].get("native_override") or []) or "none"
         lines.append(f"| `{name}` | {overrides} | {cells[0]} | {cells[1]} | {ratio_cell} | {lengths} | {capture} |")
     return "\n".join(lines)
