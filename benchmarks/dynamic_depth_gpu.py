@@ -13,7 +13,8 @@ drift of the machine reaches every mode alike.
 
 A second phase builds the schedule tuned from the first: at each batch size the best static k of that rate
 (`num_speculative_tokens_per_batch_size` over the measured batch sizes, K = 8), and measures it in rounds
-alternating with that best static engine.
+alternating with that best static engine (the first phase's engine; rates with the same schedule share one
+schedule engine).
 
     python benchmarks/dynamic_depth_gpu.py --out results.json [--pairs llama-3.2-1b+llama-100m,tiny_lfm2]
         [--batches 1,4,16,64] [--modes k1,k2,k3,k4,k6,k8,schedule,confidence,goodput] [--rates 0.6,0.8]
@@ -234,6 +235,7 @@ def bench_pair(pair: str, args, result: dict, out_path: Path) -> None:
         print(f"  built {mode}: {build[mode]['build_s']:.1f} s, {build[mode].get('graphs', 0)} graphs", flush=True)
     entry = result["pairs"].setdefault(pair, {"target": target_path, "draft": draft_path, "weights": weights,
                                               "dtype": str(dtype), "engines": build, "by_rate": {}})
+    tuned_engines: dict[tuple, NativeEngine] = {}  # by schedule: rates whose best k agree share one
     for rate in (args.rates if synthetic else [None]):
         label = f"rate {rate}" if synthetic else "greedy"
         for engine in engines.values():
@@ -249,26 +251,35 @@ def bench_pair(pair: str, args, result: dict, out_path: Path) -> None:
         entry["by_rate"][str(rate) if synthetic else "greedy"] = by_rate
         out_path.write_text(json.dumps(result, indent=1))  # kept if the tuned phase is cut short
         if args.tuned_schedule:
-            by_rate["tuned_schedule"] = measure_tuned(target, draft, cells, prompts, args, synthetic, rate)
+            by_rate["tuned_schedule"] = measure_tuned(target, draft, engines, tuned_engines, cells, prompts, args,
+                                                      synthetic, rate)
             out_path.write_text(json.dumps(result, indent=1))
-    del engines
+    del engines, tuned_engines
     if args.device == "cuda":
         torch.cuda.empty_cache()
 
 
-def measure_tuned(target, draft, cells, prompts, args, synthetic: bool, rate) -> dict:
-    """The schedule of each batch size's best static k, at K = 8, against those best static engines."""
+def measure_tuned(target, draft, engines: dict[str, NativeEngine], tuned_engines: dict[tuple, NativeEngine],
+                  cells, prompts, args, synthetic: bool, rate) -> dict:
+    """The schedule of each batch size's best static k, at K = 8, against those best static engines (the ones
+    the first phase measured, `engines` by mode). The schedule's engine is built once per schedule
+    (`tuned_engines`, filled here) and its build time and graph cost recorded."""
     best = {b: best_static(cells, b) for b in args.batches}
     best_k = {b: mode_settings(m)["num_speculative_tokens"] for b, m in best.items()}
-    settings = {"num_speculative_tokens": 8, "num_speculative_tokens_per_batch_size": tuned_schedule(best_k)}
-    tuned = build_engine(target, draft, settings, args.batches, args.device, synthetic, args.new_tokens, args.mixed)
-    statics = {m: build_engine(target, draft, mode_settings(m), args.batches, args.device, synthetic, args.new_tokens,
-                               args.mixed) for m in sorted(set(best.values()))}
+    schedule = tuned_schedule(best_k)
+    settings = {"num_speculative_tokens": 8, "num_speculative_tokens_per_batch_size": schedule}
+    start = time.perf_counter()
+    if schedule not in tuned_engines:
+        tuned_engines[schedule] = build_engine(target, draft, settings, args.batches, args.device, synthetic,
+                                               args.new_tokens, args.mixed)
+    tuned = tuned_engines[schedule]
+    build = {"build_s": time.perf_counter() - start, **graph_cost(tuned)}
+    statics = {m: engines[m] for m in sorted(set(best.values()))}
     for engine in (tuned, *statics.values()):
         if synthetic:
             engine.set_synthetic_acceptance(rate=rate)
         engine.generate(prompts[min(args.batches)][:2], max_new_tokens=8)
-    out = {"schedule": [list(r) for r in settings["num_speculative_tokens_per_batch_size"]], "by_batch": {}}
+    out = {"schedule": [list(r) for r in schedule], "engine": build, "by_batch": {}}
     for b in args.batches:
         pair_engines = {"tuned_schedule": tuned, best[b]: statics[best[b]]}
         cells = measure_rounds(pair_engines, {b: prompts[b]}, args.tuned_repeats, f"tuned schedule, batch {b}")
