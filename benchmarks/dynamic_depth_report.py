@@ -4,6 +4,8 @@ its 95% interval, the tuned schedule's ratio, and which single static k stays wi
 every batch size.
 
     python benchmarks/dynamic_depth_report.py tables RESULTS.json [...] [--tolerance 0.03]    # markdown on stdout
+    python benchmarks/dynamic_depth_report.py summary RESULTS.json [...] [--tolerance 0.03]   # one row a pair, rate
+    python benchmarks/dynamic_depth_report.py graphs RESULTS.json [...]   # each engine's graphs, memory, capture
     python benchmarks/dynamic_depth_report.py figure OUT.png RESULTS.json [...]
 """
 
@@ -91,6 +93,63 @@ def render(results: list[dict], tolerance: float) -> str:
     return "\n".join(lines)
 
 
+def _worst(by_batch: dict) -> str:
+    """The lowest ratio over the batch sizes, with the batch size it was at."""
+    b, ratio = min(by_batch.items(), key=lambda item: item[1]["value"])
+    return f"{ratio['value']:.3f} (b = {b})"
+
+
+def render_summary(results: list[dict], tolerance: float) -> str:
+    """One row per pair and acceptance: each batch size's best static k, the tuned schedule's ratio to it at every
+    batch size (95% interval, rounds per side), the lowest ratio of each other dynamic mode, whether the tuned
+    schedule's point estimates all lie within `tolerance`, and the single static k that does as well."""
+    lines = ["| pair, acceptance | best static k by batch | tuned schedule / best static, by batch (n a side) "
+             "| lowest ratio of the other modes | tuned within "
+             f"{100 * tolerance:.0f}% everywhere | single static k within {100 * tolerance:.0f}% |",
+             "|---|---|---|---|---|---|"]
+    for result in results:
+        for pair, entry in result["pairs"].items():
+            for rate, by_rate in entry["by_rate"].items():
+                ratios = by_rate["ratio_to_best_static"]
+                batches = list(next(iter(ratios.values())))
+                best = " / ".join(ratios[next(iter(ratios))][b]["best_static"] for b in batches)
+                tuned = by_rate.get("tuned_schedule")
+                if tuned:
+                    measured = [tuned["by_batch"][b]["ratio"] for b in batches]
+                    cell = "; ".join(f"{b}: {_interval(r)}" for b, r in zip(batches, measured, strict=True))
+                    cell += f" (n = {measured[0]['n_numerator']})"
+                    verdict = "yes" if all(r["value"] >= 1 - tolerance for r in measured) else "no"
+                else:
+                    cell, verdict = "not measured", "-"
+                others = "; ".join(f"{m} {_worst(by_batch)}" for m, by_batch in ratios.items() if not is_static(m))
+                within, top, worst = single_static_k(by_rate["cells"], tolerance)
+                single = ", ".join(within) if within else f"none ({top}: {worst:.3f})"
+                label = f"{pair}, {rate}" if rate != "greedy" else f"{pair}, greedy"
+                lines.append(f"| {label} | {best} | {cell} | {others} | {verdict} | {single} |")
+    return "\n".join(lines)
+
+
+def render_graphs(results: list[dict]) -> str:
+    """Per pair, each engine's graphs, the fall in free device memory while it captured (MiB) and its capture
+    seconds; the tuned schedule's engines too."""
+    lines = ["| pair | engine | graphs | graph memory MiB | capture s |", "|---|---|---|---|---|"]
+    for result in results:
+        for pair, entry in result["pairs"].items():
+            engines = dict(entry["engines"])
+            for rate, by_rate in entry["by_rate"].items():
+                tuned = by_rate.get("tuned_schedule") or {}
+                if "engine" in tuned:  # rates with one schedule share its engine: one row
+                    engines[f"tuned {tuned['schedule']}"] = tuned["engine"]
+            for name, cost in engines.items():
+                if cost.get("graphs") is None:
+                    continue
+                memory, capture = cost.get("graph_capture_bytes"), cost.get("graph_capture_s")
+                lines.append(f"| {pair} | {name} | {cost['graphs']} | "
+                             f"{'-' if memory is None else f'{memory / 2**20:.0f}'} | "
+                             f"{'-' if capture is None else f'{capture:.1f}'} |")
+    return "\n".join(lines)
+
+
 # The dynamic modes in the order (and colour, C0, C1, ...) the figure draws them.
 MODE_ORDER = ("schedule", "confidence", "goodput", "tuned schedule")
 
@@ -104,8 +163,12 @@ def figure(results: list[dict], path: Path) -> None:
 
     panels = [(pair, rate, by_rate) for r in results for pair, e in r["pairs"].items()
               for rate, by_rate in e["by_rate"].items()]
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6), sharey=True, squeeze=False)
-    for ax, (pair, rate, by_rate) in zip(axes[0], panels, strict=True):
+    cols = min(3, len(panels))
+    rows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 3.8 * rows), sharey=True, squeeze=False)
+    for ax in axes.flat[len(panels):]:
+        ax.set_visible(False)
+    for ax, (pair, rate, by_rate) in zip(axes.flat, panels, strict=False):
         series = {m: by_rate["ratio_to_best_static"][m] for m in by_rate["ratio_to_best_static"] if not is_static(m)}
         if by_rate.get("tuned_schedule"):
             series["tuned schedule"] = {b: x["ratio"] for b, x in by_rate["tuned_schedule"]["by_batch"].items()}
@@ -122,8 +185,9 @@ def figure(results: list[dict], path: Path) -> None:
         ax.set_xscale("log", base=2)
         ax.set_xlabel("batch size (requests in flight)")
         ax.set_title(f"{pair}\n{'acceptance ' + rate if rate != 'greedy' else 'greedy'}", fontsize=9)
-    axes[0][0].set_ylabel("tokens/s ÷ best static k's (95% CI)")
-    for ax in axes[0]:  # panels may show different modes; a mode keeps its colour in every panel
+    for row in axes:
+        row[0].set_ylabel("tokens/s ÷ best static k's (95% CI)")
+    for ax in axes.flat[:len(panels)]:  # panels may show different modes; a mode keeps its colour in every panel
         ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -135,6 +199,11 @@ def main(argv: list[str] | None = None) -> str:
     tables = commands.add_parser("tables", help="markdown tables on stdout")
     tables.add_argument("results", nargs="+")
     tables.add_argument("--tolerance", type=float, default=0.03)
+    summary = commands.add_parser("summary", help="one markdown row per pair and acceptance")
+    summary.add_argument("results", nargs="+")
+    summary.add_argument("--tolerance", type=float, default=0.03)
+    graphs = commands.add_parser("graphs", help="each engine's graphs, graph memory and capture time")
+    graphs.add_argument("results", nargs="+")
     drawing = commands.add_parser("figure", help="the ratio figure")
     drawing.add_argument("out")
     drawing.add_argument("results", nargs="+")
@@ -143,7 +212,12 @@ def main(argv: list[str] | None = None) -> str:
     if args.command == "figure":
         figure(results, Path(args.out))
         return args.out
-    text = render(results, args.tolerance)
+    if args.command == "summary":
+        text = render_summary(results, args.tolerance)
+    elif args.command == "graphs":
+        text = render_graphs(results)
+    else:
+        text = render(results, args.tolerance)
     print(text)
     return text
 

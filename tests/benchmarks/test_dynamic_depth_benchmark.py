@@ -50,6 +50,9 @@ def test_the_benchmark_measures_every_mode_and_batch_and_the_report_renders_it(t
     assert [r[:2] for r in tuned["schedule"]] == [[1, 1], [2, 2]]
     assert result["pairs"]["tiny_lfm2"]["engines"]["goodput"]["step_costs"]["fixed_ms"]
     text = dynamic_depth_report.main(["tables", str(out)])
+    summary = dynamic_depth_report.main(["summary", str(out)])
+    assert "| tiny_lfm2, greedy | " in summary and "(n = 3)" in summary
+    assert "| tiny_lfm2 | goodput |" in dynamic_depth_report.main(["graphs", str(out)])
     dynamic_depth_report.main(["figure", str(tmp_path / "r.png"), str(out)])
     assert "best static" in text and "tuned schedule" in text and "±" in text
     assert (tmp_path / "r.png").stat().st_size > 0
