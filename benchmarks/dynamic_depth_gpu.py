@@ -56,6 +56,7 @@ from gpu_cudagraphs import CUDA_KERNELS, DEMO_PAIRS, RANDOM_PAIRS, ZOO, timed_ge
 
 from specexp.engine.config import EngineConfig, SamplingConfig, SpeculatorConfig
 from specexp.engine.cudagraph import FULL
+from specexp.engine.depth import schedule_from_best_k
 from specexp.engine.runner import NativeEngine
 from specexp.measure.intervals import ratio_interval, repeat_summary
 from specexp.models import load_model
@@ -84,16 +85,6 @@ def mode_settings(mode: str) -> dict:
 
 def is_static(mode: str) -> bool:
     return set(mode_settings(mode)) == {"num_speculative_tokens"}
-
-
-def tuned_schedule(best_k: dict[int, int]) -> tuple[tuple[int, int, int], ...]:
-    """A batch-size schedule giving each measured batch size b its k (best_k {b: k}): b's range runs from the
-    measured size below it + 1 to b, the last range open to the largest."""
-    ranges, start = [], 1
-    for b in sorted(best_k):
-        ranges.append((start, b, best_k[b]))
-        start = b + 1
-    return tuple(ranges)
 
 
 def build_engine(target, draft, settings: dict, batches: list[int], device: str, synthetic: bool,
@@ -266,7 +257,7 @@ def measure_tuned(target, draft, engines: dict[str, NativeEngine], tuned_engines
     (`tuned_engines`, filled here) and its build time and graph cost recorded."""
     best = {b: best_static(cells, b) for b in args.batches}
     best_k = {b: mode_settings(m)["num_speculative_tokens"] for b, m in best.items()}
-    schedule = tuned_schedule(best_k)
+    schedule = schedule_from_best_k(best_k)
     settings = {"num_speculative_tokens": 8, "num_speculative_tokens_per_batch_size": schedule}
     start = time.perf_counter()
     if schedule not in tuned_engines:

@@ -103,9 +103,10 @@ def render_summary(results: list[dict], tolerance: float) -> str:
     """One row per pair and acceptance: each batch size's best static k, the tuned schedule's ratio to it at every
     batch size (95% interval, rounds per side), the lowest ratio of each other dynamic mode, whether the tuned
     schedule's point estimates all lie within `tolerance`, and the single static k that does as well."""
-    lines = ["| pair, acceptance | best static k by batch | tuned schedule / best static, by batch (n a side) "
-             "| lowest ratio of the other modes | tuned within "
-             f"{100 * tolerance:.0f}% everywhere | single static k within {100 * tolerance:.0f}% |",
+    within = f"{100 * tolerance:.0f}%"
+    header = ("| pair, acceptance | best static k by batch | tuned schedule / best static, by batch (n a side) "
+              f"| lowest ratio of the other modes | tuned within {within} everywhere | single static k within {within} |")
+    lines = [header,
              "|---|---|---|---|---|---|"]
     for result in results:
         for pair, entry in result["pairs"].items():
@@ -136,7 +137,7 @@ def render_graphs(results: list[dict]) -> str:
     for result in results:
         for pair, entry in result["pairs"].items():
             engines = dict(entry["engines"])
-            for rate, by_rate in entry["by_rate"].items():
+            for by_rate in entry["by_rate"].values():
                 tuned = by_rate.get("tuned_schedule") or {}
                 if "engine" in tuned:  # rates with one schedule share its engine: one row
                     engines[f"tuned {tuned['schedule']}"] = tuned["engine"]

@@ -125,6 +125,41 @@ def dynamic_depth_table(runs: pd.DataFrame) -> pd.DataFrame:
     return table
 
 
+def suggested_schedules(runs: pd.DataFrame) -> list[dict]:
+    """Per depth group whose static runs cover two or more batch sizes: the batch-size schedule of each size's best
+    static k (most output tokens/s), as ``{"group", "best_k": {batch size: k}, "schedule": [[start_bs, end_bs, k],
+    ...], "overrides": "speculator.num_speculative_tokens=K speculator.num_speculative_tokens_per_batch_size=[...]"}``
+    (K = the largest k of the schedule, at least 1; `specexp.engine.depth.schedule_from_best_k`). Groups in
+    first-appearance order."""
+    from specexp.engine.depth import SCHEDULE_KEY, schedule_from_best_k
+
+    runs = with_depth_modes(runs)
+    if runs.empty or TOKENS not in runs or BATCH_COLUMN not in runs:
+        return []
+    static = runs[(runs["depth_mode"] == "static") & runs[TOKENS].notna() & runs[BATCH_COLUMN].notna()]
+    out = []
+    for _, cell in static.groupby("depth_group", sort=False):
+        best_k = {int(size): int(part.loc[part[TOKENS].idxmax(), "k"])
+                  for size, part in cell.groupby(BATCH_COLUMN)}
+        if len(best_k) < 2:
+            continue
+        schedule = [list(r) for r in schedule_from_best_k(best_k)]
+        max_k = max(1, *(k for _, _, k in schedule))
+        compact = str(schedule).replace(" ", "")  # one shell word
+        out.append({"group": _label(cell), "best_k": best_k, "schedule": schedule,
+                    "overrides": f"speculator.num_speculative_tokens={max_k} {SCHEDULE_KEY}={compact}"})
+    return out
+
+
+def suggested_schedules_markdown(suggestions: list[dict]) -> str:
+    """One bullet per group: its best static k by batch size and the overrides that run that schedule."""
+    lines = []
+    for s in suggestions:
+        by_size = ", ".join(f"{b}: k={k}" for b, k in sorted(s["best_k"].items()))
+        lines.append(f"- {s['group']} (best static k by batch size {by_size}): `{s['overrides']}`")
+    return "\n".join(lines)
+
+
 def dynamic_depth_markdown(table: pd.DataFrame) -> str:
     """The table as markdown: per batch size, the best static k and its tokens/s, then each mode's tokens/s,
     mean k and ratio to the best static k."""

@@ -348,18 +348,27 @@ def tasks_section(report: Report) -> str | None:
 
 
 def dynamic_depth_section(report: Report) -> str | None:
-    """Per batch size, the best static k and each dynamic depth mode's tokens/s and ratio to it
-    (:mod:`specexp.analysis.depth`), when the runs include a dynamic mode."""
+    """Per batch size, the best static k and each dynamic depth mode's tokens/s and ratio to it, when the runs
+    include a dynamic mode; and, where static runs cover several batch sizes, the schedule of each size's best k
+    (:mod:`specexp.analysis.depth`)."""
     from specexp.analysis import depth
 
     if report.acceptance_only:
         return None
     table = depth.dynamic_depth_table(report.runs)
-    if table.empty:
+    suggestions = depth.suggested_schedules(report.runs)
+    if table.empty and not suggestions:
         return None
-    return ("## Dynamic depth\n\nPer batch size (`engine.max_num_seqs`): the static k with the most output tokens/s, "
-            "and each dynamic depth mode's tokens/s, the mean k of its steps and its ratio to that best static k.\n\n"
-            + depth.dynamic_depth_markdown(table))
+    parts = ["## Dynamic depth"]
+    if not table.empty:
+        parts += [("Per batch size (`engine.max_num_seqs`): the static k with the most output tokens/s, and each "
+                   "dynamic depth mode's tokens/s, the mean k of its steps and its ratio to that best static k."),
+                  depth.dynamic_depth_markdown(table)]
+    if suggestions:
+        parts += [("A batch-size schedule that runs each measured batch size at its best static k (the tail past "
+                   "the largest size keeps its k). The best k of a size is read from these runs' means, so measure "
+                   "the schedule against it before relying on it:"), depth.suggested_schedules_markdown(suggestions)]
+    return "\n\n".join(parts)
 
 
 SECTIONS: list[Callable[[Report], str | None]] = [

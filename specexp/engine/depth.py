@@ -93,6 +93,24 @@ def parse_batch_size_schedule(entries, max_k: int) -> BatchSizeSchedule:
     return BatchSizeSchedule(tuple(ranges), max_k)
 
 
+def schedule_from_best_k(best_k: dict[int, int]) -> tuple[tuple[int, int, int], ...]:
+    """A schedule (`num_speculative_tokens_per_batch_size` ranges [start_bs, end_bs, k]) that gives each batch size
+    b of `best_k` ({b: k}, b >= 1, k >= 0) its k: b's range runs from the batch size before it + 1 to b (the first
+    from 1), neighbouring ranges with one k are one range, and past the largest b its k carries (the schedule's
+    tail rule). E.g. {1: 3, 4: 2, 16: 2, 64: 1} -> ((1, 1, 3), (2, 16, 2), (17, 64, 1))."""
+    ranges: list[tuple[int, int, int]] = []
+    start = 1
+    for b in sorted(best_k):
+        if b < 1 or best_k[b] < 0:
+            raise ValueError(f"schedule_from_best_k: batch size {b} with k {best_k[b]}: needs b >= 1 and k >= 0")
+        if ranges and ranges[-1][2] == best_k[b]:
+            ranges[-1] = (ranges[-1][0], b, best_k[b])
+        else:
+            ranges.append((start, b, best_k[b]))
+        start = b + 1
+    return tuple(ranges)
+
+
 class StaticDepth:
     """k = K every step (also the confidence-threshold mode, whose masking happens per row on the device)."""
 

@@ -13,9 +13,12 @@ from specexp.analysis.depth import (
     dynamic_depth_table,
     has_dynamic_runs,
     mean_depth,
+    suggested_schedules,
 )
 from specexp.analysis.load import load_runs
 from specexp.analysis.report import write_report
+from specexp.cli import compose_config
+from specexp.engine.depth import parse_batch_size_schedule
 from specexp.engine.stats import AcceptanceStats
 from specexp.result import StepRecord, depth_metrics
 
@@ -115,3 +118,32 @@ def test_dynamic_depth_tokens_per_s_carry_their_spread_over_repeats(write_run, t
     assert table["best_static_tokens_per_s_std"].tolist() == [1.5] and table["goodput_tokens_per_s_n"].tolist() == [3]
     markdown = dynamic_depth_markdown(table)
     assert "| 90.0 ± 1.5 (n=3) |" in markdown and "| 95.0 ± 4.2 (n=3) |" in markdown
+
+
+def test_the_schedule_of_each_batch_sizes_best_static_k_is_suggested_as_overrides(write_run, tmp_path):
+    _depth_runs(write_run)
+    (suggestion,) = suggested_schedules(load_runs(tmp_path / "runs"))
+    assert suggestion["best_k"] == {1: 4, 16: 1} and suggestion["schedule"] == [[1, 1, 4], [2, 16, 1]]
+    overrides = suggestion["overrides"].split()
+    assert overrides == ["speculator.num_speculative_tokens=4",
+                         "speculator.num_speculative_tokens_per_batch_size=[[1,1,4],[2,16,1]]"]
+    cfg = compose_config(["+exp=dynamic_depth", *overrides])  # what a user pastes composes and validates
+    assert [list(r) for r in cfg.speculator.num_speculative_tokens_per_batch_size] == suggestion["schedule"]
+    parse_batch_size_schedule(suggestion["schedule"], cfg.speculator.num_speculative_tokens)
+    report = write_report(tmp_path / "runs", tmp_path / "out").read_text()
+    assert f"`{suggestion['overrides']}`" in report.split("## Dynamic depth", 1)[1]
+
+
+def test_a_static_sweep_over_batch_sizes_gets_a_schedule_but_one_batch_size_does_not(write_run, tmp_path):
+    tokens = {(1, 2): 70.0, (1, 4): 90.0, (8, 2): 300.0, (8, 4): 280.0}
+    for job, ((batch, k), tps) in enumerate(tokens.items()):
+        write_run(f"sweep_a/{job}", synthetic_record(k, tokens_per_s=tps, max_num_seqs=batch))
+    runs = load_runs(tmp_path / "runs")
+    assert not has_dynamic_runs(runs)
+    assert [s["schedule"] for s in suggested_schedules(runs)] == [[[1, 1, 4], [2, 8, 2]]]
+    section = write_report(tmp_path / "runs", tmp_path / "out").read_text().split("## Dynamic depth", 1)[1]
+    assert "speculator.num_speculative_tokens_per_batch_size=[[1,1,4],[2,8,2]]" in section
+    assert "÷ best static" not in section  # no dynamic runs: no comparison table
+    for job, k in enumerate((1, 2)):
+        write_run(f"sweep_b/{job}", synthetic_record(k, tokens_per_s=10.0 * k, max_num_seqs=1))
+    assert suggested_schedules(load_runs(tmp_path / "runs" / "sweep_b")) == []

@@ -3,6 +3,8 @@ validator, the (size, k) graph keys a policy produces, the goodput estimator. Pl
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -16,6 +18,7 @@ from specexp.engine.depth import (
     describe_graph_cost,
     graph_keys,
     parse_batch_size_schedule,
+    schedule_from_best_k,
 )
 from specexp.engine.goodput import (
     AcceptanceEstimate,
@@ -294,3 +297,22 @@ def test_a_fixed_cost_measured_per_k_moves_the_choice():
     assert costs.to_dict()["fixed_ms"] == {"1": [0.2, 0.45, 0.2, 0.2]}
     with pytest.raises(ValueError, match=r"fixed_ms\[1\] has 2 depths"):
         StepCostTable({1: [1.0, 1.05, 1.1, 1.15]}, {1: [0.0, 0.0, 0.3, 0.6]}, {1: [0.2, 0.3]})
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.integers(1, 512), st.integers(0, 8), min_size=1, max_size=8))
+def test_the_schedule_from_best_k_gives_each_batch_size_its_k(best_k):
+    schedule = schedule_from_best_k(best_k)
+    parsed = parse_batch_size_schedule([list(r) for r in schedule], max(best_k.values()))
+    assert all(parsed.k_for(b) == k for b, k in best_k.items())
+    largest = max(best_k)
+    assert parsed.k_for(largest + 1000) == best_k[largest]  # the tail carries the last k
+    assert all(a[2] != b[2] for a, b in itertools.pairwise(schedule))  # one range per run of equal ks
+    assert schedule[-1][1] == largest
+
+
+def test_the_schedule_from_best_k_merges_equal_neighbours_and_refuses_bad_entries():
+    assert schedule_from_best_k({1: 3, 4: 2, 16: 2, 64: 1}) == ((1, 1, 3), (2, 16, 2), (17, 64, 1))
+    assert schedule_from_best_k({64: 2, 1: 2}) == ((1, 64, 2),)
+    with pytest.raises(ValueError, match="batch size 0"):
+        schedule_from_best_k({0: 1})
