@@ -127,7 +127,7 @@ def dynamic_depth_table(runs: pd.DataFrame) -> pd.DataFrame:
 
 def suggested_schedules(runs: pd.DataFrame) -> list[dict]:
     """Per depth group whose static runs cover two or more batch sizes: the batch-size schedule of each size's best
-    static k (most output tokens/s), as ``{"group", "best_k": {batch size: k}, "schedule": [[start_bs, end_bs, k],
+    static k (most output tokens/s, averaged over that k's runs), as ``{"group", "best_k": {batch size: k}, "schedule": [[start_bs, end_bs, k],
     ...], "overrides": "speculator.num_speculative_tokens=K speculator.num_speculative_tokens_per_batch_size=[...]"}``
     (K = the largest k of the schedule, at least 1; `specexp.engine.depth.schedule_from_best_k`). Groups in
     first-appearance order."""
@@ -139,7 +139,7 @@ def suggested_schedules(runs: pd.DataFrame) -> list[dict]:
     static = runs[(runs["depth_mode"] == "static") & runs[TOKENS].notna() & runs[BATCH_COLUMN].notna()]
     out = []
     for _, cell in static.groupby("depth_group", sort=False):
-        best_k = {int(size): int(part.loc[part[TOKENS].idxmax(), "k"])
+        best_k = {int(size): int(part.groupby("k")[TOKENS].mean().idxmax())  # runs of one k (seeds): their mean
                   for size, part in cell.groupby(BATCH_COLUMN)}
         if len(best_k) < 2:
             continue

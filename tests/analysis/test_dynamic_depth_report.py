@@ -147,3 +147,11 @@ def test_a_static_sweep_over_batch_sizes_gets_a_schedule_but_one_batch_size_does
     for job, k in enumerate((1, 2)):
         write_run(f"sweep_b/{job}", synthetic_record(k, tokens_per_s=10.0 * k, max_num_seqs=1))
     assert suggested_schedules(load_runs(tmp_path / "runs" / "sweep_b")) == []
+
+
+def test_the_suggested_schedule_takes_the_mean_over_the_runs_of_one_k(write_run, tmp_path):
+    runs = [(1, 2, 70.0), (1, 4, 90.0), (1, 4, 40.0), (8, 2, 300.0), (8, 4, 280.0)]  # k = 4 at batch 1 run twice
+    for job, (batch, k, tps) in enumerate(runs):
+        write_run(f"sweep_a/{job}", synthetic_record(k, tokens_per_s=tps, max_num_seqs=batch))
+    (suggestion,) = suggested_schedules(load_runs(tmp_path / "runs"))
+    assert suggestion["best_k"] == {1: 2, 8: 2} and suggestion["schedule"] == [[1, 8, 2]]  # k = 4 at 1: 65 < 70
