@@ -129,8 +129,8 @@ def suggested_schedules(runs: pd.DataFrame) -> list[dict]:
     """Per depth group whose static runs cover two or more batch sizes: the batch-size schedule of each size's best
     static k (most output tokens/s, averaged over that k's runs), as ``{"group", "best_k": {batch size: k}, "schedule": [[start_bs, end_bs, k],
     ...], "overrides": "speculator.num_speculative_tokens=K speculator.num_speculative_tokens_per_batch_size=[...]"}``
-    (K = the largest k of the schedule, at least 1; `specexp.engine.depth.schedule_from_best_k`). Groups in
-    first-appearance order."""
+    (K = the largest k of the schedule; `specexp.engine.depth.schedule_from_best_k`), or, where one k is best at
+    every size, ``"speculator.num_speculative_tokens=k"`` alone. Groups in first-appearance order."""
     from specexp.engine.depth import SCHEDULE_KEY, schedule_from_best_k
 
     runs = with_depth_modes(runs)
@@ -144,10 +144,13 @@ def suggested_schedules(runs: pd.DataFrame) -> list[dict]:
         if len(best_k) < 2:
             continue
         schedule = [list(r) for r in schedule_from_best_k(best_k)]
-        max_k = max(1, *(k for _, _, k in schedule))
-        compact = str(schedule).replace(" ", "")  # one shell word
-        out.append({"group": _label(cell), "best_k": best_k, "schedule": schedule,
-                    "overrides": f"speculator.num_speculative_tokens={max_k} {SCHEDULE_KEY}={compact}"})
+        if len(schedule) == 1:  # one k everywhere: that static k is the schedule
+            overrides = f"speculator.num_speculative_tokens={schedule[0][2]}"
+        else:
+            max_k = max(k for _, _, k in schedule)
+            compact = str(schedule).replace(" ", "")  # one shell word
+            overrides = f"speculator.num_speculative_tokens={max_k} {SCHEDULE_KEY}={compact}"
+        out.append({"group": _label(cell), "best_k": best_k, "schedule": schedule, "overrides": overrides})
     return out
 
 
@@ -156,7 +159,8 @@ def suggested_schedules_markdown(suggestions: list[dict]) -> str:
     lines = []
     for s in suggestions:
         by_size = ", ".join(f"{b}: k={k}" for b, k in sorted(s["best_k"].items()))
-        lines.append(f"- {s['group']} (best static k by batch size {by_size}): `{s['overrides']}`")
+        what = "one k at every batch size, a static k" if len(s["schedule"]) == 1 else "the schedule"
+        lines.append(f"- {s['group']} (best static k by batch size {by_size}; {what}): `{s['overrides']}`")
     return "\n".join(lines)
 
 

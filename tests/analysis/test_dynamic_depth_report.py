@@ -155,3 +155,4 @@ def test_the_suggested_schedule_takes_the_mean_over_the_runs_of_one_k(write_run,
         write_run(f"sweep_a/{job}", synthetic_record(k, tokens_per_s=tps, max_num_seqs=batch))
     (suggestion,) = suggested_schedules(load_runs(tmp_path / "runs"))
     assert suggestion["best_k"] == {1: 2, 8: 2} and suggestion["schedule"] == [[1, 8, 2]]  # k = 4 at 1: 65 < 70
+    assert suggestion["overrides"] == "speculator.num_speculative_tokens=2"  # one k everywhere: that static k
