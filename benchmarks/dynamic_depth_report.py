@@ -103,9 +103,9 @@ def render_summary(results: list[dict], tolerance: float) -> str:
     """One row per pair and acceptance: each batch size's best static k, the tuned schedule's ratio to it at every
     batch size (95% interval, rounds per side), the lowest ratio of each other dynamic mode, whether the tuned
     schedule's point estimates all lie within `tolerance`, and the single static k that does as well."""
-    within = f"{100 * tolerance:.0f}%"
+    percent = f"{100 * tolerance:.0f}%"
     header = ("| pair, acceptance | best static k by batch | tuned schedule / best static, by batch (n a side) "
-              f"| lowest ratio of the other modes | tuned within {within} everywhere | single static k within {within} |")
+              f"| lowest ratio of the other modes | tuned within {percent} everywhere | single static k within {percent} |")
     lines = [header,
              "|---|---|---|---|---|---|"]
     for result in results:
@@ -125,8 +125,7 @@ def render_summary(results: list[dict], tolerance: float) -> str:
                 others = "; ".join(f"{m} {_worst(by_batch)}" for m, by_batch in ratios.items() if not is_static(m))
                 within, top, worst = single_static_k(by_rate["cells"], tolerance)
                 single = ", ".join(within) if within else f"none ({top}: {worst:.3f})"
-                label = f"{pair}, {rate}" if rate != "greedy" else f"{pair}, greedy"
-                lines.append(f"| {label} | {best} | {cell} | {others} | {verdict} | {single} |")
+                lines.append(f"| {pair}, {rate} | {best} | {cell} | {others} | {verdict} | {single} |")
     return "\n".join(lines)
 
 
