@@ -90,7 +90,9 @@ def _kernel_lines(kernels: dict | None, top: int = 8) -> list[str]:
     """The target decode step's kernel breakdown (gpu_cudagraphs.kernel_breakdown), when measured."""
     if not kernels or "top" not in kernels:
         return []
-    lines = [(f"Its kernels (one eager step, profiled): {kernels['launches_per_step']:.0f} launches, "
+    # results written before `profiled` was recorded profiled one eager step
+    lines = [(f"Its kernels ({kernels.get('profiled', 'one eager step')}, profiled): "
+              f"{kernels['launches_per_step']:.0f} launches, "
              f"{kernels['kernel_ms_per_step']:.3f} ms of kernel time; the top {top}:"), "",
              "| kernel | launches/step | ms/step |", "|---|---|---|"]
     for r in kernels["top"][:top]:
