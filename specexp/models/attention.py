@@ -25,8 +25,9 @@ some SDPA backends and -inf arithmetic is dtype-fragile, whereas one forced key 
 for any dtype and never touches real rows (their own outputs come only from their own query slots).
 
 All index tensors and the mask depend only on the step's metadata, so an `AttentionPlan` built once per
-model forward computes them for the first attention layer and every later layer reuses them (each forward
-builds a fresh plan, so a captured graph recomputes them from the persistent metadata at every replay).
+model forward computes them for the first attention layer that needs them and every later layer reuses them
+(each forward builds a fresh plan, so a captured graph recomputes them from the persistent metadata at every
+replay). A batch the Triton kernel takes needs only the KV write indices: its forward builds no mask.
 
 A uniform batch whose rows hold more queries than one program of the Triton kernel takes (a prompt chunk of Q
 tokens with G * Q > `MAX_QUERY_ROWS`) is cut into sub-rows for it, after the keys are written (`_row_split`):
@@ -42,10 +43,10 @@ kernel that reads the paged cache in place (`specexp.models.triton_attention`).
 
 from __future__ import annotations
 
+import contextlib
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
-
-import contextlib
 
 import torch
 import torch.nn.functional as F
@@ -83,47 +84,68 @@ class AttentionPlan:
     def __init__(self, meta: AttentionMetadata, positions: torch.Tensor) -> None:
         self.meta = meta
         self.positions = positions
-        self._tensors: dict[tuple, dict[str, torch.Tensor]] = {}
+        self._tensors: dict[tuple, PlanTensors] = {}
 
-    def tensors(self, num_tokens: int, block_size: int, group: int, device: torch.device) -> dict[str, torch.Tensor]:
+    def tensors(self, num_tokens: int, block_size: int, group: int, device: torch.device) -> PlanTensors:
         key = (num_tokens, block_size, group)
         if key not in self._tensors:
-            self._tensors[key] = _plan_tensors(self.meta, self.positions, num_tokens, block_size, group, device)
+            self._tensors[key] = PlanTensors(self.meta, self.positions, num_tokens, block_size, group, device)
         return self._tensors[key]
 
 
-def _plan_tensors(meta: AttentionMetadata, positions: torch.Tensor, num_tokens: int, block_size: int, group: int,
-                  device: torch.device) -> dict[str, torch.Tensor]:
-    """Write indices, gathered block ids, padded query layout, the causal mask and the read-back indices."""
-    num_rows = meta.block_table.shape[0]
-    max_query_len = max(meta.max_query_len, 1)
-    num_blocks = max(-(-meta.max_seq_len // block_size), 1)
-    max_keys = num_blocks * block_size
-    slots = meta.slot_mapping[:num_tokens].to(torch.int64)
-    padding = slots < 0
-    uniform = is_uniform(meta, num_tokens)
-    if uniform:  # row r's queries are tokens r*Q .. r*Q + Q - 1: the padded layout is the flat one
-        token_of_slot = row = index_in_row = None
-        q_pos = positions[:num_tokens].view(num_rows, max_query_len)
-    else:
-        starts = meta.query_start_loc[:num_rows].to(torch.int64)
-        token_of_slot = (starts.unsqueeze(1) + torch.arange(max_query_len, device=device)).clamp(
-            0, max(num_tokens - 1, 0))
-        q_pos = positions[token_of_slot]  # [R, Q]
-        row, index_in_row = _token_rows(meta, num_tokens, device)
-    key_pos = torch.arange(max_keys, device=device)
-    visible = (key_pos <= q_pos.unsqueeze(-1)) & (key_pos < meta.seq_lens.to(torch.int64).view(-1, 1, 1))
-    visible = visible | (key_pos == 0)  # one key always visible: no empty softmax row (see module doc)
-    mask = visible.unsqueeze(1).expand(num_rows, group, max_query_len, max_keys)
-    return {
-        "uniform": uniform,
-        "write_index": torch.where(padding, padding_slot(block_size), slots),
-        "blocks": meta.block_table[:, :num_blocks].to(torch.int64).reshape(-1),
-        "token_of_slot": token_of_slot,
-        "mask": mask.reshape(num_rows, 1, group * max_query_len, max_keys),
-        "row": row,
-        "index_in_row": index_in_row,
-    }
+class PlanTensors:
+    """What one forward's attention layers share for a (num_tokens, block_size, group): the KV write indices,
+    and, computed on first use, what the gather + SDPA path needs besides (gathered block ids, padded query
+    layout, the causal mask, the read-back indices). A batch the uniform-batch kernel takes needs only the write
+    indices, so its forward (and the graph that captures it) runs none of the mask's kernels.
+
+    `uniform` and `num_key_blocks` (ceil(max_seq_len / block_size), at least 1) are CPU values."""
+
+    def __init__(self, meta: AttentionMetadata, positions: torch.Tensor, num_tokens: int, block_size: int,
+                 group: int, device: torch.device) -> None:
+        self.meta, self.positions, self.num_tokens = meta, positions, num_tokens
+        self.block_size, self.group, self.device = block_size, group, device
+        self.uniform = is_uniform(meta, num_tokens)
+        self.max_query_len = max(meta.max_query_len, 1)
+        self.num_key_blocks = max(-(-meta.max_seq_len // block_size), 1)
+        slots = meta.slot_mapping[:num_tokens].to(torch.int64)
+        self.write_index = torch.where(slots < 0, padding_slot(block_size), slots)  # int64[T]
+
+    @functools.cached_property
+    def blocks(self) -> torch.Tensor:
+        """int64[R * num_key_blocks]: each row's first num_key_blocks block ids, row after row."""
+        return self.meta.block_table[:, :self.num_key_blocks].to(torch.int64).reshape(-1)
+
+    @functools.cached_property
+    def token_of_slot(self) -> torch.Tensor | None:
+        """int64[R, Q]: the flat token in each padded query slot (clamped); None for a uniform batch (the padded
+        layout is the flat one: row r's queries are tokens r*Q .. r*Q + Q - 1)."""
+        if self.uniform:
+            return None
+        num_rows = self.meta.block_table.shape[0]
+        starts = self.meta.query_start_loc[:num_rows].to(torch.int64)
+        return (starts.unsqueeze(1) + torch.arange(self.max_query_len, device=self.device)).clamp(
+            0, max(self.num_tokens - 1, 0))
+
+    @functools.cached_property
+    def mask(self) -> torch.Tensor:
+        """bool[R, 1, G * Q, num_key_blocks * block_size]: key j visible to a query at position p of row r iff
+        j <= p and j < seq_lens[r], key 0 always (see the module doc)."""
+        num_rows, q = self.meta.block_table.shape[0], self.max_query_len
+        if self.uniform:
+            q_pos = self.positions[:self.num_tokens].view(num_rows, q)
+        else:
+            q_pos = self.positions[self.token_of_slot]  # [R, Q]
+        key_pos = torch.arange(self.num_key_blocks * self.block_size, device=self.device)
+        visible = (key_pos <= q_pos.unsqueeze(-1)) & (key_pos < self.meta.seq_lens.to(torch.int64).view(-1, 1, 1))
+        visible = visible | (key_pos == 0)  # one key always visible: no empty softmax row (see module doc)
+        mask = visible.unsqueeze(1).expand(num_rows, self.group, q, key_pos.numel())
+        return mask.reshape(num_rows, 1, self.group * q, key_pos.numel())
+
+    @functools.cached_property
+    def rows(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(row, index in row) of each flat token, int64[T] each (`_token_rows`); None for a uniform batch."""
+        return None if self.uniform else _token_rows(self.meta, self.num_tokens, self.device)
 
 
 def is_uniform(meta: AttentionMetadata, num_tokens: int) -> bool:
@@ -143,12 +165,12 @@ def padding_slot(block_size: int) -> int:
 
 
 def write_kv_cache(kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor,
-                   plan: dict[str, torch.Tensor] | None = None) -> None:
+                   plan: PlanTensors | None = None) -> None:
     """Store each token's key/value at its slot.
 
     kv_cache: [2, num_blocks, block_size, Hkv, D] (updated in place); key/value: [T, Hkv, D];
     slot_mapping: int64[T], -1 = padding (lands in the NULL block's scratch slot, :func:`padding_slot`,
-    which no row reads unmasked). plan: the precomputed `write_index` (optional).
+    which no row reads unmasked). plan: the forward's shared tensors, whose `write_index` it uses (optional).
     """
     num_tokens = key.shape[0]
     if num_tokens == 0:
@@ -158,7 +180,7 @@ def write_kv_cache(kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tenso
         slots = slot_mapping[:num_tokens].to(torch.int64)
         index = torch.where(slots < 0, padding_slot(kv_cache.shape[2]), slots)
     else:
-        index = plan["write_index"]
+        index = plan.write_index
     new_kv = torch.stack((key, value))  # [2, T, Hkv, D]: keys and values written by one index_copy_
     flat.index_copy_(1, index, new_kv if new_kv.dtype == kv_cache.dtype else new_kv.to(kv_cache.dtype))
 
@@ -198,21 +220,21 @@ class HeadPrologue:
         return {"rope": (self.cos, self.signed_sin), "qk_norm": qk_norm}
 
 
-def _kernel_takes(kernel: UniformKernel, tensors: dict, query: torch.Tensor, kv_cache: torch.Tensor,
+def _kernel_takes(kernel: UniformKernel, tensors: PlanTensors, query: torch.Tensor, kv_cache: torch.Tensor,
                   max_query_len: int, *new_kv: torch.Tensor, prologue: dict | None = None) -> bool:
     """Whether `kernel.uniform` runs this batch: a uniform batch on the GPU that the kernel supports."""
-    return (kernel.uniform is not None and tensors["uniform"] and query.is_cuda
+    return (kernel.uniform is not None and tensors.uniform and query.is_cuda
             and triton_attention.supports(query, kv_cache, max_query_len, *new_kv, **(prologue or {})))
 
 
-def _row_split(kernel: UniformKernel, tensors: dict, query: torch.Tensor, kv_cache: torch.Tensor,
+def _row_split(kernel: UniformKernel, tensors: PlanTensors, query: torch.Tensor, kv_cache: torch.Tensor,
                max_query_len: int) -> int:
     """Into how many sub-rows each row of a uniform batch is cut so `kernel.uniform` takes it, when its rows hold
     more queries than one kernel program does (a prompt chunk: G * Q > MAX_QUERY_ROWS); 1 when the batch needs no
     cut or the kernel cannot take it. Sub-row j of a row holds its queries j*Q/s .. (j+1)*Q/s - 1 and reads the
     row's blocks: causality comes from each query's position, so the cut changes nothing but the grid."""
     group = query.shape[1] // kv_cache.shape[3]
-    if kernel.uniform is None or not tensors["uniform"] or not query.is_cuda:
+    if kernel.uniform is None or not tensors.uniform or not query.is_cuda:
         return 1
     if group * max_query_len <= triton_attention.MAX_QUERY_ROWS:
         return 1
@@ -252,29 +274,29 @@ def paged_attention(
     t = plan.tensors(num_tokens, block_size, group, query.device)
     num_rows = meta.block_table.shape[0]
     max_query_len = max(meta.max_query_len, 1)
-    max_keys = t["mask"].shape[-1]
     if _kernel_takes(kernel, t, query, kv_cache, max_query_len):
-        return kernel.uniform(query, positions, kv_cache, meta.block_table, meta.seq_lens, max_keys // block_size,
-                              scale)
+        return kernel.uniform(query, positions, kv_cache, meta.block_table, meta.seq_lens, t.num_key_blocks, scale)
+    max_keys = t.num_key_blocks * block_size
 
     # Dense keys and values of each row, gathered together: [2, R, S, Hkv, D].
-    kv = kv_cache.index_select(1, t["blocks"]).view(2, num_rows, max_keys, num_kv_heads, head_dim)
+    kv = kv_cache.index_select(1, t.blocks).view(2, num_rows, max_keys, num_kv_heads, head_dim)
     if kv.dtype != query.dtype:
         kv = kv.to(query.dtype)
     keys, values = kv.transpose(2, 3).unbind(0)  # each [R, Hkv, S, D]
 
     # Padded queries, with the G query heads of each KV head folded into the query axis: [R, Hkv, G * Q, D].
-    q = query.view(num_rows, max_query_len, num_heads, head_dim) if t["uniform"] else query[t["token_of_slot"]]
+    q = query.view(num_rows, max_query_len, num_heads, head_dim) if t.uniform else query[t.token_of_slot]
     q = q.view(num_rows, max_query_len, num_kv_heads, group, head_dim).permute(0, 2, 3, 1, 4)
     q = q.reshape(num_rows, num_kv_heads, group * max_query_len, head_dim)
     with sdpa_kernel(MASKED_SDPA_BACKENDS) if q.is_cuda else contextlib.nullcontext():
         out = F.scaled_dot_product_attention(
-            q, keys, values, attn_mask=t["mask"], scale=scale)
+            q, keys, values, attn_mask=t.mask, scale=scale)
     out = out.view(num_rows, num_kv_heads, group, max_query_len, head_dim).permute(0, 3, 1, 2, 4)
-    if t["uniform"]:
+    if t.uniform:
         return out.reshape(num_tokens, num_heads * head_dim)
     out = out.reshape(num_rows, max_query_len, num_heads * head_dim)
-    return out[t["row"], t["index_in_row"]]
+    row, index_in_row = t.rows
+    return out[row, index_in_row]
 
 
 def attend(
@@ -305,8 +327,8 @@ def attend(
     extra = prologue.kernel_args() if prologue is not None else {}
     if _kernel_takes(kernel, tensors, query, kv_cache, max_query_len, key, value, prologue=extra):  # one kernel
         return kernel.uniform(query, positions, kv_cache, plan.meta.block_table, plan.meta.seq_lens,
-                              tensors["mask"].shape[-1] // block_size, scale, key=key, value=value,
-                              write_index=tensors["write_index"], **extra)
+                              tensors.num_key_blocks, scale, key=key, value=value,
+                              write_index=tensors.write_index, **extra)
     if prologue is not None:
         query, key = prologue.apply(query, key)
     write_kv_cache(kv_cache, key, value, plan.meta.slot_mapping, tensors)
@@ -314,5 +336,5 @@ def attend(
     if split > 1:  # rows too long for one program (prompt chunks): the kernel over sub-rows, keys written above
         meta = plan.meta
         return kernel.uniform(query, positions, kv_cache, meta.block_table.repeat_interleave(split, 0),
-                              meta.seq_lens.repeat_interleave(split), tensors["mask"].shape[-1] // block_size, scale)
+                              meta.seq_lens.repeat_interleave(split), tensors.num_key_blocks, scale)
     return paged_attention(query, positions, kv_cache, plan, scale, kernel)

@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from specexp.models import attention
 from specexp.models.attention import attend, is_uniform, padding_slot, paged_attention, write_kv_cache
@@ -118,7 +119,7 @@ def test_padded_rows_stay_finite_over_nonfinite_null_block():
 def test_op_has_static_shapes_and_no_host_reads():
     """On the meta device any `.item()` or data-dependent shape raises: the op is graph-capturable."""
     kv_cache, meta, q, k, v, positions, _ = build_batch([2, 4], [3, 0], 4, 2, 8, pad_rows=1, pad_tokens=2)
-    to_meta = lambda t: torch.empty_like(t, device="meta")  # noqa: E731
+    to_meta = lambda t: torch.empty_like(t, device="meta")
     meta_md = AttentionMetadata(
         **{name: to_meta(value) if isinstance(value, torch.Tensor) else value for name, value in vars(meta).items()}
     )
@@ -157,3 +158,38 @@ def test_ragged_batches_are_not_uniform():
     assert not is_uniform(meta, q.shape[0])
     _, meta, q, *_ = build_batch([4, 4], [1, 1], 4, 2, 8, pad_tokens=4, max_query_len=4)  # padding, no padded row
     assert not is_uniform(meta, q.shape[0])
+
+
+class _CountOps(TorchDispatchMode):
+    """Records the aten ops dispatched inside the block that may launch a kernel (not views, not the 0-dim
+    tensor a Python scalar becomes)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.__name__.split(".")[0] not in ("slice", "view", "select", "scalar_tensor"):
+            self.ops.append(func.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_forwards_shared_tensors_start_with_the_write_indices_alone():
+    """A batch the uniform-batch kernel takes reads only the KV write indices of the plan: building the plan runs
+    those ops alone (a graph of such a forward holds none of the mask's kernels); the mask and the gather indices
+    are made when the SDPA path first asks, once per forward, and equal their definition."""
+    kv_cache, meta, q, *_ , positions, _ = build_batch([1, 1, 1], [5, 0, 17], 4, 2, 8, pad_rows=1, pad_tokens=1,
+                                                      max_query_len=1)
+    plan = attention.AttentionPlan(meta, positions)
+    with _CountOps() as counter:
+        shared = plan.tensors(q.shape[0], kv_cache.shape[2], 2, q.device)
+    assert len(counter.ops) <= 3, counter.ops  # slot ids to int64 (none here: already), slot < 0, where
+    assert shared.uniform and shared.num_key_blocks == -(-meta.max_seq_len // kv_cache.shape[2])
+    assert shared.write_index.tolist() == [s if s >= 0 else padding_slot(kv_cache.shape[2])
+                                           for s in meta.slot_mapping.tolist()]
+    mask = shared.mask
+    assert plan.tensors(q.shape[0], kv_cache.shape[2], 2, q.device).mask is mask  # made once per forward
+    keys = torch.arange(mask.shape[-1])
+    for r, (pos, seq_len) in enumerate(zip(positions.tolist(), meta.seq_lens.tolist())):
+        expected = ((keys <= pos) & (keys < seq_len)) | (keys == 0)
+        assert torch.equal(mask[r, 0], expected.expand(2, -1))
