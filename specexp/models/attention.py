@@ -44,7 +44,6 @@ kernel that reads the paged cache in place (`specexp.models.triton_attention`).
 from __future__ import annotations
 
 import contextlib
-import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -110,27 +109,40 @@ class PlanTensors:
         self.num_key_blocks = max(-(-meta.max_seq_len // block_size), 1)
         slots = meta.slot_mapping[:num_tokens].to(torch.int64)
         self.write_index = torch.where(slots < 0, padding_slot(block_size), slots)  # int64[T]
+        # made on first use (a plain cache, not functools.cached_property: its lock on Python 3.11 breaks a
+        # compiled step's graph)
+        self._made: dict[str, object] = {}
 
-    @functools.cached_property
+    def _once(self, name: str, make):
+        if name not in self._made:
+            self._made[name] = make()
+        return self._made[name]
+
+    @property
     def blocks(self) -> torch.Tensor:
         """int64[R * num_key_blocks]: each row's first num_key_blocks block ids, row after row."""
-        return self.meta.block_table[:, :self.num_key_blocks].to(torch.int64).reshape(-1)
+        return self._once("blocks", lambda: self.meta.block_table[:, :self.num_key_blocks].to(torch.int64)
+                          .reshape(-1))
 
-    @functools.cached_property
+    @property
     def token_of_slot(self) -> torch.Tensor | None:
         """int64[R, Q]: the flat token in each padded query slot (clamped); None for a uniform batch (the padded
         layout is the flat one: row r's queries are tokens r*Q .. r*Q + Q - 1)."""
-        if self.uniform:
-            return None
+        return None if self.uniform else self._once("token_of_slot", self._token_of_slot)
+
+    def _token_of_slot(self) -> torch.Tensor:
         num_rows = self.meta.block_table.shape[0]
         starts = self.meta.query_start_loc[:num_rows].to(torch.int64)
         return (starts.unsqueeze(1) + torch.arange(self.max_query_len, device=self.device)).clamp(
             0, max(self.num_tokens - 1, 0))
 
-    @functools.cached_property
+    @property
     def mask(self) -> torch.Tensor:
         """bool[R, 1, G * Q, num_key_blocks * block_size]: key j visible to a query at position p of row r iff
         j <= p and j < seq_lens[r], key 0 always (see the module doc)."""
+        return self._once("mask", self._mask)
+
+    def _mask(self) -> torch.Tensor:
         num_rows, q = self.meta.block_table.shape[0], self.max_query_len
         if self.uniform:
             q_pos = self.positions[:self.num_tokens].view(num_rows, q)
@@ -142,10 +154,11 @@ class PlanTensors:
         mask = visible.unsqueeze(1).expand(num_rows, self.group, q, key_pos.numel())
         return mask.reshape(num_rows, 1, self.group * q, key_pos.numel())
 
-    @functools.cached_property
+    @property
     def rows(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(row, index in row) of each flat token, int64[T] each (`_token_rows`); None for a uniform batch."""
-        return None if self.uniform else _token_rows(self.meta, self.num_tokens, self.device)
+        return None if self.uniform else self._once("rows", lambda: _token_rows(self.meta, self.num_tokens,
+                                                                                self.device))
 
 
 def is_uniform(meta: AttentionMetadata, num_tokens: int) -> bool:
