@@ -40,7 +40,7 @@ def engine_configs(spec):
         cudagraph_prefill_tokens=_int_tuple(e.options.get("cudagraph_prefill_tokens")) or (),
         **{name: e.options.get(name, getattr(EngineConfig, name))  # absent: EngineConfig's own defaults
            for name in ("compile_pointwise", "linear_kernel", "fold_norm_weights", "attention_kernel", "conv_kernel",
-                        "plain_decode_lookahead", "cudagraph_shared_pool", "cudagraph_mixed")},
+                        "argmax_kernel", "plain_decode_lookahead", "cudagraph_shared_pool", "cudagraph_mixed")},
     )
     speculator = SpeculatorConfig(
         num_speculative_tokens=s.num_speculative_tokens, rejection=s.options.get("rejection", "standard"),

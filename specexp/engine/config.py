@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from specexp.engine.sampling import ARGMAX_KERNELS
 from specexp.models import triton_support
 from specexp.models.attention import ATTENTION_KERNELS
 from specexp.models.linear_ops import LINEAR_KERNELS
@@ -66,6 +67,9 @@ class EngineConfig:
     conv_kernel: "torch" | "triton" (LFM2's gated short conv in one Triton kernel per layer for uniform batches and
     for batches of non-spec rows alone, e.g. prompt chunks, `specexp.models.triton_short_conv`; CUDA only; batches
     mixing spec and non-spec rows keep the torch path).
+    argmax_kernel: "torch" | "triton" (the argmax over the vocabulary of greedy drafting, greedy verification and
+    sampling's exponential race in two short Triton kernels, `specexp.models.triton_argmax`: the same indices as
+    torch's, where torch reduces a batch-1 row of 128K logits in one block; CUDA only).
     plain_decode_lookahead: without speculation (k = 0), queue each step before the last one's tokens are read
     back (a step emits one token a row, so everything but the token's value is known; the device gathers it):
     the host's work for a step overlaps the device's previous step. A request that stops at EOS costs one
@@ -90,6 +94,7 @@ class EngineConfig:
     fold_norm_weights: bool = False
     attention_kernel: str = "sdpa"
     conv_kernel: str = "torch"
+    argmax_kernel: str = "torch"
     plain_decode_lookahead: bool = True
     seed: int = 0
 
@@ -124,6 +129,7 @@ class EngineConfig:
         self._check_kernel("linear_kernel", LINEAR_KERNELS, ("triton_gemv", "triton_skinny"), "cublas")
         self._check_kernel("attention_kernel", ATTENTION_KERNELS, ("triton",), "sdpa")
         self._check_kernel("conv_kernel", CONV_KERNELS, ("triton",), "torch")
+        self._check_kernel("argmax_kernel", ARGMAX_KERNELS, ("triton",), "torch")
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
             raise EngineConfigError(
                 f"engine.max_num_batched_tokens={self.max_num_batched_tokens}: must be >= 1 (or null)"

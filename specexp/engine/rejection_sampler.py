@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specexp.engine.sampling import RandomSource, logits_to_probs, sample_from_probs, uniform
+from specexp.engine.sampling import Argmax, RandomSource, logits_to_probs, sample_from_probs, torch_argmax, uniform
 
 
 @dataclass
@@ -60,8 +60,9 @@ class RejectionSampler:
 
     def __init__(self, *, temperature: float, top_k: int, top_p: float, mode: str = "standard",
                  synthetic_acceptance_rate: float = 1.0, synthetic_conditional_rates: list[float] | None = None,
-                 generator: RandomSource = None) -> None:
+                 generator: RandomSource = None, argmax: Argmax = torch_argmax) -> None:
         self.temperature = temperature
+        self.argmax = argmax  # over the vocabulary (`sampling.ARGMAX_KERNELS`)
         self.top_k = top_k
         self.top_p = top_p
         self.mode = mode
@@ -104,7 +105,7 @@ class RejectionSampler:
         is_draft = cols.unsqueeze(0) < num_draft_tokens.unsqueeze(1)  # [R, K]
         greedy = self.temperature == 0.0
         if greedy:
-            target_tokens = target_logits.argmax(dim=-1)  # [R, K+1]
+            target_tokens = self.argmax(target_logits)  # [R, K+1]
         else:
             probs = logits_to_probs(target_logits, self.temperature, self.top_k, self.top_p)
         if self.mode == "synthetic":
@@ -114,14 +115,14 @@ class RejectionSampler:
                 last = target_tokens.gather(1, accepted.unsqueeze(1)).squeeze(1)
             else:
                 last_probs = probs.gather(1, accepted.view(-1, 1, 1).expand(-1, 1, probs.shape[-1])).squeeze(1)
-                last = sample_from_probs(last_probs, self.generator)
+                last = sample_from_probs(last_probs, self.generator, self.argmax)
             return _emit(draft_tokens, accepted, last, samples)
         if greedy:
             accepted = _accepted_prefix_len((draft_tokens == target_tokens[:, :k]) & is_draft)
             last = target_tokens.gather(1, accepted.unsqueeze(1)).squeeze(1)
             return _emit(draft_tokens, accepted, last, samples)
         if k == 0:  # no drafts (plain decoding): the token comes from the target alone
-            last = sample_from_probs(probs[:, 0], self.generator)
+            last = sample_from_probs(probs[:, 0], self.generator, self.argmax)
             return _emit(draft_tokens, torch.zeros_like(num_draft_tokens), last, samples)
         assert draft_probs is not None, "sampling verification needs the draft's probabilities"
         p_draft_tok = probs[:, :k].gather(2, draft_tokens.unsqueeze(2)).squeeze(2)  # [R, K]
@@ -138,5 +139,5 @@ class RejectionSampler:
         # All drafts accepted (or none proposed): the bonus comes from p. p == q exactly: residual is empty.
         use_residual = (accepted < num_draft_tokens).unsqueeze(1) & (residual_mass > 0)
         last_probs = torch.where(use_residual, residual / residual_mass.clamp_min(1e-30), p_at)
-        last = sample_from_probs(last_probs, self.generator)
+        last = sample_from_probs(last_probs, self.generator, self.argmax)
         return _emit(draft_tokens, accepted, last, samples)

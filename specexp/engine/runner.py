@@ -56,6 +56,7 @@ from specexp.engine.output import EngineOutput, StepRecord
 from specexp.engine.progress import ProgressCallback, RunReporter
 from specexp.engine.rejection_sampler import RejectionSampler
 from specexp.engine.request import Request
+from specexp.engine.sampling import ARGMAX_KERNELS
 from specexp.engine.scheduler import ScheduledBatch, Scheduler
 from specexp.engine.short_conv import ShortConvMetadataBuilder
 from specexp.engine.speculator import AutoRegressiveSpeculator
@@ -210,7 +211,7 @@ class NativeEngine(TargetGraphs, TargetStepInputs, TargetMixedSteps, TargetMixed
             temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
             mode=speculator.rejection, synthetic_acceptance_rate=speculator.synthetic_acceptance_rate,
             synthetic_conditional_rates=speculator.synthetic_conditional_rates() if self.k else None,
-            generator=self.random,
+            generator=self.random, argmax=ARGMAX_KERNELS[engine.argmax_kernel],
         )
         self.speculator: AutoRegressiveSpeculator | None = None
         self.req_draft_probs: torch.Tensor | None = None
@@ -228,6 +229,7 @@ class NativeEngine(TargetGraphs, TargetStepInputs, TargetMixedSteps, TargetMixed
                 confidence_threshold=speculator.draft_confidence_threshold,
                 # the chunks' draft regions: each its tokens + the sampled one
                 mixed_chunk_shapes=tuple((rows, count + 1) for rows, count in self.mixed_graphs.managers),
+                argmax=ARGMAX_KERNELS[engine.argmax_kernel],
             )
             if not sampling.greedy:
                 # Draft probabilities of each request's pending drafts, by conv slot (a request's stable id).

@@ -2,9 +2,35 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from specexp.engine.compiled_graphs import RandomTape
+from specexp.models import triton_argmax
+
+
+def torch_argmax(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """torch.argmax(x, dim=-1): x [..., V] -> int64[...], written into `out` (x.shape[:-1], any stride) when
+    given and returned."""
+    if out is None:
+        return x.argmax(dim=-1)
+    return out.copy_(x.argmax(dim=-1))
+
+
+def triton_argmax_on_gpu(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """:func:`torch_argmax`, the same indices, on the two-kernel Triton argmax where it takes x (CUDA tensors,
+    `triton_argmax.supports`): one block per row of a 128K vocabulary made torch's a tenth of a small draft's
+    decode step (`specexp.models.triton_argmax`)."""
+    if x.is_cuda and triton_argmax.supports(x) and (out is None or out.dim() <= 1 or out.is_contiguous()):
+        return triton_argmax.argmax(x, out)
+    return torch_argmax(x, out)
+
+
+# The argmax over the vocabulary that greedy drafting, greedy verification and the exponential race run
+# (`engine.argmax_kernel`): f(x [..., V], out=None) -> int64[...].
+Argmax = Callable[..., torch.Tensor]
+ARGMAX_KERNELS: dict[str, Argmax] = {"torch": torch_argmax, "triton": triton_argmax_on_gpu}
 
 
 def logits_to_probs(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
@@ -45,9 +71,10 @@ def exponential_like(like: torch.Tensor, generator: RandomSource) -> torch.Tenso
     return torch.empty_like(like).exponential_(generator=generator)
 
 
-def sample_from_probs(probs: torch.Tensor, generator: RandomSource) -> torch.Tensor:
+def sample_from_probs(probs: torch.Tensor, generator: RandomSource, argmax: Argmax = torch_argmax,
+                      out: torch.Tensor | None = None) -> torch.Tensor:
     """One token per row of probs [..., V] by the exponential race (argmax of p / Exp(1)); no sync.
 
-    Returns int64 [...].
+    Returns int64 [...] (written into `out` when given); `argmax`: an :data:`ARGMAX_KERNELS` entry.
     """
-    return (probs / exponential_like(probs, generator)).argmax(dim=-1)
+    return argmax(probs / exponential_like(probs, generator), out)

@@ -51,7 +51,7 @@ from specexp.engine.cudagraph import FULL, NONE, BatchExecutionDescriptor, CudaG
 from specexp.engine.inputs import InputBuffers, StepInputsCPU, build_step_inputs, stride_rows, uniform_dummy_inputs
 from specexp.engine.mixed_graphs import DraftMixedGraphs
 from specexp.engine.mixed_steps import DraftMixedSteps
-from specexp.engine.sampling import RandomSource, logits_to_probs, sample_from_probs
+from specexp.engine.sampling import Argmax, RandomSource, logits_to_probs, sample_from_probs, torch_argmax
 from specexp.engine.short_conv import ShortConvMetadataBuilder
 from specexp.engine.verified import StagedRows, VerifiedBatch
 from specexp.models.caches import allocate_conv_state_stack, allocate_kv_caches
@@ -107,8 +107,10 @@ class AutoRegressiveSpeculator(DraftMixedSteps, DraftMixedGraphs):
         decode_graph_keys: tuple[tuple[int, int], ...] | None = None,
         confidence_threshold: float = 0.0,
         mixed_chunk_shapes: tuple[tuple[int, int], ...] = (),
+        argmax: Argmax = torch_argmax,
     ) -> None:
         self.model = draft_model
+        self.argmax = argmax  # over the vocabulary, into the draft buffer's column (`sampling.ARGMAX_KERNELS`)
         self.k = num_speculative_tokens
         self.max_num_reqs = max_num_reqs
         self.block_size = block_size
@@ -396,18 +398,17 @@ class AutoRegressiveSpeculator(DraftMixedSteps, DraftMixedGraphs):
         """Draft token `step` of each row from logits fp32[R, V]: argmax when greedy, else a sample from
         softmax(logits / T), whose probabilities the rejection sampler needs. With the confidence rule on, the
         token's draft probability updates the row's `draft_lengths`."""
+        tokens = self.draft_tokens[:num_reqs, step]  # written in place by the argmax
         if self.draft_probs is None:
-            tokens = logits.argmax(dim=-1)
-            self.draft_tokens[:num_reqs, step] = tokens
+            self.argmax(logits, tokens)
             if self.confidence_threshold > 0:
                 self._update_draft_lengths(torch.softmax(logits, dim=-1).amax(dim=-1), num_reqs, step)
             return
         probs = logits_to_probs(logits, self.temperature)
         self.draft_probs[:num_reqs, step] = probs
-        tokens = sample_from_probs(probs, self.generator)
-        self.draft_tokens[:num_reqs, step] = tokens
+        sample_from_probs(probs, self.generator, self.argmax, tokens)
         if self.confidence_threshold > 0:
-            self._update_draft_lengths(probs.gather(1, tokens.view(-1, 1)).squeeze(1), num_reqs, step)
+            self._update_draft_lengths(probs.gather(1, tokens.unsqueeze(1)).squeeze(1), num_reqs, step)
 
     def _update_draft_lengths(self, token_probs: torch.Tensor, num_reqs: int, step: int) -> None:
         """draft_lengths[r] = step + 1 when draft `step` of row r is its first below the threshold (token_probs:
