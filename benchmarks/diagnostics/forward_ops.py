@@ -69,7 +69,7 @@ class OpCounter(TorchDispatchMode):
 
 
 def fused_as_one(counter: OpCounter) -> PointwiseOps:
-    """Eager pointwise ops (RMSNorm, SiLU product, RoPE, short-conv taps) that `counter` counts as one op per call: what `engine.compile_pointwise` runs (one
+    """Eager pointwise ops (RMSNorm, SiLU product, RoPE and its tables, short-conv taps) that `counter` counts as one op per call: what `engine.compile_pointwise` runs (one
     inductor kernel per call). Dynamo does not run compiled code under a dispatch mode, hence the model."""
     def one(name, fn):
         def call(*args):
@@ -82,7 +82,8 @@ def fused_as_one(counter: OpCounter) -> PointwiseOps:
         return call
 
     return PointwiseOps(one("rms_norm", EAGER.rms_norm), one("silu_mul", EAGER.silu_mul),
-                        one("apply_rope", EAGER.apply_rope), one("conv_taps", EAGER.conv_taps))
+                        one("apply_rope", EAGER.apply_rope), one("conv_taps", EAGER.conv_taps),
+                        one("rope_tables", EAGER.rope_tables))
 
 
 def _shares_storage(out, source) -> bool:

@@ -69,6 +69,8 @@ class RotaryEmbedding(nn.Module):
     `inv_freq` is a float32 buffer; after building a model on the meta device call `reset_inv_freq()`.
     """
 
+    ops: PointwiseOps = EAGER
+
     def __init__(self, rope: RopeConfig, head_dim: int):
         super().__init__()
         self.rope = rope
@@ -80,10 +82,9 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """positions: int64[T] -> (cos, signed_sin), each [T, head_dim] in `dtype`: cos = [cos f, cos f]
-        and signed_sin = [-sin f, sin f], rotate-half's sign folded in (see
-        :func:`specexp.models.pointwise.apply_rope`)."""
-        freqs = positions.to(torch.float32).unsqueeze(-1) * self.inv_freq.float()
-        return torch.cat((freqs, freqs), dim=-1).cos().to(dtype), torch.cat((-freqs, freqs), dim=-1).sin().to(dtype)
+        and signed_sin = [-sin f, sin f], rotate-half's sign folded in (:func:`specexp.models.pointwise.rope_tables`,
+        on this module's `ops`)."""
+        return self.ops.rope_tables(positions, self.inv_freq, dtype)
 
 
 class QKVAttention(nn.Module):

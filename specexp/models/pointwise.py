@@ -1,5 +1,5 @@
-"""The elementwise pieces of a decoder layer (RMSNorm, the SiLU-gated product, rotary embedding, the short
-conv's multiply-adds) as plain functions, and the same functions fused by torch.compile.
+"""The elementwise pieces of a decoder layer (RMSNorm, the SiLU-gated product, rotary embedding and its tables, the
+short conv's multiply-adds) as plain functions, and the same functions fused by torch.compile.
 
 Modules call them through a `PointwiseOps` table (`module.ops`, :data:`EAGER` by default). At batch 1 a
 captured decode step is bound by its kernel count rather than by weight bytes
@@ -71,19 +71,30 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> 
     return x * cos.unsqueeze(1) + swapped * signed_sin.unsqueeze(1)
 
 
+def rope_tables(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rotary tables of a flat batch of positions: positions int64[T], inv_freq fp32[D/2] (radians per
+    position) -> (cos, signed_sin), each [T, D] in `dtype`: cos = [cos f, cos f], signed_sin = [-sin f, sin f]
+    with f = position * inv_freq in fp32 (rotate-half's sign folded in, see :func:`apply_rope`). Eagerly nine
+    small kernels a forward; compiled, one."""
+    freqs = positions.to(torch.float32).unsqueeze(-1) * inv_freq.float()
+    return torch.cat((freqs, freqs), dim=-1).cos().to(dtype), torch.cat((-freqs, freqs), dim=-1).sin().to(dtype)
+
+
 @dataclass(frozen=True)
 class PointwiseOps:
     """The implementations modules call: `rms_norm(x, weight, eps)`, `silu_mul(gate, up)`,
-    `apply_rope(x, cos, signed_sin)` (this module's functions) and `conv_taps(ext, weight, query_len)` (the short
-    conv's multiply-adds, `specexp.models.short_conv_ops.conv_taps`)."""
+    `apply_rope(x, cos, signed_sin)`, `rope_tables(positions, inv_freq, dtype)` (this module's functions) and
+    `conv_taps(ext, weight, query_len)` (the short conv's multiply-adds, `specexp.models.short_conv_ops.conv_taps`)."""
 
     rms_norm: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
     silu_mul: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     apply_rope: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
     conv_taps: Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
+    rope_tables: Callable[[torch.Tensor, torch.Tensor, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = rope_tables
 
 
-EAGER = PointwiseOps(rms_norm, silu_mul, apply_rope, conv_taps)
+EAGER = PointwiseOps(rms_norm, silu_mul, apply_rope, conv_taps, rope_tables)
 
 
 # Variants each compiled function may need in one process: dtype x rank (RMSNorm also runs per head) x eps
@@ -101,7 +112,8 @@ def compiled_pointwise_ops() -> PointwiseOps:
     def compile_(fn):
         return torch.compile(fn, dynamic=True, fullgraph=True, options={"emulate_precision_casts": True})
 
-    return PointwiseOps(compile_(rms_norm), compile_(silu_mul), compile_(apply_rope), compile_(conv_taps))
+    return PointwiseOps(compile_(rms_norm), compile_(silu_mul), compile_(apply_rope), compile_(conv_taps),
+                        compile_(rope_tables))
 
 
 def use_pointwise_ops(model: nn.Module, ops: PointwiseOps) -> None:

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specexp.models import load_model
+from specexp.models.layers import RotaryEmbedding
 from specexp.models.pointwise import (
     EAGER,
     PointwiseOps,
@@ -39,6 +40,14 @@ def test_compiled_ops_give_the_eager_values(compiled, dtype, num_tokens):
     ext = torch.randn(num_tokens, 96, 2 + 4, generator=gen).to(dtype)  # [R, D, W-1+q], W = 3, q = 4
     conv_weight = torch.randn(96, 3, generator=gen).to(dtype)
     assert torch.equal(compiled.conv_taps(ext, conv_weight, 4), EAGER.conv_taps(ext, conv_weight, 4))
+    # the rotary tables: cos and sin of the same fp32 angles, at positions up to 10^5 (to the last bit of fp32's
+    # cos / sin, rounded to dtype)
+    positions = torch.randint(0, 100_000, (num_tokens,), generator=gen)
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, 32, 2).float() / 32))
+    for got, want in zip(compiled.rope_tables(positions, inv_freq, dtype), EAGER.rope_tables(positions, inv_freq,
+                                                                                            dtype), strict=True):
+        assert got.shape == (num_tokens, 32) and got.dtype == dtype
+        torch.testing.assert_close(got, want, rtol=0, atol=2e-6 if dtype == torch.float32 else 0)
     # RMSNorm: the same up to the last bit of the fp32 reduction order
     torch.testing.assert_close(compiled.rms_norm(x, weight, 1e-5), EAGER.rms_norm(x, weight, 1e-5),
                                rtol=1e-6 if dtype == torch.float32 else 0, atol=1e-6 if dtype == torch.float32 else 0)
@@ -48,6 +57,7 @@ def test_a_model_switches_every_pointwise_module(compiled):
     model = load_model("configs/tiny-random-lfm2", weights="random")
     tables = [m.ops for m in model.modules() if isinstance(getattr(m, "ops", None), PointwiseOps)]
     assert tables and all(t is EAGER for t in tables)
+    assert any(isinstance(m, RotaryEmbedding) for m in model.modules() if getattr(m, "ops", None) is EAGER)
     use_pointwise_ops(model, compiled)
     assert all(m.ops is compiled for m in model.modules() if isinstance(getattr(m, "ops", None), PointwiseOps))
 
