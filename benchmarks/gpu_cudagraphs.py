@@ -58,7 +58,8 @@ RANDOM_PAIRS = {
 }
 # What `engine=cuda` runs (conf/engine/cuda.yaml): the configuration the diagnostics
 # (diagnostics/host_time.py, step_trace.py, verify_cost.py) look at, and the defaults of this script's kernel switches.
-CUDA_KERNELS = {"compile_pointwise": True, "linear_kernel": "triton_skinny", "fold_norm_weights": True,
+CUDA_KERNELS = {"compile_pointwise": True, "linear_kernel": "triton_skinny", "silu_in_down_gemv": False,
+                "fold_norm_weights": True,
                 "attention_kernel": "triton", "conv_kernel": "triton", "argmax_kernel": "torch",
                 "cudagraph_prefill_tokens": (16, 32, 64, 128)}
 DEMO_PAIRS = {
@@ -372,6 +373,9 @@ def main() -> None:
                         choices=["cublas", "triton_gemv", "triton_skinny"],
                         help="engine.linear_kernel: single-token projections on cuBLAS or the Triton GEMV; "
                              "triton_skinny: also projections of up to 16 tokens (verify, draft prefill)")
+    parser.add_argument("--silu-in-down-gemv", action=argparse.BooleanOptionalAction,
+                        default=CUDA_KERNELS["silu_in_down_gemv"],
+                        help="engine.silu_in_down_gemv: the MLP's SiLU product of one token inside the down GEMV")
     parser.add_argument("--fold-norm-weights", action=argparse.BooleanOptionalAction,
                         default=CUDA_KERNELS["fold_norm_weights"],
                         help="engine.fold_norm_weights: pre-norm weights folded into the projections (the fused "
@@ -420,6 +424,7 @@ def main() -> None:
         parser.error(f"--sections: unknown {unknown}; valid: {', '.join(SECTIONS)}")
     assert torch.cuda.is_available(), "needs a CUDA GPU"
     kernels = {"compile_pointwise": args.compile_pointwise, "linear_kernel": args.linear_kernel,
+               "silu_in_down_gemv": args.silu_in_down_gemv,
                "fold_norm_weights": args.fold_norm_weights,
                "attention_kernel": args.attention_kernel, "conv_kernel": args.conv_kernel,
                "argmax_kernel": args.argmax_kernel, "plain_decode_lookahead": not args.no_plain_decode_lookahead,

@@ -58,6 +58,8 @@ class EngineConfig:
     "triton_skinny" (the same, and projections of up to 16 tokens, e.g. a batch-1 verify, on its skinny GEMM;
     with fold_norm_weights it beats cuBLAS + separate norms inside the engine on the H200, see `triton_gemv`'s
     docstring; `engine=cuda`'s default).
+    silu_in_down_gemv: with a Triton linear_kernel, compute a gated MLP's SiLU product of one token inside its
+    down projection's GEMV (`triton_gemv.gated_gemv`): one kernel fewer per layer of a batch-1 step.
     fold_norm_weights: fold each decoder layer's pre-norm weight into the projections that read it, in place
     (`specexp.models.norm_folding`: the same function up to one rounding of each folded weight), so the Triton
     kernels that fuse the norm skip scaling x by it; the models stay folded after the engine.
@@ -91,6 +93,7 @@ class EngineConfig:
     cudagraph_shared_pool: bool = True
     compile_pointwise: bool = False
     linear_kernel: str = "cublas"
+    silu_in_down_gemv: bool = False
     fold_norm_weights: bool = False
     attention_kernel: str = "sdpa"
     conv_kernel: str = "torch"
@@ -123,13 +126,17 @@ class EngineConfig:
         if self.cudagraph_mixed not in MIXED_STEP_MODES:
             raise EngineConfigError(f"engine.cudagraph_mixed={self.cudagraph_mixed!r}: valid are "
                                     + ", ".join(repr(m) for m in MIXED_STEP_MODES))
-        for name in ("compile_pointwise", "plain_decode_lookahead", "fold_norm_weights", "cudagraph_shared_pool"):
+        for name in ("compile_pointwise", "plain_decode_lookahead", "fold_norm_weights", "cudagraph_shared_pool",
+                     "silu_in_down_gemv"):
             if not isinstance(getattr(self, name), bool):
                 raise EngineConfigError(f"engine.{name}={getattr(self, name)!r}: must be true or false")
         self._check_kernel("linear_kernel", LINEAR_KERNELS, ("triton_gemv", "triton_skinny"), "cublas")
         self._check_kernel("attention_kernel", ATTENTION_KERNELS, ("triton",), "sdpa")
         self._check_kernel("conv_kernel", CONV_KERNELS, ("triton",), "torch")
         self._check_kernel("argmax_kernel", ARGMAX_KERNELS, ("triton",), "torch")
+        if self.silu_in_down_gemv and self.linear_kernel == "cublas":
+            raise EngineConfigError("engine.silu_in_down_gemv=true computes the SiLU product in the Triton GEMV: it "
+                                    "needs engine.linear_kernel=triton_gemv or triton_skinny (got 'cublas')")
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
             raise EngineConfigError(
                 f"engine.max_num_batched_tokens={self.max_num_batched_tokens}: must be >= 1 (or null)"

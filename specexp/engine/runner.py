@@ -50,12 +50,13 @@ from specexp.engine.depth import StaticDepth, depth_policy, describe_graph_cost,
 from specexp.engine.goodput import StepCostTable
 from specexp.engine.inputs import InputBuffers
 from specexp.engine.mixed_graphs import TargetMixedGraphs
-from specexp.engine.reuse import EngineReuse, check_serve_depths, with_depths
 from specexp.engine.mixed_steps import TargetMixedSteps
+from specexp.engine.model_kernels import use_engine_kernels
 from specexp.engine.output import EngineOutput, StepRecord
 from specexp.engine.progress import ProgressCallback, RunReporter
 from specexp.engine.rejection_sampler import RejectionSampler
 from specexp.engine.request import Request
+from specexp.engine.reuse import EngineReuse, check_serve_depths, with_depths
 from specexp.engine.sampling import ARGMAX_KERNELS
 from specexp.engine.scheduler import ScheduledBatch, Scheduler
 from specexp.engine.short_conv import ShortConvMetadataBuilder
@@ -63,14 +64,10 @@ from specexp.engine.speculator import AutoRegressiveSpeculator
 from specexp.engine.target_graphs import TargetGraphs
 from specexp.engine.target_inputs import TargetStepInputs
 from specexp.engine.timing import PhaseStamps, PhaseTimer
-from specexp.models.attention import ATTENTION_KERNELS, use_attention_kernel
 from specexp.models.caches import allocate_conv_states, allocate_kv_caches
-from specexp.models.linear_ops import LINEAR_KERNELS, use_linear_ops
 from specexp.models.metadata import ForwardContext
-from specexp.models.norm_folding import fold_norm_weights
 from specexp.models.pointwise import EAGER as EAGER_POINTWISE
-from specexp.models.pointwise import compiled_pointwise_ops, use_pointwise_ops
-from specexp.models.short_conv_ops import CONV_KERNELS, use_conv_kernel
+from specexp.models.pointwise import use_pointwise_ops
 
 # Re-exported: callers import the step records and the output from here.
 __all__ = ["DTYPES", "EngineOutput", "InFlightStep", "NativeEngine", "StepRecord", "check_pair"]
@@ -126,16 +123,7 @@ class NativeEngine(TargetGraphs, TargetStepInputs, TargetMixedSteps, TargetMixed
         self.pin_memory = self.device.type == "cuda"
         self.dtype = DTYPES[engine.dtype]
         self.target = target
-        # Every model of this engine calls the fused (compiled) pointwise ops, or the eager ones, as configured
-        # (set on the modules: a model shared by two engines follows the last one built).
-        ops = compiled_pointwise_ops() if engine.compile_pointwise else EAGER_POINTWISE
-        for model in (target, draft) if self.k > 0 else (target,):
-            if engine.fold_norm_weights:
-                fold_norm_weights(model)
-            use_pointwise_ops(model, ops)
-            use_linear_ops(model, LINEAR_KERNELS[engine.linear_kernel])
-            use_attention_kernel(model, ATTENTION_KERNELS[engine.attention_kernel])
-            use_conv_kernel(model, CONV_KERNELS[engine.conv_kernel])
+        use_engine_kernels((target, draft) if self.k > 0 else (target,), engine)
         self.eos_token_ids = set(eos_token_ids or [])
         self.stop = StopRule(self.eos_token_ids, sampling.ignore_eos, engine.max_model_len)
         self.progress = progress

@@ -13,6 +13,8 @@ bias)` and `norm_linear(x, norm, weight, bias)` (a pre-norm projection: linear(n
 - :data:`TRITON_SKINNY` (`engine.linear_kernel=triton_skinny`): the same for products of up to
   `triton_gemv.MAX_TOKENS` rows (a batch-1 verify of k + 1 tokens, a draft prefill region of k + 2), the rows
   past the first on the GEMV's skinny-GEMM sibling, which streams each weight once for all rows.
+- :meth:`LinearOps.with_silu_in_down_gemv` (`engine.silu_in_down_gemv`): a gated MLP's SiLU product of one token
+  computed inside its down projection's GEMV, one kernel fewer per layer of a batch-1 step.
 
 A pre-norm whose weight is folded into the projections (`RMSNorm.folded`, :mod:`specexp.models.norm_folding`)
 reaches the Triton kernels as `rms_only`: they scale each row's products by 1/rms(x) and skip the multiply by the
@@ -22,7 +24,7 @@ norm weight, which is what made the skinny kernel lose to cuBLAS before.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import torch
@@ -45,6 +47,15 @@ def add_linear_(residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
     if bias is not None:
         residual.add_(bias)
     return residual.addmm_(x, weight.t())
+
+
+def silu_down_(residual: torch.Tensor, gate_up: torch.Tensor, silu_mul: Callable, weight: torch.Tensor,
+               bias: torch.Tensor | None = None) -> torch.Tensor:
+    """residual += silu_mul(gate, up) @ weight^T (+ bias), in place, and returned: a SiLU-gated MLP's down
+    projection. gate_up [T, 2I] (gate, then up), weight [out, I], residual [T, out]; silu_mul(gate, up) the
+    pointwise op (`pointwise.PointwiseOps.silu_mul`)."""
+    gate, up = gate_up.split(weight.shape[1], dim=-1)
+    return add_linear_(residual, silu_mul(gate, up), weight, bias)
 
 
 class Norm(Protocol):
@@ -104,16 +115,36 @@ def _gemv_norm_linear(max_tokens: int):
     return gemv_norm_linear
 
 
+def _gated_gemv_silu_down_(fallback: Callable) -> Callable:
+    def gated_gemv_silu_down_(residual: torch.Tensor, gate_up: torch.Tensor, silu_mul: Callable,
+                              weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """:func:`silu_down_`, with one token's SiLU product computed inside the down projection's GEMV
+        (:func:`triton_gemv.gated_gemv`); other products as `fallback`."""
+        if (gate_up.is_cuda and residual.is_contiguous() and gate_up.shape[-1] == 2 * weight.shape[1]
+                and triton_gemv.supports(gate_up, weight)):
+            return triton_gemv.gated_gemv(gate_up, weight, bias, residual=residual)
+        return fallback(residual, gate_up, silu_mul, weight, bias)
+
+    return gated_gemv_silu_down_
+
+
 @dataclass(frozen=True)
 class LinearOps:
     """`linear(x [T, in], weight [out, in], bias [out] | None) -> [T, out]`;
     `add_linear_(residual [T, out], x, weight, bias) -> residual` (updated in place);
     `norm_linear(x [T, in], norm, weight, bias) -> [T, out]` (linear of norm(x); `norm` an RMSNorm module or
-    None)."""
+    None); `silu_down_(residual [T, out], gate_up [T, 2I], silu_mul, weight [out, I], bias) -> residual` (a gated
+    MLP's down projection, updated in place)."""
 
     linear: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
     add_linear_: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
     norm_linear: Callable[[torch.Tensor, Norm | None, torch.Tensor, torch.Tensor | None], torch.Tensor]
+    silu_down_: Callable[..., torch.Tensor] = silu_down_
+
+    def with_silu_in_down_gemv(self) -> LinearOps:
+        """This table, with one token's SiLU product computed in the down projection's GEMV
+        (`engine.silu_in_down_gemv`); every other down projection as this table runs it."""
+        return replace(self, silu_down_=_gated_gemv_silu_down_(self.silu_down_))
 
 
 CUBLAS = LinearOps(F.linear, add_linear_, norm_linear)

@@ -61,6 +61,9 @@ NUM_WARPS = 4
 # Rows per program with the RMSNorm fused: each program re-reads x and the norm weight, which more rows amortise.
 # Measured on the H200 in a Llama-3.2-1B-shaped step over 1, 2, 4, 8, 16 (the q/k/v and gate/up products): 8 won.
 NORM_BLOCK_N = 8
+# Rows per program of the gated GEMV (the SiLU product computed in the down projection): each program recomputes
+# silu(gate) * up from [gate, up] for its rows, which more rows amortise (as NORM_BLOCK_N; not tuned on a GPU).
+GATED_BLOCK_N = 8
 # Rows of x the skinny kernel takes (a verify of k + 1 <= 16 tokens, a draft prefill region of k + 2); more go to
 # torch's GEMMs.
 MAX_TOKENS = 16
@@ -92,7 +95,8 @@ if AVAILABLE:
     @triton.jit
     def _gemv_kernel(x_ptr, norm_w_ptr, w_ptr, bias_ptr, res_ptr, y_ptr, N, K, stride_w, eps,
                      HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, NORM: tl.constexpr,
-                     SCALE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                     SCALE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                     GATED: tl.constexpr = False):
         rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         cols = tl.arange(0, BLOCK_K)
         row_ok = rows < N
@@ -102,7 +106,13 @@ if AVAILABLE:
         for k0 in range(0, K, BLOCK_K):
             k = k0 + cols
             k_ok = k < K
-            x = tl.load(x_ptr + k, mask=k_ok, other=0.0).to(tl.float32)
+            if GATED:  # x = silu(gate) * up from [gate, up], each product rounded to x's dtype as eager rounds it
+                gate = tl.load(x_ptr + k, mask=k_ok, other=0.0).to(tl.float32)
+                up = tl.load(x_ptr + K + k, mask=k_ok, other=0.0)
+                silu = tl.math.div_rn(gate, 1.0 + tl.exp(-gate)).to(up.dtype).to(tl.float32)
+                x = (silu * up.to(tl.float32)).to(up.dtype).to(tl.float32)
+            else:
+                x = tl.load(x_ptr + k, mask=k_ok, other=0.0).to(tl.float32)
             if NORM:  # the 1/rms scale is applied to the dot products at the end
                 squares += x * x
             if SCALE:  # the norm's weight (not folded into W)
@@ -163,6 +173,29 @@ if AVAILABLE:
         if HAS_RESIDUAL:
             y += tl.load(res_ptr + out_offsets, mask=out_ok, other=0.0).to(tl.float32)
         tl.store(y_ptr + out_offsets, y.to(y_ptr.dtype.element_ty), mask=out_ok)
+
+
+def gated_gemv(gate_up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+               residual: torch.Tensor | None = None) -> torch.Tensor:
+    """The down projection of a SiLU-gated MLP with its gate in the same kernel, for one token: gate_up [1, 2I]
+    (gate then up, contiguous), weight [N, I] (rows contiguous), bias [N] or None -> (silu(gate) * up) @ weight^T
+    + bias, [1, N] in gate_up's dtype; with `residual` ([1, N], contiguous) added to it in place and returned.
+
+    silu(gate) and its product with up are each rounded to the dtype, as eager's two kernels round them; silu's
+    exp is Triton's, so the product may differ from eager's in the last bit of a few elements. Saves the SiLU
+    product's kernel (and its [1, I] round trip) in each layer of a batch-1 step."""
+    if gate_up.dim() != 2 or gate_up.shape[0] != 1 or gate_up.shape[1] != 2 * weight.shape[1]:
+        raise ValueError(f"triton_gemv.gated_gemv takes gate_up [1, 2 * {weight.shape[1]}] for weight "
+                         f"{tuple(weight.shape)}, got {tuple(gate_up.shape)}")
+    n, k = weight.shape
+    gate_up = gate_up.contiguous()
+    out = residual if residual is not None else torch.empty(1, n, device=gate_up.device, dtype=gate_up.dtype)
+    _gemv_kernel[(triton.cdiv(n, GATED_BLOCK_N),)](
+        gate_up, gate_up, weight, bias if bias is not None else gate_up, out, out, n, k, weight.stride(0), 0.0,
+        HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None, NORM=False, SCALE=False,
+        BLOCK_N=GATED_BLOCK_N, BLOCK_K=min(MAX_BLOCK_K, triton.next_power_of_2(k)), GATED=True,
+        num_warps=NUM_WARPS)
+    return out
 
 
 def supports(x: torch.Tensor, weight: torch.Tensor, *same_dtype: torch.Tensor, max_tokens: int = 1) -> bool:
