@@ -59,8 +59,8 @@ RANDOM_PAIRS = {
 # What `engine=cuda` runs (conf/engine/cuda.yaml): the configuration the diagnostics
 # (diagnostics/host_time.py, step_trace.py, verify_cost.py) look at, and the defaults of this script's kernel switches.
 CUDA_KERNELS = {"compile_pointwise": True, "linear_kernel": "triton_skinny", "silu_in_down_gemv": False,
-                "fold_norm_weights": True,
-                "attention_kernel": "triton", "conv_kernel": "triton", "argmax_kernel": "torch",
+                "fold_norm_weights": True, "attention_kernel": "triton", "conv_kernel": "triton",
+                "argmax_kernel": "torch", "sampler_kernel": "torch", "draft_step_kernel": "torch",
                 "cudagraph_prefill_tokens": (16, 32, 64, 128)}
 DEMO_PAIRS = {
     "tiny_lfm2": ("tiny-lfm2", "tiny-llama-draft"),
@@ -394,6 +394,12 @@ def main() -> None:
     parser.add_argument("--argmax-kernel", default=CUDA_KERNELS["argmax_kernel"], choices=["torch", "triton"],
                         help="engine.argmax_kernel: the argmax over the vocabulary (greedy draft and verify) in "
                              "torch or two Triton kernels")
+    parser.add_argument("--sampler-kernel", default=CUDA_KERNELS["sampler_kernel"], choices=["torch", "triton"],
+                        help="engine.sampler_kernel: greedy verification after the argmax in torch or one Triton "
+                             "kernel")
+    parser.add_argument("--draft-step-kernel", default=CUDA_KERNELS["draft_step_kernel"], choices=["torch", "triton"],
+                        help="engine.draft_step_kernel: the draft's bookkeeping between decode steps in torch or one "
+                             "Triton kernel")
     parser.add_argument("--prefill-graph-tokens", default=",".join(map(str, CUDA_KERNELS["cudagraph_prefill_tokens"])),
                         help="engine.cudagraph_prefill_tokens: lone prompt chunks replay a captured prefill graph, "
                              "in the target and the draft ('' = none)")
@@ -427,7 +433,9 @@ def main() -> None:
                "silu_in_down_gemv": args.silu_in_down_gemv,
                "fold_norm_weights": args.fold_norm_weights,
                "attention_kernel": args.attention_kernel, "conv_kernel": args.conv_kernel,
-               "argmax_kernel": args.argmax_kernel, "plain_decode_lookahead": not args.no_plain_decode_lookahead,
+               "argmax_kernel": args.argmax_kernel, "sampler_kernel": args.sampler_kernel,
+               "draft_step_kernel": args.draft_step_kernel,
+               "plain_decode_lookahead": not args.no_plain_decode_lookahead,
                "cudagraph_prefill_tokens": prefill_tokens, "cudagraph_shared_pool": args.shared_graph_pool}
     # the engine switches are recorded as run (JSON writes the tuple of token counts as a list)
     result = {"machine": {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,

@@ -180,6 +180,8 @@ SCHEMA: dict[str, dict[str, Any]] = {
         "attention_kernel": Key("str"),
         "conv_kernel": Key("str"),
         "argmax_kernel": Key("str"),
+        "sampler_kernel": Key("str"),
+        "draft_step_kernel": Key("str"),
         "plain_decode_lookahead": Key("bool"),
         "tensor_parallel_size": Key("int", minimum=1, note="GPUs the target is split over; > 1: backend vllm"),
     },

@@ -72,6 +72,12 @@ class EngineConfig:
     argmax_kernel: "torch" | "triton" (the argmax over the vocabulary of greedy drafting, greedy verification and
     sampling's exponential race in two short Triton kernels, `specexp.models.triton_argmax`: the same indices as
     torch's, where torch reduces a batch-1 row of 128K logits in one block; CUDA only).
+    sampler_kernel: "torch" | "triton" (greedy runs: from the target's argmax to each row's emitted tokens in one
+    Triton kernel, `specexp.engine.triton_verify`, the same tokens as the torch path's ~20 small kernels; sampled
+    runs keep the torch path; CUDA only).
+    draft_step_kernel: "torch" | "triton" (between the draft's decode steps, each row's next input, position,
+    seq_len and KV slot in one Triton kernel, `specexp.engine.triton_draft_step`, where torch runs about eleven
+    small kernels a step; CUDA only).
     plain_decode_lookahead: without speculation (k = 0), queue each step before the last one's tokens are read
     back (a step emits one token a row, so everything but the token's value is known; the device gathers it):
     the host's work for a step overlaps the device's previous step. A request that stops at EOS costs one
@@ -98,6 +104,8 @@ class EngineConfig:
     attention_kernel: str = "sdpa"
     conv_kernel: str = "torch"
     argmax_kernel: str = "torch"
+    sampler_kernel: str = "torch"
+    draft_step_kernel: str = "torch"
     plain_decode_lookahead: bool = True
     seed: int = 0
 
@@ -134,6 +142,8 @@ class EngineConfig:
         self._check_kernel("attention_kernel", ATTENTION_KERNELS, ("triton",), "sdpa")
         self._check_kernel("conv_kernel", CONV_KERNELS, ("triton",), "torch")
         self._check_kernel("argmax_kernel", ARGMAX_KERNELS, ("triton",), "torch")
+        self._check_kernel("sampler_kernel", ("torch", "triton"), ("triton",), "torch")
+        self._check_kernel("draft_step_kernel", ("torch", "triton"), ("triton",), "torch")
         if self.silu_in_down_gemv and self.linear_kernel == "cublas":
             raise EngineConfigError("engine.silu_in_down_gemv=true computes the SiLU product in the Triton GEMV: it "
                                     "needs engine.linear_kernel=triton_gemv or triton_skinny (got 'cublas')")

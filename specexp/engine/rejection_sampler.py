@@ -81,6 +81,12 @@ class RejectionSampler:
             with torch.inference_mode():  # made inside the engine's inference mode
                 self._rates_tensor.copy_(torch.tensor(self.conditional_rates, dtype=torch.float32))
 
+    def synthetic_draws(self, num_rows: int, k: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor | float]:
+        """Synthetic acceptance's draws for a step: (u fp32[num_rows, k] uniform from the generator, the rates u is
+        compared with: fp32[k] per position, or the scalar rate); draft j of a row passes when u[j] < rate j."""
+        u = uniform((num_rows, k), device, self.generator)
+        return u, self._synthetic_rates(k, device)
+
     def _synthetic_rates(self, k: int, device: torch.device) -> torch.Tensor | float:
         """Per-position conditional acceptance, fp32[k] on `device` (made once), or the scalar rate."""
         if self.conditional_rates is None:
@@ -109,8 +115,8 @@ class RejectionSampler:
         else:
             probs = logits_to_probs(target_logits, self.temperature, self.top_k, self.top_p)
         if self.mode == "synthetic":
-            u = uniform((num_rows, k), draft_tokens.device, self.generator)
-            accepted = _accepted_prefix_len((u < self._synthetic_rates(k, u.device)) & is_draft)
+            u, rates = self.synthetic_draws(num_rows, k, draft_tokens.device)
+            accepted = _accepted_prefix_len((u < rates) & is_draft)
             if greedy:
                 last = target_tokens.gather(1, accepted.unsqueeze(1)).squeeze(1)
             else:

@@ -47,6 +47,7 @@ from specexp.engine.cudagraph import (
     default_seq_len_buckets,
 )
 from specexp.engine.depth import StaticDepth, depth_policy, describe_graph_cost, graph_keys
+from specexp.engine.draft_advance import DRAFT_STEP_KERNELS
 from specexp.engine.goodput import StepCostTable
 from specexp.engine.inputs import InputBuffers
 from specexp.engine.mixed_graphs import TargetMixedGraphs
@@ -64,6 +65,7 @@ from specexp.engine.speculator import AutoRegressiveSpeculator
 from specexp.engine.target_graphs import TargetGraphs
 from specexp.engine.target_inputs import TargetStepInputs
 from specexp.engine.timing import PhaseStamps, PhaseTimer
+from specexp.engine.triton_verify import sample_greedy_rows
 from specexp.models.caches import allocate_conv_states, allocate_kv_caches
 from specexp.models.metadata import ForwardContext
 from specexp.models.pointwise import EAGER as EAGER_POINTWISE
@@ -201,6 +203,7 @@ class NativeEngine(TargetGraphs, TargetStepInputs, TargetMixedSteps, TargetMixed
             synthetic_conditional_rates=speculator.synthetic_conditional_rates() if self.k else None,
             generator=self.random, argmax=ARGMAX_KERNELS[engine.argmax_kernel],
         )
+        self.greedy_rows_kernel = engine.sampler_kernel == "triton" and sampling.greedy  # else: the torch path
         self.speculator: AutoRegressiveSpeculator | None = None
         self.req_draft_probs: torch.Tensor | None = None
         if self.k > 0:
@@ -217,7 +220,7 @@ class NativeEngine(TargetGraphs, TargetStepInputs, TargetMixedSteps, TargetMixed
                 confidence_threshold=speculator.draft_confidence_threshold,
                 # the chunks' draft regions: each its tokens + the sampled one
                 mixed_chunk_shapes=tuple((rows, count + 1) for rows, count in self.mixed_graphs.managers),
-                argmax=ARGMAX_KERNELS[engine.argmax_kernel],
+                argmax=ARGMAX_KERNELS[engine.argmax_kernel], advance=DRAFT_STEP_KERNELS[engine.draft_step_kernel],
             )
             if not sampling.greedy:
                 # Draft probabilities of each request's pending drafts, by conv slot (a request's stable id).
@@ -267,6 +270,8 @@ class NativeEngine(TargetGraphs, TargetStepInputs, TargetMixedSteps, TargetMixed
         """Rejection-sample rows [0, num_rows) from logits fp32[num_rows, v+1, V] (v: the most drafts a row
         carries this step) and the rows' inputs in `row_inputs` (drafts gathered from the speculator's draft
         buffer, masked by its `draft_lengths` under the confidence rule); writes `step_out[:num_rows]`."""
+        if self.greedy_rows_kernel:  # engine.sampler_kernel=triton, greedy: one kernel after the argmax
+            return sample_greedy_rows(logits, self.rejection, self.speculator, self.row_inputs, self.step_out, self.k)
         k, rows, v = self.k, self.row_inputs[:num_rows], logits.shape[1] - 1
         spec = self.speculator
         drafts = spec.draft_tokens[rows[:, k + 1], :v] if spec is not None else rows[:, :0]

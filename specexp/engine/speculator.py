@@ -44,10 +44,12 @@ prefill as one joined graph (`specexp.engine.mixed_graphs`) or in parts, one gra
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import torch
 
 from specexp.engine.cudagraph import FULL, NONE, BatchExecutionDescriptor, CudaGraphManager, PromptGraphs, graph_key
+from specexp.engine.draft_advance import advance_draft_rows
 from specexp.engine.inputs import InputBuffers, StepInputsCPU, build_step_inputs, stride_rows, uniform_dummy_inputs
 from specexp.engine.mixed_graphs import DraftMixedGraphs
 from specexp.engine.mixed_steps import DraftMixedSteps
@@ -108,9 +110,11 @@ class AutoRegressiveSpeculator(DraftMixedSteps, DraftMixedGraphs):
         confidence_threshold: float = 0.0,
         mixed_chunk_shapes: tuple[tuple[int, int], ...] = (),
         argmax: Argmax = torch_argmax,
+        advance: Callable[..., None] = advance_draft_rows,
     ) -> None:
         self.model = draft_model
         self.argmax = argmax  # over the vocabulary, into the draft buffer's column (`sampling.ARGMAX_KERNELS`)
+        self.advance = advance  # the rows one position further between decode steps (`draft_advance`)
         self.k = num_speculative_tokens
         self.max_num_reqs = max_num_reqs
         self.block_size = block_size
@@ -484,13 +488,9 @@ class AutoRegressiveSpeculator(DraftMixedSteps, DraftMixedGraphs):
     def _decode(self, num_reqs: int, step: int) -> None:
         """Draft step `step` (1..k-1): feed draft token step-1 one position further; sample draft `step`."""
         buffers = self.decode_buffers
-        buffers.input_ids[:num_reqs].copy_(self.draft_tokens[:num_reqs, step - 1])
         positions = buffers.positions[:num_reqs]
-        positions.add_(1)
-        buffers.seq_lens[:num_reqs].add_(1)
-        table = buffers.block_table[:num_reqs]
-        blocks = table.gather(1, (positions // self.block_size).unsqueeze(1)).squeeze(1).to(torch.int64)
-        slots = blocks * self.block_size + positions % self.block_size
-        buffers.slot_mapping[:num_reqs].copy_(torch.where(self.decode_writes[:num_reqs], slots, -1))
+        self.advance(self.draft_tokens, step, buffers.input_ids[:num_reqs], positions, buffers.seq_lens[:num_reqs],
+                     buffers.block_table[:num_reqs], self.decode_writes[:num_reqs], buffers.slot_mapping[:num_reqs],
+                     self.block_size)
         hidden = self.model(buffers.input_ids[:num_reqs], positions, self._decode_ctx)
         self._sample_draft(self.model.compute_logits(hidden), num_reqs, step)

@@ -1,0 +1,62 @@
+"""The draft's per-step bookkeeping in one Triton kernel (`engine.draft_step_kernel=triton`): before each decode
+step after the first, every row feeds its last draft token one position further.
+
+For each row r < R (one program per block of rows), as `AutoRegressiveSpeculator._decode` does it in torch:
+
+    input_ids[r]    = draft_tokens[r, step - 1]
+    positions[r]   += 1
+    seq_lens[r]    += 1
+    slot_mapping[r] = block_table[r, positions[r] // B] * B + positions[r] % B   where writes[r], else -1
+
+In torch that is about eleven small kernels a draft step (a copy, two adds, a division, a gather, a cast, a
+multiply, a remainder, an add, a select, a copy), inside the fused multi-step decode graph, where the draft's own
+forward of a ~100M-parameter model is bound by its kernel count at batch 1.
+
+Importable without Triton (`AVAILABLE` False); the kernel needs a CUDA device, or Triton's interpreter
+(`TRITON_INTERPRET=1`) for CPU tensors.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specexp.models.triton_support import AVAILABLE, tl, triton
+
+ROWS_PER_PROGRAM = 64
+
+if AVAILABLE:
+
+    @triton.jit
+    def _advance_kernel(draft_tokens_ptr, input_ids_ptr, positions_ptr, seq_lens_ptr, block_table_ptr, writes_ptr,
+                        slot_mapping_ptr, num_rows, column, stride_drafts, stride_table, block_size,
+                        BLOCK: tl.constexpr):
+        rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        ok = rows < num_rows
+        tl.store(input_ids_ptr + rows, tl.load(draft_tokens_ptr + rows * stride_drafts + column, mask=ok), mask=ok)
+        position = tl.load(positions_ptr + rows, mask=ok, other=0) + 1
+        tl.store(positions_ptr + rows, position, mask=ok)
+        tl.store(seq_lens_ptr + rows, tl.load(seq_lens_ptr + rows, mask=ok, other=0) + 1, mask=ok)
+        block = tl.load(block_table_ptr + rows * stride_table + position // block_size, mask=ok, other=0)
+        slot = block.to(tl.int64) * block_size + position % block_size
+        writes = tl.load(writes_ptr + rows, mask=ok, other=0) != 0
+        tl.store(slot_mapping_ptr + rows, tl.where(writes, slot, -1), mask=ok)
+
+
+def advance_draft_rows(draft_tokens: torch.Tensor, step: int, input_ids: torch.Tensor, positions: torch.Tensor,
+                       seq_lens: torch.Tensor, block_table: torch.Tensor, writes: torch.Tensor,
+                       slot_mapping: torch.Tensor, block_size: int) -> None:
+    """Rows [0, R) (R = input_ids.shape[0]) one position further, in place (see the module doc).
+
+    draft_tokens: int64[>=R, K] (column step - 1 read); input_ids, positions, slot_mapping: int64[R];
+    seq_lens: int32[R]; block_table: int32[>=R, max_blocks] (rows contiguous); writes: bool[R] (rows that write
+    their KV). Capturable in a CUDA graph (one launch)."""
+    num_rows = input_ids.shape[0]
+    if num_rows == 0:
+        return
+    if not 1 <= step <= draft_tokens.shape[1] or block_table.stride(1) != 1 or draft_tokens.stride(1) != 1:
+        raise ValueError(f"triton_draft_step.advance_draft_rows: step {step} of draft columns "
+                         f"{draft_tokens.shape[1]}; block table and draft buffer rows must be contiguous")
+    block = min(ROWS_PER_PROGRAM, max(triton.next_power_of_2(num_rows), 2))
+    _advance_kernel[(triton.cdiv(num_rows, block),)](
+        draft_tokens, input_ids, positions, seq_lens, block_table, writes.view(torch.uint8), slot_mapping,
+        num_rows, step - 1, draft_tokens.stride(0), block_table.stride(0), block_size, BLOCK=block, num_warps=1)

@@ -1,0 +1,118 @@
+"""Greedy verification of a step's rows in one Triton kernel (`engine.sampler_kernel=triton`): from the target's
+argmax tokens to the step's output rows, with what the torch path computes in about twenty small kernels.
+
+Per row r (one program), with the step's row inputs (`NativeEngine.row_inputs`: K + 1 scoring columns, then the
+row's draft-buffer row d, its number of drafts n, whether it samples s, its conv slot):
+
+    n'        = min(n, draft_lengths[d]) under the confidence rule, else n
+    accept_j  = j < n' and (drafts[d, j] == target[r, j]    greedy verification
+                            u[r, j] < rate_j                  synthetic acceptance)         for j < v
+    a         = the length of accept's leading run of True
+    out[r]    = drafts[d, :a], target[r, a], then -1 up to column K; out[r, K+1] = a + 1, out[r, K+2] = n'
+                (a row that does not sample: -1 everywhere, 0 and 0)
+
+which is `RejectionSampler`'s greedy result written as `NativeEngine._sample` writes it, token for token. u is
+drawn by the caller as the torch path draws it, so the same generator state gives the same tokens.
+
+Why: a batch-1 decode step on an H200 is bound by its kernel count; outside the model, a k = 0 verify graph ran 23
+small ops (counted on the CPU: compares, wheres, an arange, a cumprod, gathers, copies) to turn the argmax into
+the step's output.
+
+Importable without Triton (`AVAILABLE` False); the kernel needs a CUDA device, or Triton's interpreter
+(`TRITON_INTERPRET=1`) for CPU tensors.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specexp.engine.rejection_sampler import RejectionSampler
+from specexp.models.triton_support import AVAILABLE, tl, triton
+
+if AVAILABLE:
+
+    @triton.jit
+    def _greedy_verify_kernel(target_ptr, rows_ptr, drafts_ptr, lengths_ptr, u_ptr, rates_ptr, out_ptr, rate,
+                              v, K, stride_target, stride_rows, stride_drafts, stride_u, stride_out,
+                              HAS_DRAFTS: tl.constexpr, CONFIDENCE: tl.constexpr, SYNTHETIC: tl.constexpr,
+                              RATES: tl.constexpr, BLOCK: tl.constexpr):
+        r = tl.program_id(0)
+        cols = tl.arange(0, BLOCK)
+        row = rows_ptr + r * stride_rows
+        d = tl.load(row + K + 1)
+        n = tl.load(row + K + 2)
+        samples = tl.load(row + K + 3) != 0
+        if CONFIDENCE:
+            n = tl.minimum(n, tl.load(lengths_ptr + d))
+        target = tl.load(target_ptr + r * stride_target + cols, mask=cols <= v, other=-1)
+        is_draft = (cols < v) & (cols < n)
+        if HAS_DRAFTS:
+            drafts = tl.load(drafts_ptr + d * stride_drafts + cols, mask=cols < v, other=0)
+        else:
+            drafts = tl.zeros([BLOCK], dtype=tl.int64)
+        if SYNTHETIC:
+            u = tl.load(u_ptr + r * stride_u + cols, mask=cols < v, other=1.0)
+            if RATES:
+                threshold = tl.load(rates_ptr + cols, mask=cols < v, other=0.0)
+            else:
+                threshold = rate
+            accept = (u < threshold) & is_draft
+        else:
+            accept = (drafts == target) & is_draft
+        a = tl.min(tl.where(accept, BLOCK, cols), axis=0)  # the first rejected column
+        a = tl.minimum(a, v)
+        last = tl.sum(tl.where(cols == a, target, 0), axis=0)
+        sampled = tl.where(cols < a, drafts, tl.where(cols == a, last, -1))
+        sampled = tl.where(samples, sampled, -1)
+        out = out_ptr + r * stride_out
+        tl.store(out + cols, sampled, mask=cols <= K)
+        tl.store(out + K + 1, tl.where(samples, a + 1, 0).to(tl.int64))
+        tl.store(out + K + 2, tl.where(samples, n, 0).to(tl.int64))
+
+
+def greedy_verify(target_tokens: torch.Tensor, row_inputs: torch.Tensor, step_out: torch.Tensor, k: int,
+                  draft_tokens: torch.Tensor | None, draft_lengths: torch.Tensor | None = None,
+                  u: torch.Tensor | None = None, rates: torch.Tensor | float | None = None) -> None:
+    """Write step_out[:R] from the target's argmax tokens, as `NativeEngine._sample` does under greedy
+    verification (see the module doc).
+
+    target_tokens: int64[R, v+1] (v: the most drafts a row carries this step, <= k); row_inputs: int64[>=R, k+5]
+    (the engine's); step_out: int64[>=R, k+3], rows [0, R) written; draft_tokens: int64[max_reqs, >=v], the
+    speculator's draft buffer (None when v = 0); draft_lengths: int64[max_reqs] under the confidence rule, else
+    None; u: fp32[R, v] uniform draws and `rates` (a float, or fp32[>=v] per position) for synthetic acceptance,
+    else None."""
+    num_rows, v = target_tokens.shape[0], target_tokens.shape[1] - 1
+    if num_rows == 0:
+        return
+    if v > k or (v > 0 and draft_tokens is None) or (u is None) != (rates is None):
+        raise ValueError(f"triton_verify.greedy_verify: v={v} drafts for k={k}, draft buffer "
+                         f"{draft_tokens is not None}, u {u is not None}, rates {rates is not None}")
+    rates_tensor = rates if isinstance(rates, torch.Tensor) else None
+    dummy = row_inputs
+    _greedy_verify_kernel[(num_rows,)](
+        target_tokens, row_inputs, draft_tokens if draft_tokens is not None else dummy,
+        draft_lengths if draft_lengths is not None else dummy, u if u is not None else dummy,
+        rates_tensor if rates_tensor is not None else dummy, step_out,
+        float(rates) if rates is not None and rates_tensor is None else 0.0, v, k, target_tokens.stride(0),
+        row_inputs.stride(0), draft_tokens.stride(0) if draft_tokens is not None else 0,
+        u.stride(0) if u is not None else 0, step_out.stride(0),
+        HAS_DRAFTS=v > 0, CONFIDENCE=draft_lengths is not None, SYNTHETIC=u is not None,
+        RATES=rates_tensor is not None, BLOCK=max(triton.next_power_of_2(k + 1), 2), num_warps=1)
+
+
+def sample_greedy_rows(logits: torch.Tensor, rejection: RejectionSampler, speculator, row_inputs: torch.Tensor,
+                       step_out: torch.Tensor, k: int) -> None:
+    """`NativeEngine._sample` under greedy verification, on :func:`greedy_verify`: the argmax of logits
+    fp32[R, v+1, V] (`rejection.argmax`), synthetic acceptance's draws where the run has them (drawn as the torch
+    path draws them), then one kernel writing step_out[:R]. speculator: the engine's (its draft buffer and, under
+    the confidence rule, its draft lengths) or None."""
+    num_rows, v = logits.shape[0], logits.shape[1] - 1
+    target_tokens = rejection.argmax(logits)  # [R, v+1]
+    u = rates = None
+    if rejection.mode == "synthetic":
+        u, rates = rejection.synthetic_draws(num_rows, v, logits.device)
+    lengths = None
+    if speculator is not None and speculator.confidence_threshold > 0:
+        lengths = speculator.draft_lengths
+    greedy_verify(target_tokens, row_inputs, step_out, k, speculator.draft_tokens if speculator is not None else None,
+                  lengths, u, rates)

@@ -1,0 +1,143 @@
+"""Greedy verification in one Triton kernel (`engine.sampler_kernel=triton`, `specexp.engine.triton_verify`)
+against the engine's torch path (`NativeEngine._sample`): the same output rows for random batches (drafts matching
+or not, rows that do not sample, fewer drafts than the step's v, the confidence rule, synthetic acceptance with
+one rate or one per position), and the same tokens from whole engines; under Triton's CPU interpreter, on a GPU,
+and compiled for a Hopper GPU without one."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+from triton_interpreter import (
+    HOPPER_SHARED_BYTES,
+    hopper_shared_bytes,
+    on_triton_gpu,
+    run_in_triton_interpreter,
+)
+
+from specexp.engine import triton_verify
+from specexp.engine.config import EngineConfig, EngineConfigError
+from specexp.engine.rejection_sampler import RejectionSampler
+from specexp.engine.runner import NativeEngine
+
+VOCAB = 50
+
+
+def _batch(gen: torch.Generator, device: str, k: int, v: int, rows: int, max_reqs: int, confidence: bool):
+    """(logits fp32[R, v+1, V], row_inputs int64[max_reqs, k+5], speculator-like data): each row's drafts match the
+    target's argmax at a random prefix, then at random."""
+    draft_tokens = torch.randint(0, VOCAB, (max_reqs, max(k, 1)), generator=gen)
+    row_inputs = torch.zeros(max_reqs, k + 5, dtype=torch.int64)
+    d_rows = torch.randperm(max_reqs, generator=gen)[:rows]
+    row_inputs[:rows, k + 1] = d_rows
+    row_inputs[:rows, k + 2] = torch.randint(0, v + 1, (rows,), generator=gen)
+    row_inputs[:rows, k + 3] = (torch.rand(rows, generator=gen) < 0.8).long()
+    logits = torch.randn(rows, v + 1, VOCAB, generator=gen)
+    for r in range(rows):
+        prefix = int(torch.randint(0, v + 1, (1,), generator=gen))
+        for j in range(v):
+            if j < prefix or torch.rand(1, generator=gen) < 0.3:
+                logits[r, j, draft_tokens[d_rows[r], j]] = 10.0
+    lengths = torch.randint(1, max(k, 1) + 1, (max_reqs,), generator=gen)
+    spec = types.SimpleNamespace(draft_tokens=draft_tokens.to(device), draft_lengths=lengths.to(device),
+                                 confidence_threshold=0.5 if confidence else 0.0) if k > 0 else None
+    return logits.to(device), row_inputs.to(device), spec
+
+
+def check_rows(device: str) -> None:
+    """sample_greedy_rows writes what NativeEngine._sample's torch path writes, row for row, over random batches
+    (one synthetic draw per case from equally seeded generators)."""
+    gen = torch.Generator().manual_seed(0)
+    cases = [(k, v, rows, mode, confidence, rates)
+             for k in (0, 1, 3, 5) for v in sorted({0, k // 2, k}) for rows in (1, 4)
+             for mode in ("standard", "synthetic") for confidence in ((False, True) if k else (False,))
+             for rates in ((None, "per position") if mode == "synthetic" and k else (None,))]
+    for k, v, rows, mode, confidence, rates in cases:
+        logits, row_inputs, spec = _batch(gen, device, k, v, rows, max_reqs=6, confidence=confidence)
+        outs = []
+        for fused in (False, True):
+            rejection = RejectionSampler(
+                temperature=0.0, top_k=0, top_p=1.0, mode=mode, synthetic_acceptance_rate=0.55,
+                synthetic_conditional_rates=[0.9, 0.2, 0.6, 0.7, 0.4][:k] if rates else None,
+                generator=torch.Generator(device=device).manual_seed(7))
+            engine = types.SimpleNamespace(k=k, row_inputs=row_inputs, speculator=spec, req_draft_probs=None,
+                                           rejection=rejection, greedy_rows_kernel=fused,
+                                           step_out=torch.full((6, k + 3), 99, dtype=torch.int64, device=device))
+            NativeEngine._sample(engine, logits, rows)
+            outs.append(engine.step_out.cpu())
+        label = f"k={k} v={v} rows={rows} {mode} confidence={confidence} rates={rates}"
+        assert torch.equal(outs[0], outs[1]), f"{label}:\ntorch {outs[0][:rows]}\nfused {outs[1][:rows]}"
+        assert (outs[1][rows:] == 99).all(), f"{label}: wrote past the step's rows"
+
+
+def check_engines(device: str) -> None:
+    """Engines on the fused kernel emit the torch path's tokens and acceptance: greedy, synthetic, the confidence
+    rule, a batch-size schedule (steps at k < K), and k = 0; a hybrid pair and a changing batch."""
+    from specexp.engine.config import SamplingConfig, SpeculatorConfig
+    from specexp.models import load_model
+    from specexp.models.loader import ZOO_DIR
+
+    configs = ZOO_DIR / "configs"
+    target = load_model(configs / "tiny-random-lfm2", dtype=torch.float32, device=device, weights="random", seed=0)
+    draft = load_model(configs / "tiny-random-lfm2-draft", dtype=torch.float32, device=device, weights="random",
+                       seed=1)
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, 500, (n,), generator=gen).tolist() for n in (5, 9, 3, 7)]
+    speculators = [SpeculatorConfig(num_speculative_tokens=3),
+                   SpeculatorConfig(num_speculative_tokens=3, rejection="synthetic", synthetic_acceptance_rate=0.6),
+                   SpeculatorConfig(num_speculative_tokens=4, draft_confidence_threshold=0.2),
+                   SpeculatorConfig(num_speculative_tokens=4, num_speculative_tokens_per_batch_size=[[1, 1, 4],
+                                                                                                     [2, 3, 2]]),
+                   SpeculatorConfig(num_speculative_tokens=0)]
+    for speculator in speculators:
+        runs = []
+        for fused in (False, True):
+            torch.manual_seed(0)
+            engine = NativeEngine(target, draft if speculator.num_speculative_tokens else None,
+                                  EngineConfig(device=device, max_num_seqs=3, max_model_len=64), speculator,
+                                  SamplingConfig(temperature=0.0, max_new_tokens=12, ignore_eos=True))
+            engine.greedy_rows_kernel = fused
+            out = engine.generate(prompts)
+            runs.append(([r.token_ids for r in out.requests], [r.verifies for r in out.requests]))
+        assert runs[0] == runs[1], f"{speculator}: {runs}"
+
+
+def test_rows_match_the_torch_path_in_triton_interpreter():
+    run_in_triton_interpreter("test_triton_verify", "check_rows")
+
+
+def test_engines_match_the_torch_path_in_triton_interpreter():
+    run_in_triton_interpreter("test_triton_verify", "check_engines")
+
+
+@on_triton_gpu
+def test_rows_match_the_torch_path_on_gpu():
+    check_rows("cuda")
+
+
+@on_triton_gpu
+def test_engines_match_the_torch_path_on_gpu():
+    check_engines("cuda")
+
+
+def test_the_kernel_compiles_for_a_hopper_block():
+    if not triton_verify.AVAILABLE:
+        pytest.skip("triton is not installed")
+    pointers = {"target_ptr": "*i64", "rows_ptr": "*i64", "drafts_ptr": "*i64", "lengths_ptr": "*i64",
+                "u_ptr": "*fp32", "rates_ptr": "*fp32", "out_ptr": "*i64"}
+    sizes = {"rate": "fp32", "v": "i32", "K": "i32", "stride_target": "i32", "stride_rows": "i32",
+             "stride_drafts": "i32", "stride_u": "i32", "stride_out": "i32"}
+    for synthetic in (False, True):
+        shared = hopper_shared_bytes(
+            triton_verify._greedy_verify_kernel, {**pointers, **sizes},
+            {"HAS_DRAFTS": True, "CONFIDENCE": True, "SYNTHETIC": synthetic, "RATES": synthetic, "BLOCK": 16}, 1)
+        assert shared <= HOPPER_SHARED_BYTES
+
+
+def test_sampler_kernel_is_validated():
+    with pytest.raises(EngineConfigError, match="engine.sampler_kernel='fused': valid are 'torch', 'triton'"):
+        EngineConfig(sampler_kernel="fused").validate()
+    with pytest.raises(EngineConfigError, match="engine.sampler_kernel='triton' needs engine.device=cuda"):
+        EngineConfig(device="cpu", sampler_kernel="triton").validate()
