@@ -16,6 +16,8 @@ Measures, per pair (trained demo pairs when present, and real-size random-weight
                                         [--no-compile-pointwise] [--linear-kernel triton_skinny|triton_gemv|cublas]
                                         [--no-fold-norm-weights] [--attention-kernel triton|sdpa]
                                         [--conv-kernel triton|torch] [--prefill-graph-tokens 16,32,64,128]
+                                        [--argmax-kernel torch|triton] [--sampler-kernel torch|triton]
+                                        [--silu-in-down-gemv] [--draft-step-kernel torch|triton]
                                         [--no-shared-graph-pool]
                                         [--ks 0,1,4] [--rates 0.8] [--repeats 3] [--prompts 4]
                                         [--no-plain-decode-lookahead]

@@ -1,0 +1,152 @@
+"""Batch-1 decode steps with each set of kernel cuts against `engine=cuda`'s defaults, on a GPU: what the cuts buy
+in step time, kernel launches and Leviathan's c, measured in alternating rounds.
+
+For every pair and every configuration (CONFIGS: `engine=cuda`'s kernels with some switches changed) it builds
+three engines on the same models: the target's k = 0 batch-1 decode step and the draft's (as
+`gpu_cudagraphs.py` times them: c = draft step / target step), and a k = K speculative engine whose fused
+multi-step draft decode graph (K - 1 draft steps, the draft's own bookkeeping between them) is replayed alone.
+Then, over `--rounds` rounds, each configuration's three graphs are replayed in turn (the median of `--iters`
+synchronised replays each). Per configuration it reports each figure's mean over rounds with a 95% t interval
+(n = rounds), c per round, the target step's share of the copy bandwidth, and each graph's kernel launches (one
+profiled replay; the speculative decode graph's are those of its K - 1 draft steps together).
+
+    python benchmarks/diagnostics/kernel_cuts.py --out kernel_cuts.json [--pairs llama-3.2-1b+llama-100m,...]
+                                                 [--configs defaults,all] [--rounds 7] [--iters 30] [--k 4]
+
+Needs only torch, safetensors, tokenizers and triton (and a CUDA GPU). Prints each configuration's row as its
+rounds finish and rewrites the JSON after each pair.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import platform
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root (specexp)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/
+
+from gpu_cudagraphs import (
+    CUDA_KERNELS,
+    RANDOM_PAIRS,
+    ZOO,
+    batch1_decode_step,
+    copy_bandwidth_bytes_per_s,
+    cuda_ms,
+    kernel_breakdown,
+    make_engine,
+    model_bytes,
+)
+
+from specexp.engine.cudagraph import FULL, BatchExecutionDescriptor
+from specexp.measure.intervals import repeat_summary
+from specexp.models import load_model
+
+# Each configuration: the switches it changes from engine=cuda's defaults (CUDA_KERNELS).
+CUTS = {"argmax_kernel": "triton", "sampler_kernel": "triton", "silu_in_down_gemv": True,
+        "draft_step_kernel": "triton"}
+CONFIGS = {
+    "defaults": {},
+    "argmax": {"argmax_kernel": "triton"},
+    "sampler": {"argmax_kernel": "triton", "sampler_kernel": "triton"},
+    "silu_in_down": {"silu_in_down_gemv": True},
+    "draft_step": {"draft_step_kernel": "triton"},
+    "all": CUTS,
+}
+
+
+def build(target, draft, kernels: dict, k: int) -> dict:
+    """The three graphs of one configuration: {"target", "draft", "spec_decode"} -> (replay fn, what it is)."""
+    target_engine, target_desc = batch1_decode_step(target, kernels)
+    draft_engine, draft_desc = batch1_decode_step(draft, kernels)
+    spec_engine = make_engine(target, draft, k, 1, graphs=True, kernels=kernels, rejection="synthetic", rate=0.8)
+    spec_desc = BatchExecutionDescriptor(1, 1, FULL, min(spec_engine.seq_len_buckets), k)
+    spec_engine.speculator._prepare_decode_capture(spec_desc)
+    return {"engines": (target_engine, draft_engine, spec_engine),
+            "target": functools.partial(target_engine.verify_graphs.replay, target_desc),
+            "draft": functools.partial(draft_engine.verify_graphs.replay, draft_desc),
+            "spec_decode": functools.partial(spec_engine.speculator.decode_graphs.replay, spec_desc)}
+
+
+def bench_pair(name: str, configs: list[str], rounds: int, iters: int, k: int, copy_bw: float) -> dict:
+    target_path, draft_path = RANDOM_PAIRS[name]
+    target = load_model(ZOO / target_path, dtype=torch.bfloat16, device="cuda", weights="random", seed=0)
+    draft = load_model(ZOO / draft_path, dtype=torch.bfloat16, device="cuda", weights="random", seed=1)
+    graphs = {}
+    for config in configs:
+        kernels = {**CUDA_KERNELS, **CONFIGS[config]}
+        graphs[config] = build(target, draft, kernels, k)
+        print(f"  built {config}", flush=True)
+    times = {config: {"target": [], "draft": [], "spec_decode": []} for config in configs}
+    for _ in range(rounds):
+        for config in configs:
+            for part in ("target", "draft", "spec_decode"):
+                ms = cuda_ms(graphs[config][part], iters=iters)
+                times[config][part].append(ms / (k - 1) if part == "spec_decode" else ms)
+    weights = model_bytes(target)
+    out = {"target_weight_bytes": weights, "draft_weight_bytes": model_bytes(draft), "configs": {}}
+    for config in configs:
+        t = times[config]
+        c = [d / tt for d, tt in zip(t["draft"], t["target"], strict=True)]
+        row = {"switches": CONFIGS[config],
+               "target_step_ms": repeat_summary(t["target"]), "draft_step_ms": repeat_summary(t["draft"]),
+               "spec_draft_step_ms": repeat_summary(t["spec_decode"]), "cost_ratio_c": repeat_summary(c),
+               "spec_cost_ratio_c": repeat_summary([s / tt for s, tt in zip(t["spec_decode"], t["target"],
+                                                                              strict=True)]),
+               "target_fraction_of_copy_bandwidth": weights / (repeat_summary(t["target"])["mean"] / 1e3) / copy_bw,
+               "per_round_ms": t,
+               "kernels": {part: kernel_breakdown(graphs[config][part], top=12) for part in
+                           ("target", "draft", "spec_decode")}}
+        out["configs"][config] = row
+        launches = {part: row["kernels"][part].get("launches_per_step") for part in row["kernels"]}
+        print(f"  {config:>12}: target {row['target_step_ms']['mean']:.4f} ms "
+              f"[{row['target_step_ms']['low']:.4f}, {row['target_step_ms']['high']:.4f}] "
+              f"({100 * row['target_fraction_of_copy_bandwidth']:.1f}% of copy bw), "
+              f"draft {row['draft_step_ms']['mean']:.4f} ms, c = {row['cost_ratio_c']['mean']:.3f} "
+              f"[{row['cost_ratio_c']['low']:.3f}, {row['cost_ratio_c']['high']:.3f}], speculative draft step "
+              f"{row['spec_draft_step_ms']['mean']:.4f} ms; launches {launches} (n = {rounds})", flush=True)
+    del graphs, target, draft
+    torch.cuda.empty_cache()
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="kernel_cuts.json")
+    parser.add_argument("--pairs", default=",".join(RANDOM_PAIRS),
+                        help="comma-separated, of " + ", ".join(RANDOM_PAIRS))
+    parser.add_argument("--configs", default="defaults,all", help="comma-separated, of " + ", ".join(CONFIGS))
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--iters", type=int, default=30, help="synchronised replays per figure and round (median)")
+    parser.add_argument("--k", type=int, default=4, help="depth of the speculative engine (k - 1 draft steps)")
+    args = parser.parse_args(argv)
+    pairs, configs = args.pairs.split(","), args.configs.split(",")
+    for bad, valid, flag in ((set(pairs) - set(RANDOM_PAIRS), RANDOM_PAIRS, "--pairs"),
+                             (set(configs) - set(CONFIGS), CONFIGS, "--configs")):
+        if bad:
+            parser.error(f"{flag}: unknown {sorted(bad)}; valid: {', '.join(valid)}")
+    if args.rounds < 2 or args.iters < 1 or args.k < 2:
+        parser.error(f"--rounds {args.rounds} (>= 2), --iters {args.iters} (>= 1), --k {args.k} (>= 2)")
+    if not torch.cuda.is_available():
+        parser.error("needs a CUDA GPU")
+    result = {"machine": {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+                          "python": platform.python_version()},
+              "defaults": {key: list(v) if isinstance(v, tuple) else v for key, v in CUDA_KERNELS.items()},
+              "rounds": args.rounds, "iters": args.iters, "k": args.k, "pairs": {}}
+    result["copy_bandwidth_bytes_per_s"] = copy_bandwidth_bytes_per_s()
+    print(f"copy bandwidth {result['copy_bandwidth_bytes_per_s'] / 1e12:.2f} TB/s", flush=True)
+    for name in pairs:
+        print(f"== {name}", flush=True)
+        result["pairs"][name] = bench_pair(name, configs, args.rounds, args.iters, args.k,
+                                           result["copy_bandwidth_bytes_per_s"])
+        Path(args.out).write_text(json.dumps(result, indent=1))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
