@@ -53,7 +53,7 @@ class CausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [N, hidden_size] -> float32[N, vocab_size]."""
-        return self.linear_ops.linear(hidden, self.lm_head.weight, self.lm_head.bias).float()
+        return self.linear_ops.float_logits(hidden, self.lm_head.weight, self.lm_head.bias)
 
     def num_parameters(self) -> int:
         """Distinct parameter elements (a tied head counted once)."""

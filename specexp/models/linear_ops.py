@@ -85,6 +85,22 @@ def _gemv_linear(max_tokens: int):
     return gemv_linear
 
 
+def float_logits(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear(x, weight, bias).float(): an LM head's logits, x [T, hidden] -> fp32[T, vocab]."""
+    return F.linear(x, weight, bias).float()
+
+
+def _gemv_float_logits(max_tokens: int):
+    def gemv_float_logits(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """:func:`float_logits`, with products of 1..max_tokens rows on the Triton GEMV storing fp32 (the same
+        values: rounded to x's dtype first), one cast kernel fewer."""
+        if x.is_cuda and triton_gemv.supports(x, weight, max_tokens=max_tokens):
+            return triton_gemv.gemv(x, weight, bias, out_dtype=torch.float32)
+        return float_logits(x, weight, bias)
+
+    return gemv_float_logits
+
+
 def _gemv_add_linear_(max_tokens: int):
     def gemv_add_linear_(residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
                          bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -134,12 +150,14 @@ class LinearOps:
     `add_linear_(residual [T, out], x, weight, bias) -> residual` (updated in place);
     `norm_linear(x [T, in], norm, weight, bias) -> [T, out]` (linear of norm(x); `norm` an RMSNorm module or
     None); `silu_down_(residual [T, out], gate_up [T, 2I], silu_mul, weight [out, I], bias) -> residual` (a gated
-    MLP's down projection, updated in place)."""
+    MLP's down projection, updated in place); `float_logits(x [T, hidden], weight [vocab, hidden], bias) ->
+    fp32[T, vocab]` (an LM head's)."""
 
     linear: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
     add_linear_: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
     norm_linear: Callable[[torch.Tensor, Norm | None, torch.Tensor, torch.Tensor | None], torch.Tensor]
     silu_down_: Callable[..., torch.Tensor] = silu_down_
+    float_logits: Callable[..., torch.Tensor] = float_logits
 
     def with_silu_in_down_gemv(self) -> LinearOps:
         """This table, with one token's SiLU product computed in the down projection's GEMV
@@ -153,7 +171,8 @@ CUBLAS = LinearOps(F.linear, add_linear_, norm_linear)
 def triton_gemv_ops(max_tokens: int) -> LinearOps:
     """The table that sends products of 1..max_tokens rows of x to :func:`triton_gemv.gemv` (CUDA tensors),
     every other product to torch's GEMMs."""
-    return LinearOps(_gemv_linear(max_tokens), _gemv_add_linear_(max_tokens), _gemv_norm_linear(max_tokens))
+    return LinearOps(_gemv_linear(max_tokens), _gemv_add_linear_(max_tokens), _gemv_norm_linear(max_tokens),
+                     float_logits=_gemv_float_logits(max_tokens))
 
 
 TRITON_GEMV = triton_gemv_ops(1)

@@ -127,7 +127,8 @@ if AVAILABLE:
             y += tl.load(bias_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
         if HAS_RESIDUAL:
             y += tl.load(res_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
-        tl.store(y_ptr + rows, y.to(y_ptr.dtype.element_ty), mask=row_ok)
+        # rounded to x's dtype, then stored in y's (fp32 logits: the values a product in x's dtype casts to)
+        tl.store(y_ptr + rows, y.to(x_ptr.dtype.element_ty).to(y_ptr.dtype.element_ty), mask=row_ok)
 
 
     @triton.jit
@@ -172,7 +173,7 @@ if AVAILABLE:
             y += tl.load(bias_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)[None, :]
         if HAS_RESIDUAL:
             y += tl.load(res_ptr + out_offsets, mask=out_ok, other=0.0).to(tl.float32)
-        tl.store(y_ptr + out_offsets, y.to(y_ptr.dtype.element_ty), mask=out_ok)
+        tl.store(y_ptr + out_offsets, y.to(x_ptr.dtype.element_ty).to(y_ptr.dtype.element_ty), mask=out_ok)
 
 
 def gated_gemv(gate_up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -207,9 +208,11 @@ def supports(x: torch.Tensor, weight: torch.Tensor, *same_dtype: torch.Tensor, m
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
          residual: torch.Tensor | None = None, config: tuple[int, ...] | None = None, *,
-         norm_weight: torch.Tensor | None = None, eps: float = 0.0, rms_only: bool = False) -> torch.Tensor:
+         norm_weight: torch.Tensor | None = None, eps: float = 0.0, rms_only: bool = False,
+         out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """x [M, K] (1 <= M <= MAX_TOKENS), weight [N, K] (rows contiguous), bias [N] or None -> a @ weight^T + bias,
-    [M, N] in x's dtype, where a = x, or rms_norm(x) * norm_weight row by row with `norm_weight` [K] (and `eps`),
+    [M, N] in x's dtype (or `out_dtype`: rounded to x's dtype first, so fp32 logits hold the values that
+    `.float()` of the product would, without its kernel), where a = x, or rms_norm(x) * norm_weight row by row with `norm_weight` [K] (and `eps`),
     or with `rms_only` (no norm_weight) rms_norm(x) alone: a norm whose weight is folded into `weight`
     (:mod:`specexp.models.norm_folding`), which spares the kernels the scaling of x.
 
@@ -221,6 +224,8 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     """
     n, k = weight.shape
     m = x.shape[0]
+    if residual is not None and out_dtype not in (None, residual.dtype):
+        raise ValueError(f"triton_gemv.gemv: out_dtype {out_dtype} with a residual of {residual.dtype}")
     if rms_only and norm_weight is not None:
         raise ValueError("triton_gemv.gemv: rms_only normalises without a weight; got a norm_weight too")
     normalize = norm_weight is not None or rms_only
@@ -231,7 +236,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
                   NUM_WARPS)
     block_n, block_k, warps, *stages = config or skinny_config(n, k, x.element_size())
     x = x.contiguous()
-    out = residual if residual is not None else torch.empty(m, n, device=x.device, dtype=x.dtype)
+    out = residual if residual is not None else torch.empty(m, n, device=x.device, dtype=out_dtype or x.dtype)
     flags = dict(HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None, NORM=normalize,
                  SCALE=norm_weight is not None, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps)
     if stages:

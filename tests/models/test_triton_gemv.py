@@ -67,6 +67,36 @@ def check_products(device: str, dtypes, fusions=FUSIONS, tokens=TOKENS) -> None:
             assert err < tol, f"{label}: error {err:.2e}"
 
 
+def check_float_logits(device: str) -> None:
+    """gemv(..., out_dtype=float32) holds exactly gemv(...).float() (rounded to x's dtype first), on the GEMV and
+    the skinny kernel, with bias or not, fused norm or not; and the Triton tables' float_logits is that."""
+    gen = torch.Generator().manual_seed(2)
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        for m in (1, 3):
+            for k, n in ((64, 37), (1000, 300)):
+                x = torch.randn(m, k, generator=gen).to(dtype).to(device)
+                w = (torch.randn(n, k, generator=gen) / k**0.5).to(dtype).to(device)
+                bias = torch.randn(n, generator=gen).to(dtype).to(device)
+                for b in (None, bias):
+                    for norm in ({}, {"eps": 1e-5, "rms_only": True}):
+                        want = triton_gemv.gemv(x, w, b, **norm).float()
+                        got = triton_gemv.gemv(x, w, b, out_dtype=torch.float32, **norm)
+                        assert got.dtype == torch.float32 and torch.equal(got, want), f"{dtype} M={m} N={n}"
+
+
+@on_triton_gpu
+def test_float_logits_are_the_cast_products_on_gpu():
+    check_float_logits("cuda")
+    x, w = torch.randn(1, 64, device="cuda", dtype=torch.bfloat16), torch.randn(50, 64, device="cuda",
+                                                                              dtype=torch.bfloat16)
+    for table in (TRITON_GEMV, TRITON_SKINNY):
+        assert torch.equal(table.float_logits(x, w, None), triton_gemv.gemv(x, w).float())
+
+
+def test_float_logits_are_the_cast_products_in_triton_interpreter():
+    run_in_triton_interpreter("test_triton_gemv", "check_float_logits")
+
+
 @on_triton_gpu
 def test_gemv_matches_reference_on_gpu():
     check_products("cuda", (torch.float32, torch.bfloat16, torch.float16))
@@ -112,6 +142,11 @@ def test_every_launch_fits_a_hopper_block(dtype, norm):
             triton_gemv._skinny_kernel, {**pointers, "M": "i32", **sizes},
             {**flags, "IEEE": dtype == "fp32", "BLOCK_M": triton_gemv.TOKEN_TILE, "BLOCK_N": block_n,
              "BLOCK_K": block_k}, warps, stages)
+    shared["gemv, fp32 logits"] = hopper_shared_bytes(
+        triton_gemv._gemv_kernel, {**pointers, "y_ptr": "*fp32", "N": "i32", "K": "i32", "stride_w": "i32",
+                                   "eps": "fp32"},
+        {**flags, "HAS_RESIDUAL": False, "BLOCK_N": gemv_block_n, "BLOCK_K": triton_gemv.MAX_BLOCK_K},
+        triton_gemv.NUM_WARPS)
     too_big = {name: size for name, size in shared.items() if size > HOPPER_SHARED_BYTES}
     assert not too_big, f"{dtype}, norm={norm}: shared memory over {HOPPER_SHARED_BYTES} bytes: {too_big}"
 
@@ -148,6 +183,7 @@ def test_triton_table_falls_back_to_torch_off_the_gpu():
             norm = RMSNorm(11, 1e-6)
             for n in (norm, None):
                 assert torch.equal(table.norm_linear(x, n, w, b), CUBLAS.norm_linear(x, n, w, b))
+            assert torch.equal(table.float_logits(x, w, b), CUBLAS.linear(x, w, b).float())
 
 
 @on_triton_gpu
