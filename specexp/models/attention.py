@@ -27,7 +27,7 @@ for any dtype and never touches real rows (their own outputs come only from thei
 All index tensors and the mask depend only on the step's metadata, so an `AttentionPlan` built once per
 model forward computes them for the first attention layer that needs them and every later layer reuses them
 (each forward builds a fresh plan, so a captured graph recomputes them from the persistent metadata at every
-replay). A batch the Triton kernel takes needs only the KV write indices: its forward builds no mask.
+replay). A batch the Triton kernel takes needs only the tokens' slots: its forward builds none of them.
 
 A uniform batch whose rows hold more queries than one program of the Triton kernel takes (a prompt chunk of Q
 tokens with G * Q > `MAX_QUERY_ROWS`) is cut into sub-rows for it, after the keys are written (`_row_split`):
@@ -93,10 +93,11 @@ class AttentionPlan:
 
 
 class PlanTensors:
-    """What one forward's attention layers share for a (num_tokens, block_size, group): the KV write indices,
-    and, computed on first use, what the gather + SDPA path needs besides (gathered block ids, padded query
-    layout, the causal mask, the read-back indices). A batch the uniform-batch kernel takes needs only the write
-    indices, so its forward (and the graph that captures it) runs none of the mask's kernels.
+    """What one forward's attention layers share for a (num_tokens, block_size, group): the tokens' KV slots
+    (`slots`, -1 = padding), and, computed on first use, what the gather + SDPA path needs besides (the write
+    indices, gathered block ids, padded query layout, the causal mask, the read-back indices). The uniform-batch
+    kernel takes the slots as they are (it maps padding itself), so its forward (and the graph that captures it)
+    runs none of these kernels.
 
     `uniform` and `num_key_blocks` (ceil(max_seq_len / block_size), at least 1) are CPU values."""
 
@@ -107,8 +108,7 @@ class PlanTensors:
         self.uniform = is_uniform(meta, num_tokens)
         self.max_query_len = max(meta.max_query_len, 1)
         self.num_key_blocks = max(-(-meta.max_seq_len // block_size), 1)
-        slots = meta.slot_mapping[:num_tokens].to(torch.int64)
-        self.write_index = torch.where(slots < 0, padding_slot(block_size), slots)  # int64[T]
+        self.slots = meta.slot_mapping[:num_tokens].to(torch.int64)  # int64[T], -1 = padding (a view: int64)
         # made on first use (a plain cache, not functools.cached_property: its lock on Python 3.11 breaks a
         # compiled step's graph)
         self._made: dict[str, object] = {}
@@ -117,6 +117,12 @@ class PlanTensors:
         if name not in self._made:
             self._made[name] = make()
         return self._made[name]
+
+    @property
+    def write_index(self) -> torch.Tensor:
+        """int64[T]: each token's flat KV slot, padding (-1) mapped to the NULL block's scratch slot."""
+        return self._once("write_index", lambda: torch.where(self.slots < 0, padding_slot(self.block_size),
+                                                             self.slots))
 
     @property
     def blocks(self) -> torch.Tensor:
@@ -341,7 +347,7 @@ def attend(
     if _kernel_takes(kernel, tensors, query, kv_cache, max_query_len, key, value, prologue=extra):  # one kernel
         return kernel.uniform(query, positions, kv_cache, plan.meta.block_table, plan.meta.seq_lens,
                               tensors.num_key_blocks, scale, key=key, value=value,
-                              write_index=tensors.write_index, **extra)
+                              write_index=tensors.slots, **extra)
     if prologue is not None:
         query, key = prologue.apply(query, key)
     write_kv_cache(kv_cache, key, value, plan.meta.slot_mapping, tensors)

@@ -56,6 +56,7 @@ if AVAILABLE:
             i_ok = i < Q
             new_token = row * Q + i
             slot = tl.load(write_index_ptr + new_token, mask=i_ok, other=0)
+            slot = tl.where(slot < 0, BLOCK_SIZE - 1, slot)  # padding (-1): the NULL block's scratch slot
             new_mask = i_ok[:, None] & d_ok[None, :]
             new_k = _head_prologue(new_k_ptr + new_token[:, None] * stride_nkt + kv_head * stride_nkh, new_token,
                                    new_mask, d, d_swapped, k_norm_ptr, cos_ptr, sin_ptr, stride_rt, eps,
@@ -183,8 +184,9 @@ def paged_attention_uniform(query: torch.Tensor, positions: torch.Tensor, kv_cac
     kv_cache [2, num_blocks_total, block_size, Hkv, D] (contiguous); block_table int32[R, >= num_blocks];
     seq_lens int32[R]; num_blocks: cache blocks each row walks (a static bound: keys past seq_len are masked;
     any block size).
-    key/value: [R * Q, Hkv, D] (head dim contiguous); write_index: int64[R * Q] flat cache slot of each token
-    (padding already mapped to the NULL block's scratch slot, as `attention.write_kv_cache` writes).
+    key/value: [R * Q, Hkv, D] (head dim contiguous); write_index: int64[R * Q] flat cache slot of each token,
+    -1 for padding, which the kernel writes to the NULL block's scratch slot (`attention.padding_slot`), as
+    `attention.write_kv_cache` does.
     Returns [R * Q, Hq * D] in query's dtype.
     """
     num_tokens, num_heads, head_dim = query.shape

@@ -174,16 +174,18 @@ class _CountOps(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def test_a_forwards_shared_tensors_start_with_the_write_indices_alone():
-    """A batch the uniform-batch kernel takes reads only the KV write indices of the plan: building the plan runs
-    those ops alone (a graph of such a forward holds none of the mask's kernels); the mask and the gather indices
-    are made when the SDPA path first asks, once per forward, and equal their definition."""
+def test_a_forwards_shared_tensors_start_with_the_slots_alone():
+    """A batch the uniform-batch kernel takes reads only the tokens' slots of the plan (the kernel maps padding
+    itself): building the plan runs no kernel (a graph of such a forward holds none of the plan's); the write
+    indices, the mask and the gather indices are made when the SDPA path first asks, once per forward, and equal
+    their definition."""
     kv_cache, meta, q, *_ , positions, _ = build_batch([1, 1, 1], [5, 0, 17], 4, 2, 8, pad_rows=1, pad_tokens=1,
                                                       max_query_len=1)
     plan = attention.AttentionPlan(meta, positions)
     with _CountOps() as counter:
         shared = plan.tensors(q.shape[0], kv_cache.shape[2], 2, q.device)
-    assert len(counter.ops) <= 3, counter.ops  # slot ids to int64 (none here: already), slot < 0, where
+    assert counter.ops == [], counter.ops  # the slot ids are int64 already: a view
+    assert shared.slots.data_ptr() == meta.slot_mapping.data_ptr()
     assert shared.uniform and shared.num_key_blocks == -(-meta.max_seq_len // kv_cache.shape[2])
     assert shared.write_index.tolist() == [s if s >= 0 else padding_slot(kv_cache.shape[2])
                                            for s in meta.slot_mapping.tolist()]

@@ -47,15 +47,19 @@ def check_against_sdpa(device: str, dtype: torch.dtype, tol: float) -> None:
         assert triton_attention.supports(q, kv_cache, q_len, k, v)
         real = meta.num_actual_tokens
         label = f"case {seed} ({q_len} queries/row, Hq {hq}, Hkv {hkv}, D {dim}, block {block_size}) {dtype}"
-        for writes in (False, True):
+        written = {}
+        for writes in (None, "mapped", "raw"):  # the padding's -1 slots as given, or mapped by the caller
             cache = fresh.clone() if writes else kv_cache
-            new_kv = {"key": k, "value": v, "write_index": write_index} if writes else {}
+            index = {"mapped": write_index, "raw": slots}.get(writes)
+            new_kv = {"key": k, "value": v, "write_index": index} if writes else {}
             got = triton_attention.paged_attention_uniform(q, positions, cache, meta.block_table, meta.seq_lens,
                                                            num_blocks=num_blocks, scale=dim**-0.5, **new_kv)
             assert got.shape == expected.shape and got.dtype == dtype and torch.isfinite(got).all()
             err = (got[:real].double() - expected[:real].double()).abs().max().item()
             assert err < tol, f"{label}, kernel writes K/V: {writes}: error {err:.2e}"
             assert torch.equal(cache[:, 1:], kv_cache[:, 1:]), f"{label}: cache differs outside the NULL block"
+            written[writes] = cache
+        assert torch.equal(written["raw"], written["mapped"]), f"{label}: -1 slots not mapped to the scratch slot"
         # In-kernel prologue: q and k given before their per-head norms (or none) and RoPE; the reference applies
         # the eager ops first.
         cos, signed_sin = RotaryEmbedding(RopeConfig(theta=500.0), dim).to(device)(positions, dtype)
