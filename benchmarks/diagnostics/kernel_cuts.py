@@ -8,7 +8,8 @@ multi-step draft decode graph (K - 1 draft steps, the draft's own bookkeeping be
 Then, over `--rounds` rounds, each configuration's three graphs are replayed in turn (the median of `--iters`
 synchronised replays each). Per configuration it reports each figure's mean over rounds with a 95% t interval
 (n = rounds), c per round, the target step's share of the copy bandwidth, and each graph's kernel launches (one
-profiled replay; the speculative decode graph's are those of its K - 1 draft steps together).
+profiled replay; the speculative decode graph's are those of its K - 1 draft steps together), and whether each
+graph emitted the first configuration's tokens (the same inert inputs everywhere).
 
     python benchmarks/diagnostics/kernel_cuts.py --out kernel_cuts.json [--pairs llama-3.2-1b+llama-100m,...]
                                                  [--configs defaults,all] [--rounds 7] [--iters 30] [--k 4]
@@ -89,6 +90,13 @@ def bench_pair(name: str, configs: list[str], rounds: int, iters: int, k: int, c
             for part in ("target", "draft", "spec_decode"):
                 ms = cuda_ms(graphs[config][part], iters=iters)
                 times[config][part].append(ms / (k - 1) if part == "spec_decode" else ms)
+    # what each graph's last replay emitted (the same inert inputs in every configuration): the target's and the
+    # draft's sampled tokens, and the speculative engine's drafts
+    emitted = {}
+    for config in configs:
+        target_engine, draft_engine, spec_engine = graphs[config]["engines"]
+        emitted[config] = {"target": target_engine.step_out[0].tolist(), "draft": draft_engine.step_out[0].tolist(),
+                           "spec_decode": spec_engine.speculator.draft_tokens[0].tolist()}
     weights = model_bytes(target)
     out = {"target_weight_bytes": weights, "draft_weight_bytes": model_bytes(draft), "configs": {}}
     for config in configs:
@@ -100,7 +108,8 @@ def bench_pair(name: str, configs: list[str], rounds: int, iters: int, k: int, c
                "spec_cost_ratio_c": repeat_summary([s / tt for s, tt in zip(t["spec_decode"], t["target"],
                                                                               strict=True)]),
                "target_fraction_of_copy_bandwidth": weights / (repeat_summary(t["target"])["mean"] / 1e3) / copy_bw,
-               "per_round_ms": t,
+               "per_round_ms": t, "emitted": emitted[config],
+               "same_tokens_as_first": emitted[config] == emitted[configs[0]],
                "kernels": {part: kernel_breakdown(graphs[config][part], top=12) for part in
                            ("target", "draft", "spec_decode")}}
         out["configs"][config] = row
@@ -110,7 +119,8 @@ def bench_pair(name: str, configs: list[str], rounds: int, iters: int, k: int, c
               f"({100 * row['target_fraction_of_copy_bandwidth']:.1f}% of copy bw), "
               f"draft {row['draft_step_ms']['mean']:.4f} ms, c = {row['cost_ratio_c']['mean']:.3f} "
               f"[{row['cost_ratio_c']['low']:.3f}, {row['cost_ratio_c']['high']:.3f}], speculative draft step "
-              f"{row['spec_draft_step_ms']['mean']:.4f} ms; launches {launches} (n = {rounds})", flush=True)
+              f"{row['spec_draft_step_ms']['mean']:.4f} ms; launches {launches}; tokens as {configs[0]}: "
+              f"{row['same_tokens_as_first']} (n = {rounds})", flush=True)
     del graphs, target, draft
     torch.cuda.empty_cache()
     return out
