@@ -65,6 +65,8 @@ def build(target, draft, kernels: dict, k: int) -> dict:
     """The three graphs of one configuration: {"target", "draft", "spec_decode"} -> (replay fn, what it is)."""
     target_engine, target_desc = batch1_decode_step(target, kernels)
     draft_engine, draft_desc = batch1_decode_step(draft, kernels)
+    for engine in (target_engine, draft_engine):  # the inert row samples: each replay emits the argmax token
+        engine.row_inputs[:1, engine.k + 3] = 1
     spec_engine = make_engine(target, draft, k, 1, graphs=True, kernels=kernels, rejection="synthetic", rate=0.8)
     spec_desc = BatchExecutionDescriptor(1, 1, FULL, min(spec_engine.seq_len_buckets), k)
     spec_engine.speculator._prepare_decode_capture(spec_desc)
