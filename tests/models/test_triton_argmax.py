@@ -11,6 +11,7 @@ from triton_interpreter import (
     hopper_shared_bytes,
     on_triton_gpu,
     run_in_triton_interpreter,
+    tiny_hybrid_pair,
 )
 
 from specexp.models import triton_argmax
@@ -122,15 +123,8 @@ def check_engine_runs_on_it(device: str) -> None:
     exponential race), with a hybrid draft and a changing batch."""
     from specexp.engine.config import EngineConfig, SamplingConfig, SpeculatorConfig
     from specexp.engine.runner import NativeEngine
-    from specexp.models import load_model
-    from specexp.models.loader import ZOO_DIR
 
-    configs = ZOO_DIR / "configs"
-    target = load_model(configs / "tiny-random-lfm2", dtype=torch.float32, device=device, weights="random", seed=0)
-    draft = load_model(configs / "tiny-random-lfm2-draft", dtype=torch.float32, device=device, weights="random",
-                       seed=1)
-    gen = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(3, 500, (n,), generator=gen).tolist() for n in (5, 9, 3)]
+    target, draft, prompts = tiny_hybrid_pair(device, (5, 9, 3))
     for temperature in (0.0, 1.0):
         outputs = []
         for use_triton in (False, True):
@@ -146,11 +140,3 @@ def check_engine_runs_on_it(device: str) -> None:
 def test_engine_runs_on_it_in_triton_interpreter():
     run_in_triton_interpreter("test_triton_argmax", "check_engine_runs_on_it")
 
-
-def test_argmax_kernel_is_validated():
-    from specexp.engine.config import EngineConfig, EngineConfigError
-
-    with pytest.raises(EngineConfigError, match="engine.argmax_kernel='fast': valid are 'torch', 'triton'"):
-        EngineConfig(argmax_kernel="fast").validate()
-    with pytest.raises(EngineConfigError, match="engine.argmax_kernel='triton' needs engine.device=cuda"):
-        EngineConfig(device="cpu", argmax_kernel="triton").validate()

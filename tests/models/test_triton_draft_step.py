@@ -12,10 +12,10 @@ from triton_interpreter import (
     hopper_shared_bytes,
     on_triton_gpu,
     run_in_triton_interpreter,
+    tiny_hybrid_pair,
 )
 
 from specexp.engine import triton_draft_step
-from specexp.engine.config import EngineConfig, EngineConfigError
 from specexp.engine.draft_advance import advance_draft_rows
 
 
@@ -54,17 +54,10 @@ def check_advance(device: str) -> None:
 def check_engines(device: str) -> None:
     """Engines whose speculator advances its rows with the kernel emit the torch path's tokens: greedy and at
     T = 1, k = 4, a hybrid draft and a changing batch."""
-    from specexp.engine.config import SamplingConfig, SpeculatorConfig
+    from specexp.engine.config import EngineConfig, SamplingConfig, SpeculatorConfig
     from specexp.engine.runner import NativeEngine
-    from specexp.models import load_model
-    from specexp.models.loader import ZOO_DIR
 
-    configs = ZOO_DIR / "configs"
-    target = load_model(configs / "tiny-random-lfm2", dtype=torch.float32, device=device, weights="random", seed=0)
-    draft = load_model(configs / "tiny-random-lfm2-draft", dtype=torch.float32, device=device, weights="random",
-                       seed=1)
-    gen = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(3, 500, (n,), generator=gen).tolist() for n in (5, 20, 3, 7)]
+    target, draft, prompts = tiny_hybrid_pair(device, (5, 20, 3, 7))
     for temperature in (0.0, 1.0):
         runs = []
         for fused in (False, True):
@@ -107,9 +100,3 @@ def test_the_kernel_compiles_for_a_hopper_block():
                                  {"BLOCK": triton_draft_step.ROWS_PER_PROGRAM}, 1)
     assert shared <= HOPPER_SHARED_BYTES
 
-
-def test_draft_step_kernel_is_validated():
-    with pytest.raises(EngineConfigError, match="engine.draft_step_kernel='fast': valid are 'torch', 'triton'"):
-        EngineConfig(draft_step_kernel="fast").validate()
-    with pytest.raises(EngineConfigError, match="engine.draft_step_kernel='triton' needs engine.device=cuda"):
-        EngineConfig(device="cpu", draft_step_kernel="triton").validate()

@@ -15,6 +15,7 @@ from triton_interpreter import (
     hopper_shared_bytes,
     on_triton_gpu,
     run_in_triton_interpreter,
+    tiny_hybrid_pair,
 )
 
 from specexp.engine import triton_verify
@@ -76,15 +77,8 @@ def check_engines(device: str) -> None:
     """Engines on the fused kernel emit the torch path's tokens and acceptance: greedy, synthetic, the confidence
     rule, a batch-size schedule (steps at k < K), and k = 0; a hybrid pair and a changing batch."""
     from specexp.engine.config import SamplingConfig, SpeculatorConfig
-    from specexp.models import load_model
-    from specexp.models.loader import ZOO_DIR
 
-    configs = ZOO_DIR / "configs"
-    target = load_model(configs / "tiny-random-lfm2", dtype=torch.float32, device=device, weights="random", seed=0)
-    draft = load_model(configs / "tiny-random-lfm2-draft", dtype=torch.float32, device=device, weights="random",
-                       seed=1)
-    gen = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(3, 500, (n,), generator=gen).tolist() for n in (5, 9, 3, 7)]
+    target, draft, prompts = tiny_hybrid_pair(device, (5, 9, 3, 7))
     speculators = [SpeculatorConfig(num_speculative_tokens=3),
                    SpeculatorConfig(num_speculative_tokens=3, rejection="synthetic", synthetic_acceptance_rate=0.6),
                    SpeculatorConfig(num_speculative_tokens=4, draft_confidence_threshold=0.2),
@@ -136,8 +130,11 @@ def test_the_kernel_compiles_for_a_hopper_block():
         assert shared <= HOPPER_SHARED_BYTES
 
 
-def test_sampler_kernel_is_validated():
-    with pytest.raises(EngineConfigError, match="engine.sampler_kernel='fused': valid are 'torch', 'triton'"):
-        EngineConfig(sampler_kernel="fused").validate()
-    with pytest.raises(EngineConfigError, match="engine.sampler_kernel='triton' needs engine.device=cuda"):
-        EngineConfig(device="cpu", sampler_kernel="triton").validate()
+@pytest.mark.parametrize("name", ["argmax_kernel", "sampler_kernel", "draft_step_kernel"])
+def test_the_step_kernels_are_validated(name):
+    """Each torch | triton switch of the step's small kernels names a bad value, and its Triton choice needs CUDA."""
+    with pytest.raises(EngineConfigError, match=f"engine.{name}='fast': valid are 'torch', 'triton'"):
+        EngineConfig(**{name: "fast"}).validate()
+    with pytest.raises(EngineConfigError, match=f"engine.{name}='triton' needs engine.device=cuda"):
+        EngineConfig(device="cpu", **{name: "triton"}).validate()
+    EngineConfig(device="cpu", **{name: "torch"}).validate()

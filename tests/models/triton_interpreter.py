@@ -38,6 +38,20 @@ def run_in_triton_interpreter(module: str, check: str, *args: str) -> None:
     assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-3000:]
 
 
+def tiny_hybrid_pair(device: str, prompt_lengths: tuple[int, ...]) -> tuple:
+    """(target, draft, prompts): the zoo's random tiny LFM2 target and hybrid LFM2 draft (fp32, on `device`) and one
+    random prompt of each length, for checks that run whole engines (in the interpreter: CPU tensors)."""
+    from specexp.models import load_model
+    from specexp.models.loader import ZOO_DIR
+
+    configs = ZOO_DIR / "configs"
+    target = load_model(configs / "tiny-random-lfm2", dtype=torch.float32, device=device, weights="random", seed=0)
+    draft = load_model(configs / "tiny-random-lfm2-draft", dtype=torch.float32, device=device, weights="random",
+                       seed=1)
+    gen = torch.Generator().manual_seed(0)
+    return target, draft, [torch.randint(3, 500, (n,), generator=gen).tolist() for n in prompt_lengths]
+
+
 # Shared memory one block may use on a Hopper GPU (H100 / H200: 227 KiB), as Triton's launch checks it.
 HOPPER_SHARED_BYTES = 232448
 
