@@ -131,3 +131,30 @@ def test_attention_kernel_is_validated():
         EngineConfig(attention_kernel="flash").validate()
     with pytest.raises(EngineConfigError, match="engine.attention_kernel='triton' needs engine.device=cuda"):
         EngineConfig(device="cpu", attention_kernel="triton").validate()
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_the_kernel_compiles_for_a_hopper_block(dtype):
+    """Compiled for sm_90 without a GPU, the kernel builds in the engine's configurations (a decode row and a
+    verify row of Llama-3.2-1B's heads, writing this step's keys with -1 padding slots, with the in-kernel RoPE
+    and q/k norms or not) and fits a Hopper block's shared memory."""
+    if not triton_attention.AVAILABLE:
+        pytest.skip("triton is not installed")
+    from triton_interpreter import HOPPER_SHARED_BYTES, hopper_shared_bytes
+
+    half = f"*{dtype}"
+    pointers = {"q_ptr": half, "kv_ptr": half, "block_table_ptr": "*i32", "seq_lens_ptr": "*i32",
+                "positions_ptr": "*i64", "out_ptr": half, "new_k_ptr": half, "new_v_ptr": half,
+                "write_index_ptr": "*i64", "cos_ptr": half, "sin_ptr": half, "q_norm_ptr": half, "k_norm_ptr": half}
+    ints = ("stride_qt", "stride_qh", "stride_kv", "stride_kb", "stride_ks", "stride_kh", "stride_bt", "stride_ot",
+            "stride_nkt", "stride_nkh", "stride_nvt", "stride_nvh", "stride_rt")
+    signature = {**pointers, **dict.fromkeys(ints, "i32"), "scale": "fp32", "num_keys": "i32", "eps": "fp32"}
+    for queries, prologue in ((1, True), (5, True), (5, False)):
+        group, head_dim = 4, 64  # Llama-3.2-1B: 32 query heads over 8 KV heads
+        constexprs = {"Q": queries, "G": group, "D": head_dim, "BLOCK_SIZE": 16,
+                      "BLOCK_M": max(16, triton_attention.triton.next_power_of_2(group * queries)),
+                      "BLOCK_N": triton_attention.KEYS_PER_TILE, "BLOCK_D": head_dim,
+                      "BLOCK_Q": max(2, triton_attention.triton.next_power_of_2(queries)), "WRITE_KV": True,
+                      "QK_NORM": prologue, "ROPE": prologue, "ROUND_HALF": dtype == "bf16", "IEEE": dtype == "fp32"}
+        shared = hopper_shared_bytes(triton_attention._paged_attention_kernel, signature, constexprs, 4)
+        assert shared <= HOPPER_SHARED_BYTES, f"Q={queries} prologue={prologue}: {shared} bytes"
