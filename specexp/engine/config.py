@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from specexp.engine.draft_advance import DRAFT_STEP_KERNELS
 from specexp.engine.sampling import ARGMAX_KERNELS
 from specexp.models import triton_support
 from specexp.models.attention import ATTENTION_KERNELS
@@ -143,7 +144,7 @@ class EngineConfig:
         self._check_kernel("conv_kernel", CONV_KERNELS, ("triton",), "torch")
         self._check_kernel("argmax_kernel", ARGMAX_KERNELS, ("triton",), "torch")
         self._check_kernel("sampler_kernel", ("torch", "triton"), ("triton",), "torch")
-        self._check_kernel("draft_step_kernel", ("torch", "triton"), ("triton",), "torch")
+        self._check_kernel("draft_step_kernel", DRAFT_STEP_KERNELS, ("triton",), "torch")
         if self.silu_in_down_gemv and self.linear_kernel == "cublas":
             raise EngineConfigError("engine.silu_in_down_gemv=true computes the SiLU product in the Triton GEMV: it "
                                     "needs engine.linear_kernel=triton_gemv or triton_skinny (got 'cublas')")
