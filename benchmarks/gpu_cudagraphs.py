@@ -18,6 +18,7 @@ Measures, per pair (trained demo pairs when present, and real-size random-weight
                                         [--conv-kernel triton|torch] [--prefill-graph-tokens 16,32,64,128]
                                         [--argmax-kernel torch|triton] [--sampler-kernel torch|triton]
                                         [--silu-in-down-gemv] [--draft-step-kernel torch|triton]
+                                        [--[no-]programmatic-launch]
                                         [--no-shared-graph-pool]
                                         [--ks 0,1,4] [--rates 0.8] [--repeats 3] [--prompts 4]
                                         [--no-plain-decode-lookahead]
@@ -63,6 +64,7 @@ RANDOM_PAIRS = {
 CUDA_KERNELS = {"compile_pointwise": True, "linear_kernel": "triton_skinny", "silu_in_down_gemv": False,
                 "fold_norm_weights": True, "attention_kernel": "triton", "conv_kernel": "triton",
                 "argmax_kernel": "torch", "sampler_kernel": "torch", "draft_step_kernel": "torch",
+                "programmatic_launch": False,
                 "cudagraph_prefill_tokens": (16, 32, 64, 128)}
 DEMO_PAIRS = {
     "tiny_lfm2": ("tiny-lfm2", "tiny-llama-draft"),
@@ -402,6 +404,10 @@ def main() -> None:
     parser.add_argument("--draft-step-kernel", default=CUDA_KERNELS["draft_step_kernel"], choices=["torch", "triton"],
                         help="engine.draft_step_kernel: the draft's bookkeeping between decode steps in torch or one "
                              "Triton kernel")
+    parser.add_argument("--programmatic-launch", action=argparse.BooleanOptionalAction,
+                        default=CUDA_KERNELS["programmatic_launch"],
+                        help="engine.programmatic_launch: the Triton GEMVs launched with programmatic dependent "
+                             "launch (sm_90+)")
     parser.add_argument("--prefill-graph-tokens", default=",".join(map(str, CUDA_KERNELS["cudagraph_prefill_tokens"])),
                         help="engine.cudagraph_prefill_tokens: lone prompt chunks replay a captured prefill graph, "
                              "in the target and the draft ('' = none)")
@@ -436,7 +442,7 @@ def main() -> None:
                "fold_norm_weights": args.fold_norm_weights,
                "attention_kernel": args.attention_kernel, "conv_kernel": args.conv_kernel,
                "argmax_kernel": args.argmax_kernel, "sampler_kernel": args.sampler_kernel,
-               "draft_step_kernel": args.draft_step_kernel,
+               "draft_step_kernel": args.draft_step_kernel, "programmatic_launch": args.programmatic_launch,
                "plain_decode_lookahead": not args.no_plain_decode_lookahead,
                "cudagraph_prefill_tokens": prefill_tokens, "cudagraph_shared_pool": args.shared_graph_pool}
     # the engine switches are recorded as run (JSON writes the tuple of token counts as a list)

@@ -20,7 +20,9 @@ needs the chain itself well above 60%.
 With `--skinny-tokens M,...` it also times the same chain for M rows of x (a batch-1 verify of k + 1 = M tokens):
 `cublas_linear` against the skinny Triton kernel (`engine.linear_kernel=triton_skinny`) at its default block
 shapes and at the best SKINNY_CONFIGS entry per weight shape, and with the RMSNorm before each product fused in
-(`+norm`: as the engine fuses it into the q/k/v and gate/up products). A verify that streams its weights as fast as a
+(`+norm`: as the engine fuses it into the q/k/v and gate/up products). On an sm_90+ GPU every Triton chain is also
+timed with its kernels launched early (` pdl`: `engine.programmatic_launch`, each GEMV fetching its first weight
+chunk while the one before it finishes). A verify that streams its weights as fast as a
 decode step costs what Leviathan's formula assumes: one target step. --models also takes the two drafts'
 shapes (lfm2-350m, llama-100m), whose draft prefill regions are such products too.
 
@@ -48,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ (gpu
 
 from gpu_cudagraphs import copy_bandwidth_bytes_per_s, cuda_ms
 
-from specexp.models import load_model, triton_gemv
+from specexp.models import load_model, triton_gemv, triton_support
 from specexp.models.stacked import StackedLinear
 
 ZOO = Path(__file__).resolve().parents[1] / "specexp" / "zoo"
@@ -88,9 +90,11 @@ def graph_ms(body) -> float:
     return cuda_ms(graph.replay)
 
 
-def chain(weights: list[torch.Tensor], impl: str, configs: dict | None = None, num_tokens: int = 1):
+def chain(weights: list[torch.Tensor], impl: str, configs: dict | None = None, num_tokens: int = 1,
+          pdl: bool = False):
     """A body running one product of `num_tokens` rows per weight with implementation `impl`, on preallocated
-    buffers (configs: {weight shape: triton config}, or None for the kernel's defaults)."""
+    buffers (configs: {weight shape: triton config}, or None for the kernel's defaults; pdl: the Triton kernels
+    launched with programmatic dependent launch)."""
     xs = [torch.randn(num_tokens, w.shape[1], device=w.device, dtype=w.dtype) for w in weights]
     ys = [torch.zeros(num_tokens, w.shape[0], device=w.device, dtype=w.dtype) for w in weights]
     gs = [torch.rand(w.shape[1], device=w.device, dtype=w.dtype) + 0.5 for w in weights]
@@ -103,9 +107,9 @@ def chain(weights: list[torch.Tensor], impl: str, configs: dict | None = None, n
             elif impl == "cublas_addmm":
                 y.addmm_(x, w.t())
             elif impl == "triton_norm":  # the RMSNorm before the product fused in (a new output, as the engine's)
-                triton_gemv.gemv(x, w, norm_weight=g, eps=1e-5, config=config)
+                triton_gemv.gemv(x, w, norm_weight=g, eps=1e-5, config=config, pdl=pdl)
             else:
-                triton_gemv.gemv(x, w, residual=y, config=config)
+                triton_gemv.gemv(x, w, residual=y, config=config, pdl=pdl)
 
     return body
 
@@ -150,8 +154,10 @@ def bench_skinny(weights: list[torch.Tensor], num_tokens: int, total: int, copy_
     rows = {}
     impls = [("cublas_linear", "cublas_linear", None), ("triton_skinny", "triton", None),
              ("triton_skinny tuned", "triton", best), ("triton_skinny +norm", "triton_norm", None)]
+    if triton_support.programmatic_launch(weights[0].device):
+        impls += [(f"{label} pdl", impl, configs) for label, impl, configs in impls[1:]]
     for label, impl, configs in impls:
-        ms = graph_ms(chain(weights, impl, configs, num_tokens))
+        ms = graph_ms(chain(weights, impl, configs, num_tokens, pdl=label.endswith(" pdl")))
         rows[label] = {"graph_ms": ms, "fraction_of_copy_bandwidth": total / (ms / 1e3) / copy_bw}
     print(f"  M={num_tokens}: " + ", ".join(
         f"{label} {row['graph_ms']:.3f} ms ({row['fraction_of_copy_bandwidth']:.0%})" for label, row in rows.items()),
@@ -175,8 +181,10 @@ def bench_model(name: str, path: str, copy_bw: float, skinny_tokens: tuple[int, 
         out["triton_best_config"] = {str(s): c for s, c in configs.items()}
         # "+norm": the GEMV at the engine's defaults with the RMSNorm fused (NORM_BLOCK_N rows per program)
         impls += [("triton_gemv", "triton_gemv", configs), ("triton_gemv +norm", "triton_norm", None)]
+        if triton_support.programmatic_launch(weights[0].device):  # each launched early, fetching its weights
+            impls += [("triton_gemv pdl", "triton_gemv", configs), ("triton_gemv +norm pdl", "triton_norm", None)]
     for label, impl, configs in impls:
-        ms = graph_ms(chain(weights, impl, configs))
+        ms = graph_ms(chain(weights, impl, configs, pdl=label.endswith(" pdl")))
         out["chains"][label] = {"graph_ms": ms, "achieved_bytes_per_s": total / (ms / 1e3),
                                 "fraction_of_copy_bandwidth": total / (ms / 1e3) / copy_bw}
         print(f"  {label:17s} {ms:.3f} ms  {total / (ms / 1e3) / 1e12:.2f} TB/s "

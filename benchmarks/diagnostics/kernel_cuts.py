@@ -50,13 +50,14 @@ from specexp.models import load_model
 
 # Each configuration: the switches it changes from engine=cuda's defaults (CUDA_KERNELS).
 CUTS = {"argmax_kernel": "triton", "sampler_kernel": "triton", "silu_in_down_gemv": True,
-        "draft_step_kernel": "triton"}
+        "draft_step_kernel": "triton", "programmatic_launch": True}
 CONFIGS = {
     "defaults": {},
     "argmax": {"argmax_kernel": "triton"},
     "sampler": {"argmax_kernel": "triton", "sampler_kernel": "triton"},
     "silu_in_down": {"silu_in_down_gemv": True},
     "draft_step": {"draft_step_kernel": "triton"},
+    "pdl": {"programmatic_launch": True},
     "all": CUTS,
 }
 

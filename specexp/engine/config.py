@@ -79,6 +79,10 @@ class EngineConfig:
     draft_step_kernel: "torch" | "triton" (between the draft's decode steps, each row's next input, position,
     seq_len and KV slot in one Triton kernel, `specexp.engine.triton_draft_step`, where torch runs about eleven
     small kernels a step; CUDA only).
+    programmatic_launch: with a Triton linear_kernel on a GPU of compute capability 9.0+ (Hopper), launch the
+    Triton GEMVs with programmatic dependent launch (`triton_gemv.gemv`'s `pdl`): each may start while the kernel
+    before it finishes, fetching its first weight chunk before it waits for that kernel in-kernel. The same
+    values; what it saves is part of each launch's gap in a chain of short kernels (a batch-1 step).
     plain_decode_lookahead: without speculation (k = 0), queue each step before the last one's tokens are read
     back (a step emits one token a row, so everything but the token's value is known; the device gathers it):
     the host's work for a step overlaps the device's previous step. A request that stops at EOS costs one
@@ -107,6 +111,7 @@ class EngineConfig:
     argmax_kernel: str = "torch"
     sampler_kernel: str = "torch"
     draft_step_kernel: str = "torch"
+    programmatic_launch: bool = False
     plain_decode_lookahead: bool = True
     seed: int = 0
 
@@ -136,7 +141,7 @@ class EngineConfig:
             raise EngineConfigError(f"engine.cudagraph_mixed={self.cudagraph_mixed!r}: valid are "
                                     + ", ".join(repr(m) for m in MIXED_STEP_MODES))
         for name in ("compile_pointwise", "plain_decode_lookahead", "fold_norm_weights", "cudagraph_shared_pool",
-                     "silu_in_down_gemv"):
+                     "silu_in_down_gemv", "programmatic_launch"):
             if not isinstance(getattr(self, name), bool):
                 raise EngineConfigError(f"engine.{name}={getattr(self, name)!r}: must be true or false")
         self._check_kernel("linear_kernel", LINEAR_KERNELS, ("triton_gemv", "triton_skinny"), "cublas")
@@ -148,6 +153,12 @@ class EngineConfig:
         if self.silu_in_down_gemv and self.linear_kernel == "cublas":
             raise EngineConfigError("engine.silu_in_down_gemv=true computes the SiLU product in the Triton GEMV: it "
                                     "needs engine.linear_kernel=triton_gemv or triton_skinny (got 'cublas')")
+        if self.programmatic_launch and self.linear_kernel == "cublas":
+            raise EngineConfigError("engine.programmatic_launch=true launches the Triton GEMVs early: it needs "
+                                    "engine.linear_kernel=triton_gemv or triton_skinny (got 'cublas')")
+        if self.programmatic_launch and not triton_support.HAS_GRID_DEPENDENCY_CONTROL:
+            raise EngineConfigError("engine.programmatic_launch=true needs a Triton with grid dependency control "
+                                    "(3.4 or later); or set it false")
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
             raise EngineConfigError(
                 f"engine.max_num_batched_tokens={self.max_num_batched_tokens}: must be >= 1 (or null)"

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
-from specexp.engine.config import EngineConfig
+from specexp.engine.config import EngineConfig, EngineConfigError
+from specexp.models import triton_support
 from specexp.models.attention import ATTENTION_KERNELS, use_attention_kernel
-from specexp.models.linear_ops import LINEAR_KERNELS, use_linear_ops
+from specexp.models.linear_ops import linear_kernel_ops, use_linear_ops
 from specexp.models.norm_folding import fold_norm_weights
 from specexp.models.pointwise import EAGER, compiled_pointwise_ops, use_pointwise_ops
 from specexp.models.short_conv_ops import CONV_KERNELS, use_conv_kernel
@@ -14,11 +16,19 @@ from specexp.models.short_conv_ops import CONV_KERNELS, use_conv_kernel
 
 def use_engine_kernels(models: tuple[nn.Module, ...], engine: EngineConfig) -> None:
     """Make every model of `models` run `engine`'s kernels: the fused (compiled) pointwise ops or the eager ones
-    (`compile_pointwise`), its linear-ops table (`linear_kernel`, `silu_in_down_gemv`), attention and short-conv
-    kernels; with `fold_norm_weights`, its pre-norm weights folded into the projections first (in place). Set on
-    the modules: a model shared by two engines follows the last one built."""
+    (`compile_pointwise`), its linear-ops table (`linear_kernel`, `silu_in_down_gemv`, `programmatic_launch`),
+    attention and short-conv kernels; with `fold_norm_weights`, its pre-norm weights folded into the projections
+    first (in place). Set on the modules: a model shared by two engines follows the last one built.
+
+    Raises EngineConfigError when `programmatic_launch` is on and the engine's GPU cannot launch that way (compute
+    capability below 9.0)."""
+    if engine.programmatic_launch and not triton_support.programmatic_launch(torch.device(engine.device)):
+        index = torch.device(engine.device).index or 0
+        major, minor = torch.cuda.get_device_capability(index)
+        raise EngineConfigError(f"engine.programmatic_launch=true needs a GPU of compute capability 9.0 or later "
+                                f"(Hopper); cuda:{index} is {major}.{minor}: set it false")
     pointwise = compiled_pointwise_ops() if engine.compile_pointwise else EAGER
-    linear = LINEAR_KERNELS[engine.linear_kernel]
+    linear = linear_kernel_ops(engine.linear_kernel, engine.programmatic_launch)
     if engine.silu_in_down_gemv:
         linear = linear.with_silu_in_down_gemv()
     for model in models:

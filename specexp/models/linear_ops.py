@@ -15,6 +15,9 @@ bias)` and `norm_linear(x, norm, weight, bias)` (a pre-norm projection: linear(n
   past the first on the GEMV's skinny-GEMM sibling, which streams each weight once for all rows.
 - :meth:`LinearOps.with_silu_in_down_gemv` (`engine.silu_in_down_gemv`): a gated MLP's SiLU product of one token
   computed inside its down projection's GEMV, one kernel fewer per layer of a batch-1 step.
+- :func:`linear_kernel_ops` with `programmatic_launch` (`engine.programmatic_launch`): a Triton table whose kernels
+  are launched with programmatic dependent launch on sm_90+ GPUs (each GEMV fetches its first weight chunk while
+  the kernel before it finishes; see :func:`triton_gemv.gemv`).
 
 A pre-norm whose weight is folded into the projections (`RMSNorm.folded`, :mod:`specexp.models.norm_folding`)
 reaches the Triton kernels as `rms_only`: they scale each row's products by 1/rms(x) and skip the multiply by the
@@ -75,11 +78,11 @@ def norm_linear(x: torch.Tensor, norm: Norm | None, weight: torch.Tensor,
     return F.linear(x if norm is None else norm(x), weight, bias)
 
 
-def _gemv_linear(max_tokens: int):
+def _gemv_linear(max_tokens: int, pdl: bool):
     def gemv_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """F.linear, with products of 1..max_tokens rows on the Triton GEMV. x [T, in] -> [T, out]."""
         if x.is_cuda and triton_gemv.supports(x, weight, max_tokens=max_tokens):
-            return triton_gemv.gemv(x, weight, bias)
+            return triton_gemv.gemv(x, weight, bias, pdl=pdl)
         return F.linear(x, weight, bias)
 
     return gemv_linear
@@ -90,31 +93,31 @@ def float_logits(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     return F.linear(x, weight, bias).float()
 
 
-def _gemv_float_logits(max_tokens: int):
+def _gemv_float_logits(max_tokens: int, pdl: bool):
     def gemv_float_logits(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """:func:`float_logits`, with products of 1..max_tokens rows on the Triton GEMV storing fp32 (the same
         values: rounded to x's dtype first), one cast kernel fewer."""
         if x.is_cuda and triton_gemv.supports(x, weight, max_tokens=max_tokens):
-            return triton_gemv.gemv(x, weight, bias, out_dtype=torch.float32)
+            return triton_gemv.gemv(x, weight, bias, out_dtype=torch.float32, pdl=pdl)
         return float_logits(x, weight, bias)
 
     return gemv_float_logits
 
 
-def _gemv_add_linear_(max_tokens: int):
+def _gemv_add_linear_(max_tokens: int, pdl: bool):
     def gemv_add_linear_(residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
                          bias: torch.Tensor | None = None) -> torch.Tensor:
         """:func:`add_linear_`, with products of 1..max_tokens rows on the Triton GEMV (residual updated in
         place)."""
         if x.is_cuda and residual.is_contiguous() and triton_gemv.supports(x, weight, max_tokens=max_tokens):
-            return triton_gemv.gemv(x, weight, bias, residual=residual)
+            return triton_gemv.gemv(x, weight, bias, residual=residual, pdl=pdl)
         return add_linear_(residual, x, weight, bias)
 
     return gemv_add_linear_
 
 
-def _gemv_norm_linear(max_tokens: int):
-    linear = _gemv_linear(max_tokens)
+def _gemv_norm_linear(max_tokens: int, pdl: bool):
+    linear = _gemv_linear(max_tokens, pdl)
 
     def gemv_norm_linear(x: torch.Tensor, norm: Norm | None, weight: torch.Tensor,
                          bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -124,21 +127,21 @@ def _gemv_norm_linear(max_tokens: int):
             return linear(x, weight, bias)
         if x.is_cuda and triton_gemv.supports(x, weight, norm.weight, max_tokens=max_tokens):
             if norm.folded:  # its weight is ones, already in `weight`: 1/rms(x) alone
-                return triton_gemv.gemv(x, weight, bias, eps=norm.eps, rms_only=True)
-            return triton_gemv.gemv(x, weight, bias, norm_weight=norm.weight, eps=norm.eps)
+                return triton_gemv.gemv(x, weight, bias, eps=norm.eps, rms_only=True, pdl=pdl)
+            return triton_gemv.gemv(x, weight, bias, norm_weight=norm.weight, eps=norm.eps, pdl=pdl)
         return norm_linear(x, norm, weight, bias)
 
     return gemv_norm_linear
 
 
-def _gated_gemv_silu_down_(fallback: Callable) -> Callable:
+def _gated_gemv_silu_down_(fallback: Callable, pdl: bool) -> Callable:
     def gated_gemv_silu_down_(residual: torch.Tensor, gate_up: torch.Tensor, silu_mul: Callable,
                               weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """:func:`silu_down_`, with one token's SiLU product computed inside the down projection's GEMV
         (:func:`triton_gemv.gated_gemv`); other products as `fallback`."""
         if (gate_up.is_cuda and residual.is_contiguous() and gate_up.shape[-1] == 2 * weight.shape[1]
                 and triton_gemv.supports(gate_up, weight)):
-            return triton_gemv.gated_gemv(gate_up, weight, bias, residual=residual)
+            return triton_gemv.gated_gemv(gate_up, weight, bias, residual=residual, pdl=pdl)
         return fallback(residual, gate_up, silu_mul, weight, bias)
 
     return gated_gemv_silu_down_
@@ -151,33 +154,45 @@ class LinearOps:
     `norm_linear(x [T, in], norm, weight, bias) -> [T, out]` (linear of norm(x); `norm` an RMSNorm module or
     None); `silu_down_(residual [T, out], gate_up [T, 2I], silu_mul, weight [out, I], bias) -> residual` (a gated
     MLP's down projection, updated in place); `float_logits(x [T, hidden], weight [vocab, hidden], bias) ->
-    fp32[T, vocab]` (an LM head's)."""
+    fp32[T, vocab]` (an LM head's). `pdl`: its Triton kernels are launched with programmatic dependent launch
+    (`triton_gemv.gemv`'s `pdl`)."""
 
     linear: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
     add_linear_: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
     norm_linear: Callable[[torch.Tensor, Norm | None, torch.Tensor, torch.Tensor | None], torch.Tensor]
     silu_down_: Callable[..., torch.Tensor] = silu_down_
     float_logits: Callable[..., torch.Tensor] = float_logits
+    pdl: bool = False
 
     def with_silu_in_down_gemv(self) -> LinearOps:
         """This table, with one token's SiLU product computed in the down projection's GEMV
         (`engine.silu_in_down_gemv`); every other down projection as this table runs it."""
-        return replace(self, silu_down_=_gated_gemv_silu_down_(self.silu_down_))
+        return replace(self, silu_down_=_gated_gemv_silu_down_(self.silu_down_, self.pdl))
 
 
 CUBLAS = LinearOps(F.linear, add_linear_, norm_linear)
 
 
-def triton_gemv_ops(max_tokens: int) -> LinearOps:
+def triton_gemv_ops(max_tokens: int, pdl: bool = False) -> LinearOps:
     """The table that sends products of 1..max_tokens rows of x to :func:`triton_gemv.gemv` (CUDA tensors),
-    every other product to torch's GEMMs."""
-    return LinearOps(_gemv_linear(max_tokens), _gemv_add_linear_(max_tokens), _gemv_norm_linear(max_tokens),
-                     float_logits=_gemv_float_logits(max_tokens))
+    every other product to torch's GEMMs; with `pdl`, its kernels launched with programmatic dependent launch."""
+    return LinearOps(_gemv_linear(max_tokens, pdl), _gemv_add_linear_(max_tokens, pdl),
+                     _gemv_norm_linear(max_tokens, pdl), float_logits=_gemv_float_logits(max_tokens, pdl), pdl=pdl)
 
 
 TRITON_GEMV = triton_gemv_ops(1)
 TRITON_SKINNY = triton_gemv_ops(triton_gemv.MAX_TOKENS)
 LINEAR_KERNELS = {"cublas": CUBLAS, "triton_gemv": TRITON_GEMV, "triton_skinny": TRITON_SKINNY}
+# Rows of x each Triton table's kernels take.
+TRITON_MAX_TOKENS = {"triton_gemv": 1, "triton_skinny": triton_gemv.MAX_TOKENS}
+
+
+def linear_kernel_ops(name: str, programmatic_launch: bool = False) -> LinearOps:
+    """The table `engine.linear_kernel=name` runs (a key of LINEAR_KERNELS); with `programmatic_launch`
+    (`engine.programmatic_launch`), a Triton table's kernels launched with programmatic dependent launch."""
+    if programmatic_launch and name in TRITON_MAX_TOKENS:
+        return triton_gemv_ops(TRITON_MAX_TOKENS[name], pdl=True)
+    return LINEAR_KERNELS[name]
 
 
 def use_linear_ops(model: nn.Module, ops: LinearOps) -> None:

@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import torch
 
-from specexp.models.triton_support import AVAILABLE, tl, triton
+from specexp.models.triton_support import AVAILABLE, programmatic_launch, tl, triton
 
 # Tuned on the H200 over (BLOCK_N, BLOCK_K, warps) in {4, 8, 16, 32} x {256, 512, 1024} x {4, 8} and (2, 1024, 4)
 # for every weight shape of both 1B-class targets: (2, 1024, 4) won on all of them.
@@ -93,33 +93,54 @@ def skinny_config(n: int, k: int, element_bytes: int = 2) -> tuple[int, int, int
 if AVAILABLE:
 
     @triton.jit
+    def _gemv_x_chunk(x_ptr, norm_w_ptr, k, k_ok, K, SCALE: tl.constexpr, GATED: tl.constexpr):
+        """fp32[BLOCK_K]: chunk k of x (of silu(gate) * up with GATED), before and after the norm weight's scaling
+        (SCALE)."""
+        if GATED:  # x = silu(gate) * up from [gate, up], each product rounded to x's dtype as eager rounds it
+            gate = tl.load(x_ptr + k, mask=k_ok, other=0.0).to(tl.float32)
+            up = tl.load(x_ptr + K + k, mask=k_ok, other=0.0)
+            silu = tl.math.div_rn(gate, 1.0 + tl.exp(-gate)).to(up.dtype).to(tl.float32)
+            x = (silu * up.to(tl.float32)).to(up.dtype).to(tl.float32)
+        else:
+            x = tl.load(x_ptr + k, mask=k_ok, other=0.0).to(tl.float32)
+        scaled = x
+        if SCALE:  # the norm's weight (not folded into W)
+            scaled = x * tl.load(norm_w_ptr + k, mask=k_ok, other=0.0).to(tl.float32)
+        return x, scaled
+
+
+    @triton.jit
     def _gemv_kernel(x_ptr, norm_w_ptr, w_ptr, bias_ptr, res_ptr, y_ptr, N, K, stride_w, eps,
                      HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, NORM: tl.constexpr,
                      SCALE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                     GATED: tl.constexpr = False):
+                     GATED: tl.constexpr = False, PREFETCH_W: tl.constexpr = False, GDC: tl.constexpr = False):
         rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         cols = tl.arange(0, BLOCK_K)
         row_ok = rows < N
+        w_rows = w_ptr + rows[:, None] * stride_w
         acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
         if NORM:
             squares = tl.zeros([BLOCK_K], dtype=tl.float32)
+        if PREFETCH_W:  # each weight chunk loaded one chunk ahead; the first before waiting on the kernel before
+            if GDC:
+                tl.extra.cuda.gdc_launch_dependents()
+            w_next = tl.load(w_rows + cols[None, :], mask=row_ok[:, None] & (cols < K)[None, :], other=0.0)
+            if GDC:  # no kernel writes the weights; x, the bias and the residual are read after this
+                tl.extra.cuda.gdc_wait()
         for k0 in range(0, K, BLOCK_K):
             k = k0 + cols
             k_ok = k < K
-            if GATED:  # x = silu(gate) * up from [gate, up], each product rounded to x's dtype as eager rounds it
-                gate = tl.load(x_ptr + k, mask=k_ok, other=0.0).to(tl.float32)
-                up = tl.load(x_ptr + K + k, mask=k_ok, other=0.0)
-                silu = tl.math.div_rn(gate, 1.0 + tl.exp(-gate)).to(up.dtype).to(tl.float32)
-                x = (silu * up.to(tl.float32)).to(up.dtype).to(tl.float32)
-            else:
-                x = tl.load(x_ptr + k, mask=k_ok, other=0.0).to(tl.float32)
+            x, scaled = _gemv_x_chunk(x_ptr, norm_w_ptr, k, k_ok, K, SCALE, GATED)
             if NORM:  # the 1/rms scale is applied to the dot products at the end
                 squares += x * x
-            if SCALE:  # the norm's weight (not folded into W)
-                x = x * tl.load(norm_w_ptr + k, mask=k_ok, other=0.0).to(tl.float32)
-            w = tl.load(w_ptr + rows[:, None] * stride_w + k[None, :], mask=row_ok[:, None] & k_ok[None, :],
-                        other=0.0)
-            acc += w.to(tl.float32) * x[None, :]
+            if PREFETCH_W:
+                w = w_next
+                k_ahead = k + BLOCK_K
+                w_next = tl.load(w_rows + k_ahead[None, :], mask=row_ok[:, None] & (k_ahead < K)[None, :],
+                                 other=0.0)
+            else:
+                w = tl.load(w_rows + k[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            acc += w.to(tl.float32) * scaled[None, :]
         y = tl.sum(acc, axis=1)
         if NORM:
             y = y / tl.sqrt(tl.sum(squares, axis=0) / K + eps)
@@ -135,7 +156,11 @@ if AVAILABLE:
     def _skinny_kernel(x_ptr, norm_w_ptr, w_ptr, bias_ptr, res_ptr, y_ptr, M, N, K, stride_x, stride_w, stride_y,
                        eps, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, NORM: tl.constexpr,
                        SCALE: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                       BLOCK_K: tl.constexpr):
+                       BLOCK_K: tl.constexpr, GDC: tl.constexpr = False):
+        if GDC:  # launched early: the next kernel may launch now; wait for the kernels before (its pipeline loads
+            # weights and x together)
+            tl.extra.cuda.gdc_launch_dependents()
+            tl.extra.cuda.gdc_wait()
         rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         tokens = tl.arange(0, BLOCK_M)
         cols = tl.arange(0, BLOCK_K)
@@ -176,11 +201,38 @@ if AVAILABLE:
         tl.store(y_ptr + out_offsets, y.to(x_ptr.dtype.element_ty).to(y_ptr.dtype.element_ty), mask=out_ok)
 
 
+def _pdl_flags(pdl: bool, device: torch.device) -> dict:
+    """The kernels' flags for `pdl` (see :func:`gemv`): the GEMV's weight prefetch wherever asked; the grid
+    dependency control and the launch attribute only where the device has them."""
+    gdc = pdl and programmatic_launch(device)
+    return {"PREFETCH_W": pdl, "GDC": gdc, "launch_pdl": gdc}
+
+
+def _launch_gemv(x: torch.Tensor, norm_weight: torch.Tensor | None, weight: torch.Tensor, bias: torch.Tensor | None,
+                 residual: torch.Tensor | None, out: torch.Tensor, eps: float, config: tuple[int, ...],
+                 *, normalize: bool = False, gated: bool = False, pdl: bool = False) -> torch.Tensor:
+    """The GEMV kernel over weight [N, K] for one row of x into out [1, N] (the residual's storage when given);
+    x is [1, K], or [1, 2K] (gate then up) when `gated`. config: (BLOCK_N, BLOCK_K, num_warps[, num_stages]).
+    Returns out."""
+    n, k = weight.shape
+    block_n, block_k, warps, *stages = config
+    options = {"num_warps": warps} | ({"num_stages": stages[0]} if stages else {})
+    placeholder = x  # any pointer of x's type, for the operands a flag switches off
+    _gemv_kernel[(triton.cdiv(n, block_n),)](
+        x, norm_weight if norm_weight is not None else placeholder, weight,
+        bias if bias is not None else placeholder, out, out, n, k, weight.stride(0), eps,
+        HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None, NORM=normalize,
+        SCALE=norm_weight is not None, BLOCK_N=block_n, BLOCK_K=block_k, GATED=gated, **options,
+        **_pdl_flags(pdl, x.device))
+    return out
+
+
 def gated_gemv(gate_up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-               residual: torch.Tensor | None = None) -> torch.Tensor:
+               residual: torch.Tensor | None = None, *, pdl: bool = False) -> torch.Tensor:
     """The down projection of a SiLU-gated MLP with its gate in the same kernel, for one token: gate_up [1, 2I]
     (gate then up, contiguous), weight [N, I] (rows contiguous), bias [N] or None -> (silu(gate) * up) @ weight^T
     + bias, [1, N] in gate_up's dtype; with `residual` ([1, N], contiguous) added to it in place and returned.
+    pdl: as :func:`gemv`'s.
 
     silu(gate) and its product with up are each rounded to the dtype, as eager's two kernels round them; silu's
     exp is Triton's, so the product may differ from eager's in the last bit of a few elements. Saves the SiLU
@@ -189,14 +241,9 @@ def gated_gemv(gate_up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
         raise ValueError(f"triton_gemv.gated_gemv takes gate_up [1, 2 * {weight.shape[1]}] for weight "
                          f"{tuple(weight.shape)}, got {tuple(gate_up.shape)}")
     n, k = weight.shape
-    gate_up = gate_up.contiguous()
     out = residual if residual is not None else torch.empty(1, n, device=gate_up.device, dtype=gate_up.dtype)
-    _gemv_kernel[(triton.cdiv(n, GATED_BLOCK_N),)](
-        gate_up, gate_up, weight, bias if bias is not None else gate_up, out, out, n, k, weight.stride(0), 0.0,
-        HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None, NORM=False, SCALE=False,
-        BLOCK_N=GATED_BLOCK_N, BLOCK_K=min(MAX_BLOCK_K, triton.next_power_of_2(k)), GATED=True,
-        num_warps=NUM_WARPS)
-    return out
+    config = (GATED_BLOCK_N, min(MAX_BLOCK_K, triton.next_power_of_2(k)), NUM_WARPS)
+    return _launch_gemv(gate_up.contiguous(), None, weight, bias, residual, out, 0.0, config, gated=True, pdl=pdl)
 
 
 def supports(x: torch.Tensor, weight: torch.Tensor, *same_dtype: torch.Tensor, max_tokens: int = 1) -> bool:
@@ -209,18 +256,26 @@ def supports(x: torch.Tensor, weight: torch.Tensor, *same_dtype: torch.Tensor, m
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
          residual: torch.Tensor | None = None, config: tuple[int, ...] | None = None, *,
          norm_weight: torch.Tensor | None = None, eps: float = 0.0, rms_only: bool = False,
-         out_dtype: torch.dtype | None = None) -> torch.Tensor:
+         out_dtype: torch.dtype | None = None, pdl: bool = False) -> torch.Tensor:
     """x [M, K] (1 <= M <= MAX_TOKENS), weight [N, K] (rows contiguous), bias [N] or None -> a @ weight^T + bias,
     [M, N] in x's dtype (or `out_dtype`: rounded to x's dtype first, so fp32 logits hold the values that
-    `.float()` of the product would, without its kernel), where a = x, or rms_norm(x) * norm_weight row by row with `norm_weight` [K] (and `eps`),
-    or with `rms_only` (no norm_weight) rms_norm(x) alone: a norm whose weight is folded into `weight`
-    (:mod:`specexp.models.norm_folding`), which spares the kernels the scaling of x.
+    `.float()` of the product would, without its kernel), where a = x, or rms_norm(x) * norm_weight row by row with
+    `norm_weight` [K] (and `eps`), or with `rms_only` (no norm_weight) rms_norm(x) alone: a norm whose weight is
+    folded into `weight` (:mod:`specexp.models.norm_folding`), which spares the kernels the scaling of x.
 
     M = 1 runs the GEMV kernel, M >= 2 the skinny kernel. With `residual` ([M, N], contiguous) the sum is added to
     it in place and residual is returned: one rounding of (residual + product + bias), as `residual.addmm_` rounds.
     config: (BLOCK_N, BLOCK_K, num_warps[, num_stages]), for tuning (None: for M = 1, BLOCK_N rows per program,
     NORM_BLOCK_N with a norm, min(MAX_BLOCK_K, K rounded up to a power of 2) and NUM_WARPS; for M >= 2,
     :func:`skinny_config`).
+
+    pdl (`engine.programmatic_launch`): on a GPU of compute capability 9.0 or later, the kernel is launched with
+    programmatic dependent launch. It may then start while the kernel before it on the stream is finishing: the
+    GEMV loads its first weight chunk, then waits for the earlier kernels (weights are the only operand no kernel
+    writes) and loads every later chunk one chunk ahead; the skinny kernel waits first thing. Each signals at its
+    start that the kernel after it may launch. Elsewhere (an older GPU; CPU tensors under Triton's interpreter)
+    the GEMV still loads its chunks one ahead, launched as usual. Same values either way: every sum is taken in
+    the same order.
     """
     n, k = weight.shape
     m = x.shape[0]
@@ -231,21 +286,22 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     normalize = norm_weight is not None or rms_only
     if not 1 <= m <= MAX_TOKENS:
         raise ValueError(f"triton_gemv.gemv takes 1..{MAX_TOKENS} rows of x, got x of shape {tuple(x.shape)}")
-    if config is None and m == 1:
-        config = (NORM_BLOCK_N if normalize else BLOCK_N, min(MAX_BLOCK_K, triton.next_power_of_2(k)),
-                  NUM_WARPS)
-    block_n, block_k, warps, *stages = config or skinny_config(n, k, x.element_size())
     x = x.contiguous()
     out = residual if residual is not None else torch.empty(m, n, device=x.device, dtype=out_dtype or x.dtype)
+    if m == 1:
+        config = config or (NORM_BLOCK_N if normalize else BLOCK_N, min(MAX_BLOCK_K, triton.next_power_of_2(k)),
+                            NUM_WARPS)
+        return _launch_gemv(x, norm_weight, weight, bias, residual, out, eps, config, normalize=normalize,
+                            pdl=pdl)
+    block_n, block_k, warps, *stages = config or skinny_config(n, k, x.element_size())
     flags = dict(HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None, NORM=normalize,
                  SCALE=norm_weight is not None, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps)
     if stages:
         flags["num_stages"] = stages[0]
-    operands = (x, norm_weight if norm_weight is not None else x, weight, bias if bias is not None else x, out, out)
-    if m == 1:
-        _gemv_kernel[(triton.cdiv(n, block_n),)](*operands, n, k, weight.stride(0), eps, **flags)
-    else:
-        _skinny_kernel[(triton.cdiv(n, block_n),)](*operands, m, n, k, x.stride(0), weight.stride(0),
-                                                   out.stride(0), eps, IEEE=x.dtype == torch.float32,
-                                                   BLOCK_M=TOKEN_TILE, **flags)
+    pdl_flags = _pdl_flags(pdl, x.device)
+    del pdl_flags["PREFETCH_W"]  # the skinny kernel's loads are pipelined by the compiler
+    _skinny_kernel[(triton.cdiv(n, block_n),)](
+        x, norm_weight if norm_weight is not None else x, weight, bias if bias is not None else x, out, out, m, n, k,
+        x.stride(0), weight.stride(0), out.stride(0), eps, IEEE=x.dtype == torch.float32, BLOCK_M=TOKEN_TILE,
+        **flags, **pdl_flags)
     return out

@@ -56,11 +56,12 @@ def tiny_hybrid_pair(device: str, prompt_lengths: tuple[int, ...]) -> tuple:
 HOPPER_SHARED_BYTES = 232448
 
 
-def hopper_shared_bytes(kernel, signature: dict[str, str], constexprs: dict[str, object], num_warps: int,
-                        num_stages: int | None = None) -> int:
-    """Compile `kernel` for sm_90 (PTX and cubin, with Triton's bundled ptxas; no GPU needed) and return the
-    shared memory its launch asks for, in bytes. signature: argument name -> Triton type ("*bf16", "i32",
-    "fp32"); constexprs: name -> value. Skips where triton's compiler API differs from 3.x's."""
+def compile_for_hopper(kernel, signature: dict[str, str], constexprs: dict[str, object], num_warps: int,
+                       num_stages: int | None = None, **options):
+    """Compile `kernel` for sm_90 (PTX and cubin, with Triton's bundled ptxas; no GPU needed) and return Triton's
+    compiled kernel (`.asm["ptx"]`, `.metadata`). signature: argument name -> Triton type ("*bf16", "i32",
+    "fp32"); constexprs: name -> value; options: further compile options (e.g. launch_pdl). Skips where triton is
+    not installed."""
     if not triton_support.AVAILABLE:
         pytest.skip("triton is not installed")
     import triton
@@ -71,5 +72,11 @@ def hopper_shared_bytes(kernel, signature: dict[str, str], constexprs: dict[str,
     full = {**signature, **{name: "constexpr" for name in constexprs}}
     source = ASTSource(fn=kernel, signature=full,
                        constexprs={(names.index(name),): value for name, value in constexprs.items()})
-    options = {"num_warps": num_warps} | ({"num_stages": num_stages} if num_stages else {})
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options).metadata.shared
+    options = {"num_warps": num_warps, **options} | ({"num_stages": num_stages} if num_stages else {})
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+
+
+def hopper_shared_bytes(kernel, signature: dict[str, str], constexprs: dict[str, object], num_warps: int,
+                        num_stages: int | None = None) -> int:
+    """The shared memory (bytes) the launch of `kernel` compiled for sm_90 asks for (:func:`compile_for_hopper`)."""
+    return compile_for_hopper(kernel, signature, constexprs, num_warps, num_stages).metadata.shared
