@@ -406,8 +406,8 @@ def main() -> None:
                              "Triton kernel")
     parser.add_argument("--programmatic-launch", action=argparse.BooleanOptionalAction,
                         default=CUDA_KERNELS["programmatic_launch"],
-                        help="engine.programmatic_launch: the Triton GEMVs launched with programmatic dependent "
-                             "launch (sm_90+)")
+                        help="engine.programmatic_launch: the Triton GEMV, attention and conv kernels launched with "
+                             "programmatic dependent launch (sm_90+)")
     parser.add_argument("--prefill-graph-tokens", default=",".join(map(str, CUDA_KERNELS["cudagraph_prefill_tokens"])),
                         help="engine.cudagraph_prefill_tokens: lone prompt chunks replay a captured prefill graph, "
                              "in the target and the draft ('' = none)")

@@ -79,10 +79,11 @@ class EngineConfig:
     draft_step_kernel: "torch" | "triton" (between the draft's decode steps, each row's next input, position,
     seq_len and KV slot in one Triton kernel, `specexp.engine.triton_draft_step`, where torch runs about eleven
     small kernels a step; CUDA only).
-    programmatic_launch: with a Triton linear_kernel on a GPU of compute capability 9.0+ (Hopper), launch the
-    Triton GEMVs with programmatic dependent launch (`triton_gemv.gemv`'s `pdl`): each may start while the kernel
-    before it finishes, fetching its first weight chunk before it waits for that kernel in-kernel. The same
-    values; what it saves is part of each launch's gap in a chain of short kernels (a batch-1 step).
+    programmatic_launch: on a GPU of compute capability 9.0+ (Hopper), launch the Triton kernels of the linear,
+    attention and conv settings (GEMV, skinny GEMM, decode/verify attention, uniform short conv) with programmatic
+    dependent launch: each may start while the kernel before it finishes and waits for it in-kernel; a GEMV
+    fetches its first weight chunk before it waits (`triton_gemv.gemv`'s `pdl`). The same values; what it saves is
+    part of each launch's gap in a chain of short kernels (a batch-1 step).
     plain_decode_lookahead: without speculation (k = 0), queue each step before the last one's tokens are read
     back (a step emits one token a row, so everything but the token's value is known; the device gathers it):
     the host's work for a step overlaps the device's previous step. A request that stops at EOS costs one
@@ -153,9 +154,11 @@ class EngineConfig:
         if self.silu_in_down_gemv and self.linear_kernel == "cublas":
             raise EngineConfigError("engine.silu_in_down_gemv=true computes the SiLU product in the Triton GEMV: it "
                                     "needs engine.linear_kernel=triton_gemv or triton_skinny (got 'cublas')")
-        if self.programmatic_launch and self.linear_kernel == "cublas":
-            raise EngineConfigError("engine.programmatic_launch=true launches the Triton GEMVs early: it needs "
-                                    "engine.linear_kernel=triton_gemv or triton_skinny (got 'cublas')")
+        if self.programmatic_launch and (self.linear_kernel, self.attention_kernel, self.conv_kernel) == (
+                "cublas", "sdpa", "torch"):
+            raise EngineConfigError("engine.programmatic_launch=true launches the Triton kernels early: it needs one "
+                                    "of engine.linear_kernel=triton_gemv|triton_skinny, attention_kernel=triton, "
+                                    "conv_kernel=triton (all are torch's now)")
         if self.programmatic_launch and not triton_support.HAS_GRID_DEPENDENCY_CONTROL:
             raise EngineConfigError("engine.programmatic_launch=true needs a Triton with grid dependency control "
                                     "(3.4 or later); or set it false")

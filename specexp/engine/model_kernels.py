@@ -16,8 +16,8 @@ from specexp.models.short_conv_ops import CONV_KERNELS, use_conv_kernel
 
 def use_engine_kernels(models: tuple[nn.Module, ...], engine: EngineConfig) -> None:
     """Make every model of `models` run `engine`'s kernels: the fused (compiled) pointwise ops or the eager ones
-    (`compile_pointwise`), its linear-ops table (`linear_kernel`, `silu_in_down_gemv`, `programmatic_launch`),
-    attention and short-conv kernels; with `fold_norm_weights`, its pre-norm weights folded into the projections
+    (`compile_pointwise`), its linear-ops table (`linear_kernel`, `silu_in_down_gemv`), attention and short-conv
+    kernels (their Triton kernels launched early with `programmatic_launch`); with `fold_norm_weights`, its pre-norm weights folded into the projections
     first (in place). Set on the modules: a model shared by two engines follows the last one built.
 
     Raises EngineConfigError when `programmatic_launch` is on and the engine's GPU cannot launch that way (compute
@@ -31,10 +31,13 @@ def use_engine_kernels(models: tuple[nn.Module, ...], engine: EngineConfig) -> N
     linear = linear_kernel_ops(engine.linear_kernel, engine.programmatic_launch)
     if engine.silu_in_down_gemv:
         linear = linear.with_silu_in_down_gemv()
+    attention, conv = ATTENTION_KERNELS[engine.attention_kernel], CONV_KERNELS[engine.conv_kernel]
+    if engine.programmatic_launch:
+        attention, conv = attention.launched_early(), conv.launched_early()
     for model in models:
         if engine.fold_norm_weights:
             fold_norm_weights(model)
         use_pointwise_ops(model, pointwise)
         use_linear_ops(model, linear)
-        use_attention_kernel(model, ATTENTION_KERNELS[engine.attention_kernel])
-        use_conv_kernel(model, CONV_KERNELS[engine.conv_kernel])
+        use_attention_kernel(model, attention)
+        use_conv_kernel(model, conv)

@@ -4,8 +4,9 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -20,6 +21,13 @@ class UniformKernel:
     name: str
     uniform: Callable[..., torch.Tensor] | None
     varlen: Callable[..., torch.Tensor] | None = None
+
+    def launched_early(self) -> UniformKernel:
+        """This kernel with its uniform batches launched with programmatic dependent launch where the GPU can
+        (`engine.programmatic_launch`: the `uniform` function's `pdl`); varlen batches (prompt chunks) as they were."""
+        if self.uniform is None:
+            return self
+        return replace(self, uniform=functools.partial(self.uniform, pdl=True))
 
 
 def set_on_modules(model: nn.Module, attr: str, value: object) -> None:

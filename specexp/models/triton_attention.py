@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from specexp.models.triton_support import AVAILABLE, tl, triton
+from specexp.models.triton_support import AVAILABLE, early_launch_flags, tl, triton
 
 MAX_QUERY_ROWS = 128  # G * Q per program: beyond this the default path is used
 KEYS_PER_TILE = 64  # keys per online-softmax step (a multiple of 16 for tl.dot)
@@ -39,8 +39,11 @@ if AVAILABLE:
         Q: tl.constexpr, G: tl.constexpr, D: tl.constexpr, BLOCK_SIZE: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr,
         WRITE_KV: tl.constexpr, QK_NORM: tl.constexpr, ROPE: tl.constexpr, ROUND_HALF: tl.constexpr,
-        IEEE: tl.constexpr,
+        IEEE: tl.constexpr, GDC: tl.constexpr = False,
     ):
+        if GDC:  # launched early: let the next kernel launch, then wait for the kernels before (every input)
+            tl.extra.cuda.gdc_launch_dependents()
+            tl.extra.cuda.gdc_wait()
         row = tl.program_id(0)
         kv_head = tl.program_id(1)
         m = tl.arange(0, BLOCK_M)  # query rows of this program: m = i * G + g
@@ -171,7 +174,8 @@ def paged_attention_uniform(query: torch.Tensor, positions: torch.Tensor, kv_cac
                             scale: float, key: torch.Tensor | None = None, value: torch.Tensor | None = None,
                             write_index: torch.Tensor | None = None,
                             rope: tuple[torch.Tensor, torch.Tensor] | None = None,
-                            qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None) -> torch.Tensor:
+                            qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None,
+                            pdl: bool = False) -> torch.Tensor:
     """Causal attention of a uniform batch over its rows' cached keys; with `key`/`value`/`write_index` it first
     writes this step's keys and values into the cache (in the same kernel), else they must be there already.
     With `rope` = (cos, signed_sin), each [R * Q, D] contiguous (`layers.RotaryEmbedding`'s tables), the query
@@ -187,6 +191,8 @@ def paged_attention_uniform(query: torch.Tensor, positions: torch.Tensor, kv_cac
     key/value: [R * Q, Hkv, D] (head dim contiguous); write_index: int64[R * Q] flat cache slot of each token,
     -1 for padding, which the kernel writes to the NULL block's scratch slot (`attention.padding_slot`), as
     `attention.write_kv_cache` does.
+    pdl (`engine.programmatic_launch`): on an sm_90+ GPU, launched with programmatic dependent launch (it waits
+    for the kernels before it first thing; `triton_support.early_launch_flags`).
     Returns [R * Q, Hq * D] in query's dtype.
     """
     num_tokens, num_heads, head_dim = query.shape
@@ -212,6 +218,6 @@ def paged_attention_uniform(query: torch.Tensor, positions: torch.Tensor, kv_cac
         BLOCK_M=max(16, triton.next_power_of_2(group * q_per_row)), BLOCK_N=KEYS_PER_TILE,
         BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK_Q=max(2, triton.next_power_of_2(q_per_row)),
         WRITE_KV=write, QK_NORM=qk_norm is not None, ROPE=rope is not None, ROUND_HALF=query.dtype in (torch.float16, torch.bfloat16),
-        IEEE=query.dtype == torch.float32, num_warps=4,
+        IEEE=query.dtype == torch.float32, num_warps=4, **early_launch_flags(pdl, query.device),
     )
     return out

@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import torch
 
-from specexp.models.triton_support import AVAILABLE, programmatic_launch, tl, triton
+from specexp.models.triton_support import AVAILABLE, early_launch_flags, tl, triton
 
 # Tuned on the H200 over (BLOCK_N, BLOCK_K, warps) in {4, 8, 16, 32} x {256, 512, 1024} x {4, 8} and (2, 1024, 4)
 # for every weight shape of both 1B-class targets: (2, 1024, 4) won on all of them.
@@ -202,10 +202,9 @@ if AVAILABLE:
 
 
 def _pdl_flags(pdl: bool, device: torch.device) -> dict:
-    """The kernels' flags for `pdl` (see :func:`gemv`): the GEMV's weight prefetch wherever asked; the grid
-    dependency control and the launch attribute only where the device has them."""
-    gdc = pdl and programmatic_launch(device)
-    return {"PREFETCH_W": pdl, "GDC": gdc, "launch_pdl": gdc}
+    """The GEMV's flags for `pdl` (see :func:`gemv`): its weight prefetch wherever asked; the grid dependency
+    control and the launch attribute only where the device has them."""
+    return {"PREFETCH_W": pdl, **early_launch_flags(pdl, device)}
 
 
 def _launch_gemv(x: torch.Tensor, norm_weight: torch.Tensor | None, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -298,10 +297,8 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
                  SCALE=norm_weight is not None, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps)
     if stages:
         flags["num_stages"] = stages[0]
-    pdl_flags = _pdl_flags(pdl, x.device)
-    del pdl_flags["PREFETCH_W"]  # the skinny kernel's loads are pipelined by the compiler
     _skinny_kernel[(triton.cdiv(n, block_n),)](
         x, norm_weight if norm_weight is not None else x, weight, bias if bias is not None else x, out, out, m, n, k,
         x.stride(0), weight.stride(0), out.stride(0), eps, IEEE=x.dtype == torch.float32, BLOCK_M=TOKEN_TILE,
-        **flags, **pdl_flags)
+        **flags, **early_launch_flags(pdl, x.device))  # its loads are pipelined by the compiler: no prefetch
     return out

@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 
 from specexp.models.metadata import NULL_BLOCK_ID
-from specexp.models.triton_support import AVAILABLE, tl, triton
+from specexp.models.triton_support import AVAILABLE, early_launch_flags, tl, triton
 
 CHANNELS_PER_PROGRAM = 128
 
@@ -41,8 +41,11 @@ if AVAILABLE:
         bcx_ptr, w_ptr, bias_ptr, state_ptr, slots_ptr, accepted_ptr, y_ptr,
         stride_bcx, stride_ws, stride_ss, stride_sd, stride_y, dim, state_len,
         Q: tl.constexpr, W: tl.constexpr, HAS_BIAS: tl.constexpr, NULL_SLOT: tl.constexpr,
-        BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_C: tl.constexpr,
+        BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_C: tl.constexpr, GDC: tl.constexpr = False,
     ):
+        if GDC:  # launched early: let the next kernel launch, then wait for the kernels before (every input)
+            tl.extra.cuda.gdc_launch_dependents()
+            tl.extra.cuda.gdc_wait()
         row = tl.program_id(0)
         d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
         d_ok = d < dim
@@ -105,12 +108,15 @@ def supports(bcx: torch.Tensor, conv_state: torch.Tensor) -> bool:
 
 def gated_short_conv_uniform(bcx: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                              conv_state: torch.Tensor, state_indices: torch.Tensor,
-                             num_accepted_tokens: torch.Tensor, query_len: int, num_rows: int) -> torch.Tensor:
+                             num_accepted_tokens: torch.Tensor, query_len: int, num_rows: int,
+                             pdl: bool = False) -> torch.Tensor:
     """c * short_conv(b * x) for the first R = num_rows rows of exactly q = query_len tokens each (row r at
     tokens r*q .. r*q+q-1), with (b, c, x) = bcx.chunk(3, dim=-1).
 
     bcx: [T >= R*q, 3 * D] (in_proj's output); weight [D, W]; bias [D] or None; conv_state [num_slots, D, S]
     (S >= W-2+q, updated in place); state_indices, num_accepted_tokens: int32[>= R] (NULL slot = padding).
+    pdl (`engine.programmatic_launch`): on an sm_90+ GPU, launched with programmatic dependent launch (it waits for
+    the kernels before it first thing; `triton_support.early_launch_flags`).
     Returns [T, D] in bcx's dtype: the gated conv output, zeros for padded rows and tokens past R*q.
     """
     num_tokens, dim = bcx.shape[0], bcx.shape[1] // 3
@@ -127,7 +133,7 @@ def gated_short_conv_uniform(bcx: torch.Tensor, weight: torch.Tensor, bias: torc
         Q=query_len, W=width, HAS_BIAS=bias is not None, NULL_SLOT=NULL_BLOCK_ID, BLOCK_D=CHANNELS_PER_PROGRAM,
         BLOCK_Q=max(2, triton.next_power_of_2(query_len)),
         BLOCK_C=max(2, triton.next_power_of_2(width - 2 + query_len)),
-        num_warps=4,
+        num_warps=4, **early_launch_flags(pdl, bcx.device),
     )
     return y
 

@@ -29,6 +29,14 @@ def _compute_capability_major(index: int) -> int:
     return torch.cuda.get_device_capability(index)[0]
 
 
+def early_launch_flags(pdl: bool, device: torch.device) -> dict:
+    """The `GDC` constexpr and `launch_pdl` launch option of a kernel launched with programmatic dependent launch
+    when `pdl` is asked and `device` can (:func:`programmatic_launch`); both off otherwise. A kernel taking GDC
+    signals its dependents and waits for the kernels before it first thing."""
+    gdc = pdl and programmatic_launch(device)
+    return {"GDC": gdc, "launch_pdl": gdc}
+
+
 def programmatic_launch(device: torch.device) -> bool:
     """Whether a Triton kernel on `device` can be launched with programmatic dependent launch (the kernel may
     start while the one before it on the stream finishes, and waits for it in-kernel): a CUDA device of compute

@@ -1,8 +1,8 @@
-"""Programmatic dependent launch of the Triton GEMVs (`engine.programmatic_launch`, `triton_gemv.gemv(pdl=True)`):
-the same values as the plain launch, bit for bit (the GEMV's one-chunk-ahead weight loads under Triton's CPU
-interpreter; the whole launch on a GPU, eagerly, in a CUDA graph of dependent products and in whole engines);
-compiled for a Hopper GPU without one, the weights are loaded before the wait and the kernels signal their
-dependents; the table and config checks."""
+"""Programmatic dependent launch of the Triton kernels (`engine.programmatic_launch`: `pdl=True` of the GEMVs, the
+uniform attention and the uniform short conv): the same values as the plain launch, bit for bit (the GEMV's
+one-chunk-ahead weight loads under Triton's CPU interpreter; the whole launch on a GPU, eagerly, in a CUDA graph of
+dependent products and in whole engines); compiled for a Hopper GPU without one, the GEMV loads weights before it
+waits, the other kernels load nothing before it, and all signal their dependents; the tables and config checks."""
 
 from __future__ import annotations
 
@@ -17,9 +17,11 @@ from triton_interpreter import (
 )
 
 from specexp.engine.config import EngineConfig, EngineConfigError
-from specexp.models import triton_gemv, triton_support
+from specexp.models import triton_attention, triton_gemv, triton_short_conv, triton_support
+from specexp.models.attention import SDPA, TRITON
 from specexp.models.layers import RMSNorm
 from specexp.models.linear_ops import CUBLAS, LINEAR_KERNELS, TRITON_SKINNY, linear_kernel_ops
+from specexp.models.short_conv_ops import TORCH_CONV, TRITON_CONV
 
 # (K, N): one chunk, exactly one, past one and not a multiple of it (the prefetch of the chunk after the last is
 # masked off); N below and past the rows a program takes
@@ -189,7 +191,8 @@ def test_the_early_tables_are_torch_off_the_gpu():
 
 
 def test_programmatic_launch_is_validated():
-    with pytest.raises(EngineConfigError, match="engine.programmatic_launch=true .* needs engine.linear_kernel="):
+    with pytest.raises(EngineConfigError, match="engine.programmatic_launch=true .* needs one of "
+                                                "engine.linear_kernel=triton_gemv|triton_skinny, attention_kernel"):
         EngineConfig(programmatic_launch=True).validate()
     with pytest.raises(EngineConfigError, match="engine.programmatic_launch='on': must be true or false"):
         EngineConfig(programmatic_launch="on").validate()
@@ -197,3 +200,47 @@ def test_programmatic_launch_is_validated():
 
 def test_no_early_launch_on_cpu_tensors():
     assert not triton_support.programmatic_launch(torch.device("cpu"))
+    assert triton_support.early_launch_flags(True, torch.device("cpu")) == {"GDC": False, "launch_pdl": False}
+
+
+def test_uniform_kernels_launched_early():
+    """The Triton attention and conv kernels' uniform functions take pdl=True; torch's paths stay as they are."""
+    for kernel in (SDPA, TORCH_CONV):
+        assert kernel.launched_early() is kernel
+    for kernel in (TRITON, TRITON_CONV):
+        early = kernel.launched_early()
+        assert early.uniform.func is kernel.uniform and early.uniform.keywords == {"pdl": True}
+        assert early.varlen is kernel.varlen and early.name == kernel.name
+
+
+def _waits_first(kernel, signature: dict[str, str], constexprs: dict[str, object]) -> None:
+    """Compiled for sm_90 with GDC: it signals and waits before any global load, and launches with the attribute."""
+    compiled = compile_for_hopper(kernel, signature, {**constexprs, "GDC": True}, 4, launch_pdl=True)
+    lines = compiled.asm["ptx"].splitlines()
+    wait = next(i for i, line in enumerate(lines) if "griddepcontrol.wait" in line)
+    signal = next(i for i, line in enumerate(lines) if "griddepcontrol.launch_dependents" in line)
+    assert signal < wait and not any("ld.global" in line for line in lines[:wait]), "a load before the wait"
+    assert compiled.metadata.launch_pdl and compiled.metadata.shared <= HOPPER_SHARED_BYTES
+
+
+def test_the_attention_and_conv_kernels_wait_first():
+    if not triton_support.HAS_GRID_DEPENDENCY_CONTROL:
+        pytest.skip("needs a Triton with grid dependency control")
+    pointers = ("q_ptr", "kv_ptr", "block_table_ptr", "seq_lens_ptr", "positions_ptr", "out_ptr", "new_k_ptr",
+                "new_v_ptr", "write_index_ptr", "cos_ptr", "sin_ptr", "q_norm_ptr", "k_norm_ptr")
+    types = {"block_table_ptr": "*i32", "seq_lens_ptr": "*i32", "positions_ptr": "*i64", "write_index_ptr": "*i64"}
+    ints = ("stride_qt", "stride_qh", "stride_kv", "stride_kb", "stride_ks", "stride_kh", "stride_bt", "stride_ot",
+            "stride_nkt", "stride_nkh", "stride_nvt", "stride_nvh", "stride_rt")
+    signature = {**{p: types.get(p, "*bf16") for p in pointers}, **{i: "i32" for i in ints}, "scale": "fp32",
+                 "num_keys": "i32", "eps": "fp32"}
+    _waits_first(triton_attention._paged_attention_kernel, signature,
+                 {"Q": 1, "G": 4, "D": 64, "BLOCK_SIZE": 16, "BLOCK_M": 16, "BLOCK_N": triton_attention.KEYS_PER_TILE,
+                  "BLOCK_D": 64, "BLOCK_Q": 2, "WRITE_KV": True, "QK_NORM": False, "ROPE": True,
+                  "ROUND_HALF": True, "IEEE": False})
+    conv_signature = {"bcx_ptr": "*bf16", "w_ptr": "*bf16", "bias_ptr": "*bf16", "state_ptr": "*bf16",
+                      "slots_ptr": "*i32", "accepted_ptr": "*i32", "y_ptr": "*bf16", "stride_bcx": "i32",
+                      "stride_ws": "i32", "stride_ss": "i32", "stride_sd": "i32", "stride_y": "i32", "dim": "i32",
+                      "state_len": "i32"}
+    _waits_first(triton_short_conv._gated_short_conv_kernel, conv_signature,
+                 {"Q": 5, "W": 3, "HAS_BIAS": False, "NULL_SLOT": 0, "BLOCK_D": triton_short_conv.CHANNELS_PER_PROGRAM,
+                  "BLOCK_Q": 8, "BLOCK_C": 8})
