@@ -17,8 +17,8 @@ from specexp.models.short_conv_ops import CONV_KERNELS, use_conv_kernel
 def use_engine_kernels(models: tuple[nn.Module, ...], engine: EngineConfig) -> None:
     """Make every model of `models` run `engine`'s kernels: the fused (compiled) pointwise ops or the eager ones
     (`compile_pointwise`), its linear-ops table (`linear_kernel`, `silu_in_down_gemv`), attention and short-conv
-    kernels (their Triton kernels launched early with `programmatic_launch`); with `fold_norm_weights`, its pre-norm weights folded into the projections
-    first (in place). Set on the modules: a model shared by two engines follows the last one built.
+    kernels (their Triton kernels launched early with `programmatic_launch`); with `fold_norm_weights`, its
+    pre-norm weights folded into the projections first (in place). Set on the modules: a model shared by two engines follows the last one built.
 
     Raises EngineConfigError when `programmatic_launch` is on and the engine's GPU cannot launch that way (compute
     capability below 9.0)."""

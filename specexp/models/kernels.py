@@ -24,7 +24,8 @@ class UniformKernel:
 
     def launched_early(self) -> UniformKernel:
         """This kernel with its uniform batches launched with programmatic dependent launch where the GPU can
-        (`engine.programmatic_launch`: the `uniform` function's `pdl`); varlen batches (prompt chunks) as they were."""
+        (`engine.programmatic_launch`: the `uniform` function's `pdl`); varlen batches (prompt chunks) as they
+        were."""
         if self.uniform is None:
             return self
         return replace(self, uniform=functools.partial(self.uniform, pdl=True))

@@ -242,5 +242,5 @@ def test_the_attention_and_conv_kernels_wait_first():
                       "stride_ws": "i32", "stride_ss": "i32", "stride_sd": "i32", "stride_y": "i32", "dim": "i32",
                       "state_len": "i32"}
     _waits_first(triton_short_conv._gated_short_conv_kernel, conv_signature,
-                 {"Q": 5, "W": 3, "HAS_BIAS": False, "NULL_SLOT": 0, "BLOCK_D": triton_short_conv.CHANNELS_PER_PROGRAM,
-                  "BLOCK_Q": 8, "BLOCK_C": 8})
+                 {"Q": 5, "W": 3, "HAS_BIAS": False, "NULL_SLOT": 0,
+                  "BLOCK_D": triton_short_conv.CHANNELS_PER_PROGRAM, "BLOCK_Q": 8, "BLOCK_C": 8})
