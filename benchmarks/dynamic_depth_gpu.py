@@ -186,6 +186,7 @@ def graph_cost(engine: NativeEngine) -> dict:
             "depth_graphs": engine.graph_keys.num_keys * len(engine.seq_len_buckets),
             "graphs": sum(len(m.graphs) for m in engine.graph_managers()),
             "graph_capture_bytes": summary["graph_capture_bytes"], "graph_capture_s": summary["graph_capture_s"],
+            "graph_capture_reserved_bytes": summary.get("graph_capture_reserved_bytes"),
             "step_costs": engine.step_costs.to_dict() if engine.step_costs is not None else None}
 
 

@@ -56,6 +56,8 @@ def depth_graph_summary(summary: dict, k: int) -> dict:
                           "capture_s": sum(r["capture_s"] for r in records)}
     out = {**summary, "managers": managers, "served_depth": k,
            "engine_graph_capture_bytes": summary["graph_capture_bytes"]}
+    # the allocator's share is measured for the whole engine only
+    out["engine_graph_capture_reserved_bytes"] = out.pop("graph_capture_reserved_bytes", None)
     if summary["graph_capture_bytes"] is not None:
         out["graph_capture_bytes"] = sum(m["capture_bytes"] for m in managers.values())
         out["graph_capture_s"] = sum(m["capture_s"] for m in managers.values())

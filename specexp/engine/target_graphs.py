@@ -54,7 +54,10 @@ class TargetGraphs:
         """Capture every graph once, at start-up: target verify, target prompt prefill, target joined mixed
         steps, draft prefill, draft prompt prefill, draft decode.
 
-        Records the free-memory delta of the whole capture (vLLM's figure) and each manager's per-size costs.
+        Records the free-memory delta of the whole capture (vLLM's figure), how much of it torch's caching allocator
+        holds (`graph_capture_reserved_bytes`: the graph pools, after emptying its cache; the rest is memory outside
+        the allocator, e.g. kernels loaded and library workspaces made by the first use), and each manager's
+        per-size costs.
         progress (default: the engine's) receives a CAPTURE event before the first graph and after each."""
         cuda = self.device.type == "cuda"
         managers = self.graph_managers()
@@ -68,6 +71,7 @@ class TargetGraphs:
                                           COMPILING if self.compiled_graphs else CAPTURING)
         with frozen_gc():
             free_before = free_device_bytes(self.device) if cuda else None
+            reserved_before = torch.cuda.memory_reserved(self.device) if cuda else None
             start = time.perf_counter()
             self.verify_graphs.capture(self._verify_graph, self._prepare_verify_capture, graph_captured)
             self.prefill_graphs.capture(self._prefill_graph, self._prepare_prefill_capture, graph_captured)
@@ -77,6 +81,9 @@ class TargetGraphs:
             capture_s = time.perf_counter() - start
         self.graph_capture = {
             "graph_capture_bytes": free_before - free_device_bytes(self.device) if cuda else None,
+            # after free_device_bytes emptied the allocator's cache: what the graph pools keep
+            "graph_capture_reserved_bytes": (torch.cuda.memory_reserved(self.device) - reserved_before
+                                             if cuda else None),
             "graph_capture_s": capture_s if cuda or self.compiled_graphs else None,  # a CPU's: compile time
         }
 
