@@ -50,8 +50,14 @@ def mean_depth(hist) -> float | None:
     return sum(k * n for k, n in enumerate(hist)) / sum(hist)
 
 
+DEPTH_COLUMNS = frozenset({"depth_mode", "mean_k", "depth_group"})  # what with_depth_modes adds
+
+
 def with_depth_modes(runs: pd.DataFrame) -> pd.DataFrame:
-    """``runs`` (ok runs only) with ``depth_mode``, ``mean_k`` and ``depth_group`` (the group key) columns."""
+    """``runs`` (ok runs only) with ``depth_mode``, ``mean_k`` and ``depth_group`` (the group key) columns; a frame
+    that already has them (this function's output) is returned as it is."""
+    if DEPTH_COLUMNS <= set(runs.columns):
+        return runs
     ok = runs[runs["status"] == "ok"].copy() if "status" in runs else runs.copy()
     if ok.empty:
         return ok.assign(depth_mode=[], mean_k=[], depth_group=[])

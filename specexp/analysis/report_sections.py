@@ -355,8 +355,9 @@ def dynamic_depth_section(report: Report) -> str | None:
 
     if report.acceptance_only:
         return None
-    table = depth.dynamic_depth_table(report.runs)
-    suggestions = depth.suggested_schedules(report.runs)
+    runs = depth.with_depth_modes(report.runs)  # annotated once: both readers take it as it is
+    table = depth.dynamic_depth_table(runs)
+    suggestions = depth.suggested_schedules(runs)
     if table.empty and not suggestions:
         return None
     parts = ["## Dynamic depth"]
