@@ -35,8 +35,10 @@ def use_engine_kernels(models: tuple[nn.Module, ...], engine: EngineConfig) -> N
     if engine.programmatic_launch:
         attention, conv = attention.launched_early(), conv.launched_early()
     for model in models:
-        if engine.fold_norm_weights:
-            fold_norm_weights(model)
+        if engine.fold_norm_weights and fold_norm_weights(model) and engine.programmatic_launch:
+            # An early-launched GEMV reads its first weight chunk before it waits for the kernel before it: the
+            # folding kernels' writes must be complete before the first one launches.
+            torch.cuda.synchronize(torch.device(engine.device))
         use_pointwise_ops(model, pointwise)
         use_linear_ops(model, linear)
         use_attention_kernel(model, attention)

@@ -272,7 +272,8 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     programmatic dependent launch. It may then start while the kernel before it on the stream is finishing: the
     GEMV loads its first weight chunk, then waits for the earlier kernels (weights are the only operand no kernel
     writes) and loads every later chunk one chunk ahead; the skinny kernel waits first thing. Each signals at its
-    start that the kernel after it may launch. Elsewhere (an older GPU; CPU tensors under Triton's interpreter)
+    start that the kernel after it may launch. The weight must therefore not be written by the kernel launched
+    just before (the engine's weights are written once, before any step). Elsewhere (an older GPU; CPU tensors under Triton's interpreter)
     the GEMV still loads its chunks one ahead, launched as usual. Same values either way: every sum is taken in
     the same order.
     """
