@@ -273,9 +273,9 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     GEMV loads its first weight chunk, then waits for the earlier kernels (weights are the only operand no kernel
     writes) and loads every later chunk one chunk ahead; the skinny kernel waits first thing. Each signals at its
     start that the kernel after it may launch. The weight must therefore not be written by the kernel launched
-    just before (the engine's weights are written once, before any step). Elsewhere (an older GPU; CPU tensors under Triton's interpreter)
-    the GEMV still loads its chunks one ahead, launched as usual. Same values either way: every sum is taken in
-    the same order.
+    just before (the engine's weights are written once, before any step). Elsewhere (an older GPU; CPU tensors
+    under Triton's interpreter) the GEMV still loads its chunks one ahead, launched as usual. Same values either
+    way: every sum is taken in the same order.
     """
     n, k = weight.shape
     m = x.shape[0]
