@@ -18,12 +18,14 @@ def use_engine_kernels(models: tuple[nn.Module, ...], engine: EngineConfig) -> N
     """Make every model of `models` run `engine`'s kernels: the fused (compiled) pointwise ops or the eager ones
     (`compile_pointwise`), its linear-ops table (`linear_kernel`, `silu_in_down_gemv`), attention and short-conv
     kernels (their Triton kernels launched early with `programmatic_launch`); with `fold_norm_weights`, its
-    pre-norm weights folded into the projections first (in place). Set on the modules: a model shared by two engines follows the last one built.
+    pre-norm weights folded into the projections first (in place). Set on the modules: a model shared by two
+    engines follows the last one built.
 
     Raises EngineConfigError when `programmatic_launch` is on and the engine's GPU cannot launch that way (compute
     capability below 9.0)."""
-    if engine.programmatic_launch and not triton_support.programmatic_launch(torch.device(engine.device)):
-        index = torch.device(engine.device).index or 0
+    device = torch.device(engine.device)
+    if engine.programmatic_launch and not triton_support.programmatic_launch(device):
+        index = device.index if device.index is not None else torch.cuda.current_device()
         major, minor = torch.cuda.get_device_capability(index)
         raise EngineConfigError(f"engine.programmatic_launch=true needs a GPU of compute capability 9.0 or later "
                                 f"(Hopper); cuda:{index} is {major}.{minor}: set it false")
@@ -38,7 +40,7 @@ def use_engine_kernels(models: tuple[nn.Module, ...], engine: EngineConfig) -> N
         if engine.fold_norm_weights and fold_norm_weights(model) and engine.programmatic_launch:
             # An early-launched GEMV reads its first weight chunk before it waits for the kernel before it: the
             # folding kernels' writes must be complete before the first one launches.
-            torch.cuda.synchronize(torch.device(engine.device))
+            torch.cuda.synchronize(device)
         use_pointwise_ops(model, pointwise)
         use_linear_ops(model, linear)
         use_attention_kernel(model, attention)
