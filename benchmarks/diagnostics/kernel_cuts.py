@@ -9,7 +9,8 @@ Then, over `--rounds` rounds, each configuration's three graphs are replayed in 
 synchronised replays each). Per configuration it reports each figure's mean over rounds with a 95% t interval
 (n = rounds), c per round, the target step's share of the copy bandwidth, and each graph's kernel launches (one
 profiled replay; the speculative decode graph's are those of its K - 1 draft steps together), and whether each
-graph emitted the first configuration's tokens (the same inert inputs everywhere).
+graph emitted the first configuration's tokens (the same inert inputs everywhere). A configuration that fails to
+build is recorded with its error (`errors`) and the others are measured.
 
     python benchmarks/diagnostics/kernel_cuts.py --out kernel_cuts.json [--pairs llama-3.2-1b+llama-100m,...]
                                                  [--configs defaults,all] [--rounds 7] [--iters 30] [--k 4]
@@ -81,12 +82,18 @@ def bench_pair(name: str, configs: list[str], rounds: int, iters: int, k: int, c
     target_path, draft_path = RANDOM_PAIRS[name]
     target = load_model(ZOO / target_path, dtype=torch.bfloat16, device="cuda", weights="random", seed=0)
     draft = load_model(ZOO / draft_path, dtype=torch.bfloat16, device="cuda", weights="random", seed=1)
-    graphs = {}
+    graphs, errors = {}, {}
     for config in configs:
         # no prompt-prefill graphs: the decode steps measured here do not use them, and they lengthen each build
         kernels = {**CUDA_KERNELS, **CONFIGS[config], "cudagraph_prefill_tokens": ()}
-        graphs[config] = build(target, draft, kernels, k)
+        try:
+            graphs[config] = build(target, draft, kernels, k)
+        except Exception as exc:  # noqa: BLE001 - one configuration that cannot run leaves the others measured
+            errors[config] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            print(f"  {config} failed to build: {errors[config]}", flush=True)
+            continue
         print(f"  built {config}", flush=True)
+    configs = [config for config in configs if config in graphs]
     times = {config: {"target": [], "draft": [], "spec_decode": []} for config in configs}
     for _ in range(rounds):
         for config in configs:
@@ -101,7 +108,8 @@ def bench_pair(name: str, configs: list[str], rounds: int, iters: int, k: int, c
         emitted[config] = {"target": target_engine.step_out[0].tolist(), "draft": draft_engine.step_out[0].tolist(),
                            "spec_decode": spec_engine.speculator.draft_tokens[0].tolist()}
     weights = model_bytes(target)
-    out = {"target_weight_bytes": weights, "draft_weight_bytes": model_bytes(draft), "configs": {}}
+    out = {"target_weight_bytes": weights, "draft_weight_bytes": model_bytes(draft), "configs": {},
+           "errors": errors}
     for config in configs:
         t = times[config]
         c = [d / tt for d, tt in zip(t["draft"], t["target"], strict=True)]
