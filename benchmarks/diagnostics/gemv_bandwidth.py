@@ -157,10 +157,15 @@ def bench_skinny(weights: list[torch.Tensor], num_tokens: int, total: int, copy_
     if triton_support.programmatic_launch(weights[0].device):
         impls += [(f"{label} pdl", impl, configs) for label, impl, configs in impls[1:]]
     for label, impl, configs in impls:
-        ms = graph_ms(chain(weights, impl, configs, num_tokens, pdl=label.endswith(" pdl")))
+        try:
+            ms = graph_ms(chain(weights, impl, configs, num_tokens, pdl=label.endswith(" pdl")))
+        except RuntimeError as exc:  # recorded, as in bench_model
+            rows[label] = {"error": str(exc).splitlines()[0]}
+            continue
         rows[label] = {"graph_ms": ms, "fraction_of_copy_bandwidth": total / (ms / 1e3) / copy_bw}
     print(f"  M={num_tokens}: " + ", ".join(
-        f"{label} {row['graph_ms']:.3f} ms ({row['fraction_of_copy_bandwidth']:.0%})" for label, row in rows.items()),
+        f"{label} {row['graph_ms']:.3f} ms ({row['fraction_of_copy_bandwidth']:.0%})" if "graph_ms" in row
+        else f"{label} failed ({row['error']})" for label, row in rows.items()),
         flush=True)
     return {"chains": rows, "best_config": {str(s): c for s, c in best.items()}, "tuning_ms": tried}
 
