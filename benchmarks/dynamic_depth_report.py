@@ -7,6 +7,9 @@ every batch size.
     python benchmarks/dynamic_depth_report.py summary RESULTS.json [...] [--tolerance 0.03]   # one row a pair, rate
     python benchmarks/dynamic_depth_report.py graphs RESULTS.json [...]   # each engine's graphs, memory, capture
     python benchmarks/dynamic_depth_report.py figure OUT.png RESULTS.json [...]
+
+A pair found in several files is shown from the last of them (a later run replaces an earlier one whole), and the
+tables say so under them.
 """
 
 from __future__ import annotations
@@ -81,12 +84,14 @@ def render_rate(pair: str, rate: str, by_rate: dict, tolerance: float) -> list[s
 def render(results: list[dict], tolerance: float) -> str:
     lines = []
     for result in results:
+        if not result["pairs"]:  # every pair of this file measured again later (`latest_pairs`)
+            continue
         m = result["machine"]
-        lines += [f"Measured {m['date']} on {m.get('gpu', m['device'])} (torch {m['torch']}): "
-                  f"`dynamic_depth_gpu.py {' '.join(a for a in result['argv'] if not a.startswith('/'))}`; "
-                  f"{result['prompt_tokens']}-token prompts, {result['new_tokens']} new tokens, "
-                  f"{result['repeats']} rounds; mixed steps {result.get('mixed_steps', 'joined')} "
-                  f"(`engine.cudagraph_mixed`).", ""]
+        lines += [(f"Measured {m['date']} on {m.get('gpu', m['device'])} (torch {m['torch']}): "
+                   f"`dynamic_depth_gpu.py {' '.join(a for a in result['argv'] if not a.startswith('/'))}`; "
+                   f"{result['prompt_tokens']}-token prompts, {result['new_tokens']} new tokens, "
+                   f"{result['repeats']} rounds; mixed steps {result.get('mixed_steps', 'joined')} "
+                   f"(`engine.cudagraph_mixed`)."), ""]
         for pair, entry in result["pairs"].items():
             for rate, by_rate in entry["by_rate"].items():
                 lines += render_rate(pair, rate, by_rate, tolerance)
@@ -193,6 +198,21 @@ def figure(results: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+def latest_pairs(results: list[dict], names: list[str]) -> tuple[list[dict], list[str]]:
+    """The results with each pair kept only in the last file that measured it (a later run of a pair, e.g. one
+    completing a run that ended early, replaces the earlier one whole: its rates and engines), and one line per
+    pair so replaced, naming both files. results[i] was read from names[i]."""
+    last = {pair: i for i, result in enumerate(results) for pair in result["pairs"]}
+    kept, notes = [], []
+    for i, result in enumerate(results):
+        pairs = {pair: entry for pair, entry in result["pairs"].items() if last[pair] == i}
+        for pair in result["pairs"]:
+            if last[pair] != i:
+                notes.append(f"{pair}: shown from {names[last[pair]]}, which replaces its run in {names[i]}.")
+        kept.append({**result, "pairs": pairs})
+    return kept, notes
+
+
 def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -208,7 +228,8 @@ def main(argv: list[str] | None = None) -> str:
     drawing.add_argument("out")
     drawing.add_argument("results", nargs="+")
     args = parser.parse_args(argv)
-    results = [json.loads(Path(p).read_text()) for p in args.results]
+    results, notes = latest_pairs([json.loads(Path(p).read_text()) for p in args.results],
+                                  [Path(p).name for p in args.results])
     if args.command == "figure":
         figure(results, Path(args.out))
         return args.out
@@ -218,6 +239,8 @@ def main(argv: list[str] | None = None) -> str:
         text = render_graphs(results)
     else:
         text = render(results, args.tolerance)
+    if notes:
+        text += "\n\n" + "\n".join(notes)
     print(text)
     return text
 
