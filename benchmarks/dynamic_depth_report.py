@@ -136,8 +136,9 @@ def render_summary(results: list[dict], tolerance: float) -> str:
 
 def render_graphs(results: list[dict]) -> str:
     """Per pair, each engine's graphs, the fall in free device memory while it captured (MiB) and its capture
-    seconds; the tuned schedule's engines too."""
-    lines = ["| pair | engine | graphs | graph memory MiB | capture s |", "|---|---|---|---|---|"]
+    seconds; the tuned schedule's engines too. Where the results record it, also the part of that memory torch's
+    caching allocator holds after the capture (the graph pools; the rest is memory outside the allocator)."""
+    rows = []
     for result in results:
         for pair, entry in result["pairs"].items():
             engines = dict(entry["engines"])
@@ -145,13 +146,19 @@ def render_graphs(results: list[dict]) -> str:
                 tuned = by_rate.get("tuned_schedule") or {}
                 if "engine" in tuned:  # rates with one schedule share its engine: one row
                     engines[f"tuned {tuned['schedule']}"] = tuned["engine"]
-            for name, cost in engines.items():
-                if cost.get("graphs") is None:
-                    continue
-                memory, capture = cost.get("graph_capture_bytes"), cost.get("graph_capture_s")
-                lines.append(f"| {pair} | {name} | {cost['graphs']} | "
-                             f"{'-' if memory is None else f'{memory / 2**20:.0f}'} | "
-                             f"{'-' if capture is None else f'{capture:.1f}'} |")
+            rows += [(pair, name, cost) for name, cost in engines.items() if cost.get("graphs") is not None]
+    held = any(cost.get("graph_capture_reserved_bytes") is not None for _, _, cost in rows)
+
+    def mib(value) -> str:
+        return "-" if value is None else f"{value / 2**20:.0f}"
+
+    lines = ["| pair | engine | graphs | graph memory MiB |" + (" of it in the allocator MiB |" if held else "")
+             + " capture s |", "|---|---|---|---|" + ("---|" if held else "") + "---|"]
+    for pair, name, cost in rows:
+        capture = cost.get("graph_capture_s")
+        allocator = f" {mib(cost.get('graph_capture_reserved_bytes'))} |" if held else ""
+        lines.append(f"| {pair} | {name} | {cost['graphs']} | {mib(cost.get('graph_capture_bytes'))} |{allocator} "
+                     f"{'-' if capture is None else f'{capture:.1f}'} |")
     return "\n".join(lines)
 
 

@@ -64,3 +64,13 @@ def test_a_pair_measured_again_is_shown_from_the_later_file():
     assert notes == ["b: shown from second.json, which replaces its run in first.json."]
     assert first["pairs"] == {"a": {"run": 1}, "b": {"run": 1}}  # the inputs are left as they were
     assert dynamic_depth_report.latest_pairs([first], ["first.json"]) == ([first], [])
+
+
+def test_the_graphs_table_shows_the_allocator_share_where_recorded():
+    engine = {"graphs": 3, "graph_capture_bytes": 3 * 2**20, "graph_capture_s": 1.25}
+    old = {"pairs": {"p": {"engines": {"k1": engine}, "by_rate": {}}}}
+    assert "allocator" not in dynamic_depth_report.render_graphs([old])
+    new = {"pairs": {"p": {"engines": {"k1": {**engine, "graph_capture_reserved_bytes": 2**20}}, "by_rate": {}}}}
+    table = dynamic_depth_report.render_graphs([old, new]).splitlines()
+    assert table[0] == "| pair | engine | graphs | graph memory MiB | of it in the allocator MiB | capture s |"
+    assert table[2:] == ["| p | k1 | 3 | 3 | - | 1.2 |", "| p | k1 | 3 | 3 | 1 | 1.2 |"]
