@@ -180,11 +180,11 @@ def triton_gemv_ops(max_tokens: int, pdl: bool = False) -> LinearOps:
                      _gemv_norm_linear(max_tokens, pdl), float_logits=_gemv_float_logits(max_tokens, pdl), pdl=pdl)
 
 
-TRITON_GEMV = triton_gemv_ops(1)
-TRITON_SKINNY = triton_gemv_ops(triton_gemv.MAX_TOKENS)
-LINEAR_KERNELS = {"cublas": CUBLAS, "triton_gemv": TRITON_GEMV, "triton_skinny": TRITON_SKINNY}
 # Rows of x each Triton table's kernels take.
 TRITON_MAX_TOKENS = {"triton_gemv": 1, "triton_skinny": triton_gemv.MAX_TOKENS}
+TRITON_GEMV = triton_gemv_ops(TRITON_MAX_TOKENS["triton_gemv"])
+TRITON_SKINNY = triton_gemv_ops(TRITON_MAX_TOKENS["triton_skinny"])
+LINEAR_KERNELS = {"cublas": CUBLAS, "triton_gemv": TRITON_GEMV, "triton_skinny": TRITON_SKINNY}
 
 
 def linear_kernel_ops(name: str, programmatic_launch: bool = False) -> LinearOps:
