@@ -148,6 +148,8 @@ SCHEMA: dict[str, dict[str, Any]] = {
         # num_speculative_tokens_per_batch_size (a list of [start_bs, end_bs, k]) is checked by the engine
         "draft_confidence_threshold": Key("float", minimum=0, maximum=1, note="0 = off"),
         "adaptive": Key("str", choices=("off", "goodput")),
+        "goodput_prior_acceptance": Key("float", minimum=0, maximum=1, note="adaptive goodput: in (0, 1)"),
+        "goodput_ema_weight": Key("float", minimum=0, maximum=1, note="adaptive goodput: in (0, 1]"),
         "cudagraph_num_speculative_tokens": Key("int_list", nullable=True, minimum=0,
                                                 note="null = every k the depth mode takes"),
         "synthetic_acceptance_rates": Key("float_list", nullable=True, minimum=0, maximum=1,

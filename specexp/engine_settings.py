@@ -53,6 +53,7 @@ def engine_configs(spec):
         num_speculative_tokens_per_batch_size=s.options.get("num_speculative_tokens_per_batch_size"),
         draft_confidence_threshold=s.options.get("draft_confidence_threshold", 0.0),
         adaptive=s.options.get("adaptive", "off"),
+        **{name: s.options[name] for name in ("goodput_prior_acceptance", "goodput_ema_weight") if name in s.options},
         cudagraph_num_speculative_tokens=_int_tuple(s.options.get("cudagraph_num_speculative_tokens")),
     )
     sampling = SamplingConfig(

@@ -14,7 +14,8 @@ the k the table would pick knowing the true rate (argmax E(k) / t(k)) and the ru
 runs' tokens/s over the best static k's, each replayed step timed at the wall time per step the run's static cells
 took at its k (prompt steps included; linear between measured ks), beside the ratio the run measured; and the
 table's own cost of each k against those static cells. Estimator settings can be changed (`--prior`,
-`--ema-weight`) to see what they would have done on the same table.
+`--ema-weight`) to see what they would have done on the same table; a run takes them as
+`speculator.goodput_prior_acceptance` and `speculator.goodput_ema_weight`.
 
 What the replay leaves out: the goodput engine's own cost at a k (its steps ran 2-5% slower than a static engine's
 at the same k in the 2026-12-05 H200 runs, so the replayed ratio sits above the measured one), and how the prompt

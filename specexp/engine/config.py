@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from specexp.engine.draft_advance import DRAFT_STEP_KERNELS
+from specexp.engine.goodput import GoodputSettings
 from specexp.engine.sampling import ARGMAX_KERNELS
 from specexp.models import triton_support
 from specexp.models.attention import ATTENTION_KERNELS
@@ -198,6 +199,8 @@ class SpeculatorConfig:
     (inclusive [start_bs, end_bs, k] ranges, vLLM 0.33's schedule), draft_confidence_threshold (> 0: a row's
     drafts after its first one whose draft probability is below it are not verified), adaptive ("goodput":
     each step's k maximises its requests' expected tokens per unit of step time, `specexp.engine.goodput`).
+    goodput_prior_acceptance, goodput_ema_weight: adaptive goodput's estimator, each request's per-position
+    acceptance before any verify and the weight of each verify in its moving average (`GoodputSettings`).
     cudagraph_num_speculative_tokens: the k whose graphs are captured (None: every k the depth policy takes).
     """
 
@@ -208,7 +211,13 @@ class SpeculatorConfig:
     num_speculative_tokens_per_batch_size: tuple | None = None
     draft_confidence_threshold: float = 0.0
     adaptive: str = "off"
+    goodput_prior_acceptance: float = GoodputSettings.prior_acceptance
+    goodput_ema_weight: float = GoodputSettings.ema_weight
     cudagraph_num_speculative_tokens: tuple[int, ...] | None = None
+
+    def goodput_settings(self) -> GoodputSettings:
+        """The estimator settings of `adaptive: goodput`."""
+        return GoodputSettings(prior_acceptance=self.goodput_prior_acceptance, ema_weight=self.goodput_ema_weight)
 
     @property
     def depth_modes(self) -> list[str]:
@@ -282,12 +291,27 @@ class SpeculatorConfig:
                                     "largest k), got 0")
         if self.num_speculative_tokens_per_batch_size is not None:
             parse_batch_size_schedule(self.num_speculative_tokens_per_batch_size, k)
+        self._validate_goodput_settings()
         depths = self.cudagraph_num_speculative_tokens
         if depths is not None and (not isinstance(depths, tuple) or not depths or any(
                 not isinstance(d, int) or isinstance(d, bool) or not 0 <= d <= k for d in depths)):
             shown = list(depths) if isinstance(depths, tuple) else depths
             raise EngineConfigError(f"speculator.cudagraph_num_speculative_tokens={shown!r}: must be a non-empty "
                                     f"list of k in [0, {k}] (or null: every k the depth policy takes)")
+
+    def _validate_goodput_settings(self) -> None:
+        """The goodput estimator's prior in (0, 1) and EMA weight in (0, 1], each set only with adaptive: goodput."""
+        checks = (("goodput_prior_acceptance", lambda v: 0 < v < 1, "in (0, 1)"),
+                  ("goodput_ema_weight", lambda v: 0 < v <= 1, "in (0, 1]"))
+        for name, ok, valid in checks:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(value):
+                raise EngineConfigError(f"speculator.{name}={value!r}: must be {valid}")
+            default = getattr(GoodputSettings, name.removeprefix("goodput_"))
+            if self.adaptive != "goodput" and value != default:
+                raise EngineConfigError(f"speculator.{name}={value!r} is set but speculator.adaptive="
+                                        f"{self.adaptive!r}: it tunes adaptive goodput (set speculator.adaptive="
+                                        f"goodput, or leave it at {default})")
 
 
 @dataclass(frozen=True)

@@ -211,5 +211,5 @@ def depth_policy(speculator, max_k: int):
     if speculator.adaptive == "goodput":
         from specexp.engine.goodput import GoodputDepth
 
-        return GoodputDepth(max_k, None)
+        return GoodputDepth(max_k, None, speculator.goodput_settings())
     return StaticDepth(max_k)

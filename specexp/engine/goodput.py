@@ -26,12 +26,12 @@ together; for one request it is that request's own best k, argmax_k E(min(k, c))
 mid-prompt chunk (no sampled token) adds nothing to the sum.
 
 The estimator (`AcceptanceEstimate`, one per request): every alpha_j starts at the run's running estimate
-(itself starting at the prior `prior_acceptance`, default 0.7, at every position). After each verification of
-d drafts with a accepted, the positions it observed move by an exponential moving average of weight
-`ema_weight` (default 0.1): alpha_j <- (1 - w) alpha_j + w x_j with x_j = 1 for j <= a and x_{a+1} = 0 (if
-a < d); positions past a + 1 were not observed (conditional on a rejection) and stay. When all d drafts were
-accepted, positions past d relax the same way towards alpha_d, so a request whose k fell can find its way back
-up. The run's estimate takes the same updates from every request; it starts again at the prior with every
+(itself starting at the prior `prior_acceptance`, `speculator.goodput_prior_acceptance`, default 0.7, at every
+position). After each verification of d drafts with a accepted, the positions it observed move by an exponential
+moving average of weight `ema_weight` (`speculator.goodput_ema_weight`, default 0.1): alpha_j <- (1 - w) alpha_j
++ w x_j with x_j = 1 for j <= a and x_{a+1} = 0 (if a < d); positions past a + 1 were not observed (conditional
+on a rejection) and stay. When all d drafts were accepted, positions past d relax the same way towards alpha_d, so
+a request whose k fell can find its way back up. The run's estimate takes the same updates from every request; it starts again at the prior with every
 `generate` call (`reset`). k = 0 is not a trap: a step that verifies none of a request's drafts teaches nothing,
 so on a step of k = 0 every sampling request that could still draft moves its estimate by the same weight towards
 the prior (the run's estimate too); an estimate that fell by chance climbs back until drafting pays again, and

@@ -52,3 +52,33 @@ def test_each_bad_depth_setting_is_one_line_naming_it(overrides, fragment):
     with pytest.raises(ConfigError) as info:
         launch.plan_run(["run", *TINY_RUN, *overrides])
     assert "\n" not in str(info.value) and fragment in str(info.value), str(info.value)
+
+
+@pytest.mark.parametrize("overrides, fragment", [
+    (["speculator.adaptive=goodput", "speculator.goodput_prior_acceptance=1.0"],
+     "speculator.goodput_prior_acceptance=1.0: must be in (0, 1)"),
+    (["speculator.adaptive=goodput", "speculator.goodput_ema_weight=0"],
+     "speculator.goodput_ema_weight=0: must be in (0, 1]"),
+    (["speculator.goodput_prior_acceptance=0.5"],
+     "speculator.goodput_prior_acceptance=0.5 is set but speculator.adaptive='off'"),
+    (["speculator.adaptive=goodput", "speculator.goodput_ema_weight=-1"], "goodput_ema_weight=-1"),
+])
+def test_each_bad_goodput_estimator_setting_is_one_line(overrides, fragment):
+    with pytest.raises(ConfigError) as info:
+        launch.plan_run(["run", *TINY_RUN, *overrides])
+    assert "\n" not in str(info.value) and fragment in str(info.value), str(info.value)
+
+
+def test_the_goodput_estimator_settings_reach_the_depth_policy():
+    from specexp.engine.config import SpeculatorConfig
+    from specexp.engine.depth import depth_policy
+    from specexp.engine.goodput import GoodputSettings
+    from specexp.engine_settings import engine_configs
+
+    plan = launch.plan_run(["run", *TINY_RUN, "speculator.adaptive=goodput", "speculator.goodput_prior_acceptance=0.5",
+                            "speculator.goodput_ema_weight=0.2"])
+    _, speculator, _ = engine_configs(plan.jobs[0].spec)
+    policy = depth_policy(speculator, speculator.num_speculative_tokens)
+    assert policy.settings == GoodputSettings(prior_acceptance=0.5, ema_weight=0.2)
+    assert policy.run_estimate.conditional == [0.5] * speculator.num_speculative_tokens
+    assert SpeculatorConfig().goodput_settings() == GoodputSettings()  # the defaults are the estimator's
