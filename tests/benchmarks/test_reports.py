@@ -19,7 +19,8 @@ REPORTS = sorted(p.parent for p in (ROOT / "experiments").glob("*/README.md"))
 # the scripts whose printed tables the reports paste (figure scripts are checked separately)
 TABLE_SCRIPTS = ("benchmarks/cudagraphs_report.py", "benchmarks/backends_report.py",
                  "benchmarks/native_vs_hf.py", "benchmarks/acceptance_replay.py", "benchmarks/load_report.py",
-                 "benchmarks/load_gpu_report.py", "benchmarks/sweep_time.py", "benchmarks/dynamic_depth_report.py")
+                 "benchmarks/load_gpu_report.py", "benchmarks/sweep_time.py", "benchmarks/dynamic_depth_report.py",
+                 "benchmarks/diagnostics/goodput_replay.py")
 # the scripts that draw a report's figures: `python SCRIPT NAME OUT.png ...`
 FIGURE_SCRIPTS = ("benchmarks/cudagraphs_figures.py", "benchmarks/load_figures.py", "benchmarks/dynamic_depth_report.py",
                   "benchmarks/load_gpu_report.py")
