@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from specexp.models.triton_support import AVAILABLE, early_launch_flags, tl, triton
+from specexp.models.triton_support import AVAILABLE, early_launch_flags, tl, triton, wait_for_earlier_kernels
 
 MAX_QUERY_ROWS = 128  # G * Q per program: beyond this the default path is used
 KEYS_PER_TILE = 64  # keys per online-softmax step (a multiple of 16 for tl.dot)
@@ -41,9 +41,7 @@ if AVAILABLE:
         WRITE_KV: tl.constexpr, QK_NORM: tl.constexpr, ROPE: tl.constexpr, ROUND_HALF: tl.constexpr,
         IEEE: tl.constexpr, GDC: tl.constexpr = False,
     ):
-        if GDC:  # launched early: let the next kernel launch, then wait for the kernels before (every input)
-            tl.extra.cuda.gdc_launch_dependents()
-            tl.extra.cuda.gdc_wait()
+        wait_for_earlier_kernels(GDC)  # launched early: every input may come from the kernel before
         row = tl.program_id(0)
         kv_head = tl.program_id(1)
         m = tl.arange(0, BLOCK_M)  # query rows of this program: m = i * G + g

@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import torch
 
-from specexp.models.triton_support import AVAILABLE, early_launch_flags, tl, triton
+from specexp.models.triton_support import AVAILABLE, early_launch_flags, tl, triton, wait_for_earlier_kernels
 
 # Tuned on the H200 over (BLOCK_N, BLOCK_K, warps) in {4, 8, 16, 32} x {256, 512, 1024} x {4, 8} and (2, 1024, 4)
 # for every weight shape of both 1B-class targets: (2, 1024, 4) won on all of them.
@@ -157,10 +157,7 @@ if AVAILABLE:
                        eps, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, NORM: tl.constexpr,
                        SCALE: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_K: tl.constexpr, GDC: tl.constexpr = False):
-        if GDC:  # launched early: the next kernel may launch now; wait for the kernels before (its pipeline loads
-            # weights and x together)
-            tl.extra.cuda.gdc_launch_dependents()
-            tl.extra.cuda.gdc_wait()
+        wait_for_earlier_kernels(GDC)  # launched early: its pipeline loads weights and x together
         rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         tokens = tl.arange(0, BLOCK_M)
         cols = tl.arange(0, BLOCK_K)

@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 
 from specexp.models.metadata import NULL_BLOCK_ID
-from specexp.models.triton_support import AVAILABLE, early_launch_flags, tl, triton
+from specexp.models.triton_support import AVAILABLE, early_launch_flags, tl, triton, wait_for_earlier_kernels
 
 CHANNELS_PER_PROGRAM = 128
 
@@ -43,9 +43,7 @@ if AVAILABLE:
         Q: tl.constexpr, W: tl.constexpr, HAS_BIAS: tl.constexpr, NULL_SLOT: tl.constexpr,
         BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_C: tl.constexpr, GDC: tl.constexpr = False,
     ):
-        if GDC:  # launched early: let the next kernel launch, then wait for the kernels before (every input)
-            tl.extra.cuda.gdc_launch_dependents()
-            tl.extra.cuda.gdc_wait()
+        wait_for_earlier_kernels(GDC)  # launched early: every input may come from the kernel before
         row = tl.program_id(0)
         d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
         d_ok = d < dim

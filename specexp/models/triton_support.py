@@ -23,6 +23,18 @@ AVAILABLE = triton is not None
 # option): Triton 3.4 and later.
 HAS_GRID_DEPENDENCY_CONTROL = AVAILABLE and hasattr(getattr(tl.extra, "cuda", None), "gdc_wait")
 
+if AVAILABLE:
+
+    @triton.jit
+    def wait_for_earlier_kernels(GDC: tl.constexpr):
+        """In a kernel launched early (GDC, `early_launch_flags`): let the next kernel launch, then wait until the
+        kernels before this one have finished and their writes are visible. Nothing without GDC."""
+        if GDC:
+            tl.extra.cuda.gdc_launch_dependents()
+            tl.extra.cuda.gdc_wait()
+else:
+    wait_for_earlier_kernels = None
+
 
 @functools.cache
 def _compute_capability_major(index: int) -> int:
