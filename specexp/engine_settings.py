@@ -53,7 +53,8 @@ def engine_configs(spec):
         num_speculative_tokens_per_batch_size=s.options.get("num_speculative_tokens_per_batch_size"),
         draft_confidence_threshold=s.options.get("draft_confidence_threshold", 0.0),
         adaptive=s.options.get("adaptive", "off"),
-        **{name: s.options[name] for name in ("goodput_prior_acceptance", "goodput_ema_weight") if name in s.options},
+        **{name: s.options.get(name, getattr(SpeculatorConfig, name))  # absent: the estimator's defaults
+           for name in ("goodput_prior_acceptance", "goodput_ema_weight")},
         cudagraph_num_speculative_tokens=_int_tuple(s.options.get("cudagraph_num_speculative_tokens")),
     )
     sampling = SamplingConfig(

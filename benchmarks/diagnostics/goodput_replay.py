@@ -40,7 +40,7 @@ from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root (specexp)
 
-from specexp.engine.goodput import GoodputDepth, GoodputSettings, StepCostTable, expected_tokens
+from specexp.engine.goodput import GoodputDepth, GoodputSettings, StepCostTable, best_depth
 from specexp.engine.request import Request
 
 MIN_PROMPTS = 8  # dynamic_depth_gpu.num_prompts: max(8, b) requests a run
@@ -97,13 +97,6 @@ def measured_step_ms(statics: dict[int, dict], batch_name: str, max_k: int) -> l
     return out
 
 
-def table_best_k(table: StepCostTable, batch: int, rate: float, max_k: int) -> int:
-    """argmax_k E(k) / t(k) at batch size `batch` with every position's acceptance `rate` (smallest k on ties)."""
-    step_ms = table.step_ms_by_k(batch, max_k)
-    rates = [expected_tokens([rate] * max_k, k) / step_ms[k] for k in range(max_k + 1)]
-    return max(range(max_k + 1), key=lambda k: (rates[k], -k))
-
-
 def replay_file(result: dict, seeds: int, settings: GoodputSettings) -> list[dict]:
     """One row per (pair, rate, batch) of a result whose pair has a goodput engine and synthetic rates."""
     rows = []
@@ -121,7 +114,8 @@ def replay_file(result: dict, seeds: int, settings: GoodputSettings) -> list[dic
             statics = {int(m[1:]): c for m, c in cells.items() if m.startswith("k") and m[1:].isdigit()}
             for batch_name, measured in cells["goodput"].items():
                 batch = int(batch_name)
-                runs = [replay(table, batch, rate, result["new_tokens"], max_k, seed, settings) for seed in range(seeds)]
+                runs = [replay(table, batch, rate, result["new_tokens"], max_k, seed, settings)
+                        for seed in range(seeds)]
                 means = [statistics.mean(depths) for depths in runs]
                 best_static = max(statics, key=lambda k: statics[k][batch_name]["output_tokens_per_s"]["mean"])
                 best_tps = statics[best_static][batch_name]["output_tokens_per_s"]["mean"]
@@ -137,11 +131,11 @@ def replay_file(result: dict, seeds: int, settings: GoodputSettings) -> list[dic
                     "measured_mean_k": measured["mean_k_per_decode_step"],
                     "replayed_ratio_to_best_static": statistics.mean(replayed),
                     "measured_ratio_to_best_static": measured["output_tokens_per_s"]["mean"] / best_tps,
-                    "table_best_k": table_best_k(table, batch, rate, max_k), "best_static_k": best_static,
+                    # the policy's own choice for one request that can use every draft, at the true rate
+                    "table_best_k": best_depth([rate] * max_k, max_k, table, batch, max_k),
+                    "best_static_k": best_static,
                     "table_step_ms": {k: step_ms[k] for k in sorted(statics)},
-                    "measured_step_ms": {k: statistics.mean(run["wall_s"] / run["steps"] * 1e3
-                                                            for run in statics[k][batch_name]["runs"])
-                                         for k in sorted(statics)}})
+                    "measured_step_ms": {k: wall_ms[k] for k in sorted(statics)}})
     return rows
 
 

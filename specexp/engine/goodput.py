@@ -25,19 +25,20 @@ decode loop and the verify are shared by the batch, so this is the k that serves
 together; for one request it is that request's own best k, argmax_k E(min(k, c)) / t(k) (`best_depth`). A
 mid-prompt chunk (no sampled token) adds nothing to the sum.
 
-The estimator (`AcceptanceEstimate`, one per request): every alpha_j starts at the run's running estimate
-(itself starting at the prior `prior_acceptance`, `speculator.goodput_prior_acceptance`, default 0.7, at every
-position). After each verification of d drafts with a accepted, the positions it observed move by an exponential
-moving average of weight `ema_weight` (`speculator.goodput_ema_weight`, default 0.1): alpha_j <- (1 - w) alpha_j
-+ w x_j with x_j = 1 for j <= a and x_{a+1} = 0 (if a < d); positions past a + 1 were not observed (conditional
-on a rejection) and stay. When all d drafts were accepted, positions past d relax the same way towards alpha_d, so
-a request whose k fell can find its way back up. The run's estimate takes the same updates from every request; it starts again at the prior with every
-`generate` call (`reset`). k = 0 is not a trap: a step that verifies none of a request's drafts teaches nothing,
-so on a step of k = 0 every sampling request that could still draft moves its estimate by the same weight towards
-the prior (the run's estimate too); an estimate that fell by chance climbs back until drafting pays again, and
-drafts then measure it anew. The weight trades noise for tracking: with one request at a constant acceptance
-(0.6 or 0.8) and the step costs of a 1B target with a 100M draft on an H200, a simulation of 64-token requests
-loses about 1-2% to the best static k at 0.1 and 2-4% at 0.25, most of it the noise of the estimate.
+The estimator (`AcceptanceEstimate`, one per request): every alpha_j starts at the run's running estimate (itself
+starting at the prior `prior_acceptance`, `speculator.goodput_prior_acceptance`, default 0.7, at every position).
+After each verification of d drafts with a accepted, the positions it observed move by an exponential moving
+average of weight `ema_weight` (`speculator.goodput_ema_weight`, default 0.1): alpha_j <- (1 - w) alpha_j + w x_j
+with x_j = 1 for j <= a and x_{a+1} = 0 (if a < d); positions past a + 1 were not observed (conditional on a
+rejection) and stay. When all d drafts were accepted, positions past d relax the same way towards alpha_d, so a
+request whose k fell can find its way back up. The run's estimate takes the same updates from every request; it
+starts again at the prior with every `generate` call (`reset`). k = 0 is not a trap: a step that verifies none of
+a request's drafts teaches nothing, so on a step of k = 0 every sampling request that could still draft moves its
+estimate by the same weight towards the prior (the run's estimate too); an estimate that fell by chance climbs
+back until drafting pays again, and drafts then measure it anew. The weight trades noise for tracking: with one
+request at a constant acceptance (0.6 or 0.8) and the step costs of a 1B target with a 100M draft on an H200, a
+simulation of 64-token requests loses about 1-2% to the best static k at 0.1 and 2-4% at 0.25, most of it the
+noise of the estimate.
 
 The cost table's `fixed_ms` (measured at start-up by `NativeEngine.measure_fixed_ms`, for each k) is what a real
 step of n rows at depth k costs beyond its replays t_verify(k + 1, n) + t_draft(k, n): the host's scheduling,

@@ -39,7 +39,7 @@ class StepRecord:
     num_in_flight: int = 0
     num_waiting: int = 0
     # host perf_counter seconds when step() began; from one step's start to the next's is the engine's step period,
-    # the draft's device time that overlaps the host's work included (`measure_fixed_ms`)
+    # draft device time that runs while the host prepares the step counted in it (`measure_fixed_ms`)
     start_s: float = 0.0
 
 
