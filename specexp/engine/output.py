@@ -38,8 +38,8 @@ class StepRecord:
     num_speculative_tokens: int = 0
     num_in_flight: int = 0
     num_waiting: int = 0
-    # host perf_counter seconds when step() began; from one step's start to the next's is the engine's step period,
-    # draft device time that runs while the host prepares the step counted in it (`measure_fixed_ms`)
+    # host perf_counter seconds when step() began; from one step's start to the next's is the engine's step period
+    # (`measure_fixed_ms`), which includes the draft's device time concurrent with the host's scheduling
     start_s: float = 0.0
 
 
