@@ -159,7 +159,10 @@ def test_graph_memory_is_recorded_per_size(pairs):
     target, draft = load_model(target_dir, device="cuda"), load_model(draft_dir, device="cuda")
     engine = _engine(target, draft, 3, 8, graphs=True)
     summary = engine.graph_summary()
-    assert summary["graph_capture_bytes"] > 0 and summary["graph_capture_s"] > 0
+    # graph_capture_bytes is the fall in the device's free memory, which other processes on the GPU move (pytest
+    # -n 8 shares one); the allocator's reserved bytes are this process's own
+    assert summary["graph_capture_reserved_bytes"] > 0 and summary["graph_capture_s"] > 0
+    assert isinstance(summary["graph_capture_bytes"], int)
     for name in ("target_verify", "draft_prefill", "draft_decode"):
         sizes = [r["num_reqs"] for r in summary["managers"][name]["per_size"]]
         assert sorted(set(sizes)) == [1, 2, 4, 8]
@@ -236,7 +239,9 @@ def test_one_graph_pool_serves_every_manager(pairs, pair):
             assert [r.output_token_ids for r in result.requests] == [r.output_token_ids for r in expected.requests]
             assert [r.verifies for r in result.requests] == [r.verifies for r in expected.requests]
         assert sum(m.num_replays for m in prompt_managers) - before == 2, "the lone prompt: target and draft graphs"
-        runs[shared] = graphed.graph_summary()["graph_capture_bytes"]
+        # the allocator's reserved bytes (this process's graph pools): the device's free memory, which
+        # graph_capture_bytes follows, also moves with other processes on the GPU (pytest -n 8 shares one)
+        runs[shared] = graphed.graph_summary()["graph_capture_reserved_bytes"]
         del graphed
         torch.cuda.empty_cache()
     assert 0 < runs[True] <= runs[False], runs

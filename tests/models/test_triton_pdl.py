@@ -64,13 +64,15 @@ def test_same_values_on_gpu():
 
 
 def _chain(x: torch.Tensor, weights: list[torch.Tensor], norm_weight: torch.Tensor, pdl: bool) -> torch.Tensor:
-    """Products that each read the one before: a pre-norm product, a residual product, a gated one, fp32 logits."""
+    """Products that each read the one before: a pre-norm product, a gated one added to a residual, a plain one
+    whose [1, 2I] output is read as [4, H] rows by the skinny kernel, fp32 logits. No product reads the buffer it
+    writes (programs of one launch would race: each reads all of x while others store their rows)."""
     h = triton_gemv.gemv(x, weights[0], norm_weight=norm_weight, eps=1e-5, pdl=pdl)  # [1, 2I]
     residual = x.clone()
     triton_gemv.gated_gemv(h, weights[1], residual=residual, pdl=pdl)  # [1, H]
-    triton_gemv.gemv(residual, weights[2], residual=residual, pdl=pdl)
-    two = triton_gemv.gemv(residual.expand(2, -1).contiguous(), weights[2], pdl=pdl)  # the skinny kernel
-    return triton_gemv.gemv(two[1:], weights[3], out_dtype=torch.float32, pdl=pdl)
+    rows = triton_gemv.gemv(residual, weights[0], pdl=pdl).view(4, -1)  # [1, 2I] = [4, H]: the skinny kernel's
+    mixed = triton_gemv.gemv(rows, weights[2], pdl=pdl)  # [4, H]
+    return triton_gemv.gemv(mixed[3:], weights[3], out_dtype=torch.float32, pdl=pdl)
 
 
 @on_triton_gpu
