@@ -61,10 +61,10 @@ RANDOM_PAIRS = {
 }
 # What `engine=cuda` runs (conf/engine/cuda.yaml): the configuration the diagnostics
 # (diagnostics/host_time.py, step_trace.py, verify_cost.py) look at, and the defaults of this script's kernel switches.
-CUDA_KERNELS = {"compile_pointwise": True, "linear_kernel": "triton_skinny", "silu_in_down_gemv": False,
+CUDA_KERNELS = {"compile_pointwise": True, "linear_kernel": "triton_skinny", "silu_in_down_gemv": True,
                 "fold_norm_weights": True, "attention_kernel": "triton", "conv_kernel": "triton",
-                "argmax_kernel": "torch", "sampler_kernel": "torch", "draft_step_kernel": "torch",
-                "programmatic_launch": False,
+                "argmax_kernel": "triton", "sampler_kernel": "triton", "draft_step_kernel": "triton",
+                "programmatic_launch": True,
                 "cudagraph_prefill_tokens": (16, 32, 64, 128)}
 DEMO_PAIRS = {
     "tiny_lfm2": ("tiny-lfm2", "tiny-llama-draft"),

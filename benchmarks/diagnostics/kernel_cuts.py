@@ -1,5 +1,6 @@
-"""Batch-1 decode steps with each set of kernel cuts against `engine=cuda`'s defaults, on a GPU: what the cuts buy
-in step time, kernel launches and Leviathan's c, measured in alternating rounds.
+"""Batch-1 decode steps with and without the kernel cuts `engine=cuda` runs, on a GPU: what the cuts buy in step
+time, kernel launches and Leviathan's c, all together ("defaults" against "none"), each alone ("only_*") and each
+left out ("no_*"), measured in alternating rounds.
 
 For every pair and every configuration (CONFIGS: `engine=cuda`'s kernels with some switches changed) it builds
 three engines on the same models: the target's k = 0 batch-1 decode step and the draft's (as
@@ -13,7 +14,7 @@ graph emitted the first configuration's tokens (the same inert inputs everywhere
 build is recorded with its error (`errors`) and the others are measured.
 
     python benchmarks/diagnostics/kernel_cuts.py --out kernel_cuts.json [--pairs llama-3.2-1b+llama-100m,...]
-                                                 [--configs defaults,all] [--rounds 7] [--iters 30] [--k 4]
+                                                 [--configs defaults,none] [--rounds 7] [--iters 30] [--k 4]
 
 Needs only torch, safetensors, tokenizers and triton (and a CUDA GPU). Prints each configuration's row as its
 rounds finish and rewrites the JSON after each pair.
@@ -49,17 +50,23 @@ from specexp.engine.cudagraph import FULL, BatchExecutionDescriptor
 from specexp.measure.intervals import repeat_summary
 from specexp.models import load_model
 
-# Each configuration: the switches it changes from engine=cuda's defaults (CUDA_KERNELS).
+# The kernel cuts and the value each takes when on; `engine=cuda` (CUDA_KERNELS) runs with every one on.
 CUTS = {"argmax_kernel": "triton", "sampler_kernel": "triton", "silu_in_down_gemv": True,
         "draft_step_kernel": "triton", "programmatic_launch": True}
+NO_CUTS = {"argmax_kernel": "torch", "sampler_kernel": "torch", "silu_in_down_gemv": False,
+           "draft_step_kernel": "torch", "programmatic_launch": False}
+# Each configuration: the switches it changes from engine=cuda's defaults (CUDA_KERNELS). "none" turns every cut
+# off; each "only_*" turns on that cut alone; each "no_*" turns that cut off alone.
 CONFIGS = {
     "defaults": {},
-    "argmax": {"argmax_kernel": "triton"},
-    "sampler": {"argmax_kernel": "triton", "sampler_kernel": "triton"},
-    "silu_in_down": {"silu_in_down_gemv": True},
-    "draft_step": {"draft_step_kernel": "triton"},
-    "pdl": {"programmatic_launch": True},
-    "all": CUTS,
+    "none": NO_CUTS,
+    **{f"only_{name}": {**NO_CUTS, **{switch: CUTS[switch] for switch in switches}}
+       for name, switches in {"argmax": ["argmax_kernel"], "sampler": ["argmax_kernel", "sampler_kernel"],
+                              "silu_in_down": ["silu_in_down_gemv"], "draft_step": ["draft_step_kernel"],
+                              "pdl": ["programmatic_launch"]}.items()},
+    **{f"no_{name}": {switch: NO_CUTS[switch]} for name, switch in
+       {"argmax": "argmax_kernel", "sampler": "sampler_kernel", "silu_in_down": "silu_in_down_gemv",
+        "draft_step": "draft_step_kernel", "pdl": "programmatic_launch"}.items()},
 }
 
 
@@ -142,7 +149,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default="kernel_cuts.json")
     parser.add_argument("--pairs", default=",".join(RANDOM_PAIRS),
                         help="comma-separated, of " + ", ".join(RANDOM_PAIRS))
-    parser.add_argument("--configs", default="defaults,all", help="comma-separated, of " + ", ".join(CONFIGS))
+    parser.add_argument("--configs", default="defaults,none", help="comma-separated, of " + ", ".join(CONFIGS))
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--iters", type=int, default=30, help="synchronised replays per figure and round (median)")
     parser.add_argument("--k", type=int, default=4, help="depth of the speculative engine (k - 1 draft steps)")

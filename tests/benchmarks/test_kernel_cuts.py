@@ -20,11 +20,13 @@ from specexp.models import triton_support
 def test_every_configuration_is_a_valid_cuda_engine():
     if not triton_support.AVAILABLE:
         pytest.skip("triton is not installed")
-    assert kernel_cuts.CONFIGS["all"] == kernel_cuts.CUTS and kernel_cuts.CONFIGS["defaults"] == {}
+    assert kernel_cuts.CONFIGS["defaults"] == {} and set(kernel_cuts.CUTS) == set(kernel_cuts.NO_CUTS)
     for switches in kernel_cuts.CONFIGS.values():
         assert set(switches) <= set(kernel_cuts.CUDA_KERNELS)
         EngineConfig(device="cuda", **{**kernel_cuts.CUDA_KERNELS, **switches}).validate()
-    assert all(kernel_cuts.CUDA_KERNELS[name] != value for name, value in kernel_cuts.CUTS.items())
+    # engine=cuda runs every cut; "none" is engine=cuda with every one off
+    assert all(kernel_cuts.CUDA_KERNELS[name] == value for name, value in kernel_cuts.CUTS.items())
+    assert all(kernel_cuts.CUTS[name] != value for name, value in kernel_cuts.NO_CUTS.items())
 
 
 def test_bad_arguments_are_one_line():
