@@ -263,8 +263,9 @@ class NativeEngine(TargetGraphs, TargetStepInputs, TargetMixedSteps, TargetMixed
                 step_costs.fixed_ms = self.measure_fixed_ms(step_costs)
             self.step_costs = step_costs
             self.depth.costs = self.step_costs
-        if self.generator is not None:  # capture sampled inert rows: eager and graphs start from one state
-            self.generator.manual_seed(engine.seed)
+        # Capture, warm-up and the step-cost runs drew random numbers (inert rows are sampled): every engine starts
+        # serving from engine.seed itself, whatever it captured, as an engine reused for a sweep point does.
+        self.reseed(engine.seed)
 
     def _sample(self, logits: torch.Tensor, num_rows: int) -> None:
         """Rejection-sample rows [0, num_rows) from logits fp32[num_rows, v+1, V] (v: the most drafts a row

@@ -5,6 +5,7 @@ counts afresh after `reset_counters`, and reports the graph figures of the depth
 from __future__ import annotations
 
 import pytest
+import torch
 from pairs import random_prompts
 
 from specexp.engine.config import EngineConfig, EngineConfigError, SamplingConfig, SpeculatorConfig
@@ -153,3 +154,25 @@ def test_the_graph_figures_are_those_of_the_served_depth():
     assert cut["managers"]["target_prefill_16"]["capture_bytes"] == 50
     assert (cut["graph_capture_bytes"], cut["graph_capture_s"]) == (160, 1.75)
     assert cut["engine_graph_capture_bytes"] == 1000 and cut["served_depth"] == 2
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_engines_capturing_different_graphs_sample_alike(pair_dirs, prompts, device):
+    """A new engine serves from engine.seed whatever its start-up drew: one built at K = 4 that also captured
+    k = 2, switched to k = 2, samples at T = 1 the tokens of an engine built at k = 2 (no reseed by the caller), as
+    each point of a reused sweep and an isolated job must. Their captures ran different graphs."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    target, draft = (load_model(d, device=device) for d in pair_dirs["lfm2+llama"])
+
+    def engine(k: int, serve_depths=()):
+        return NativeEngine(target, draft, EngineConfig(device=device, max_num_seqs=4, max_model_len=64, block_size=4,
+                                                        cudagraph_mode="full", seed=7),
+                            SpeculatorConfig(num_speculative_tokens=k, cudagraph_mode="full"),
+                            SamplingConfig(temperature=1.0, max_new_tokens=8, ignore_eos=True),
+                            emulate_graphs_on_cpu=device == "cpu", serve_depths=serve_depths)
+
+    own = [r.output_token_ids for r in engine(2).generate(prompts, max_concurrency=3).requests]
+    shared = engine(4, serve_depths=(2,))
+    shared.use_static_depth(2)
+    assert [r.output_token_ids for r in shared.generate(prompts, max_concurrency=3).requests] == own
