@@ -208,14 +208,19 @@ def figure(results: list[dict], path: Path) -> None:
 def latest_pairs(results: list[dict], names: list[str]) -> tuple[list[dict], list[str]]:
     """The results with each pair kept only in the last file that measured it (a later run of a pair, e.g. one
     completing a run that ended early, replaces the earlier one whole: its rates and engines), and one line per
-    pair so replaced, naming both files. results[i] was read from names[i]."""
+    pair so replaced, naming both files and the GPU of each. results[i] was read from names[i]."""
     last = {pair: i for i, result in enumerate(results) for pair in result["pairs"]}
+
+    def label(i: int) -> str:
+        machine = results[i].get("machine", {})
+        return f"{names[i]} ({machine.get('gpu') or machine.get('device', 'unknown machine')})"
+
     kept, notes = [], []
     for i, result in enumerate(results):
         pairs = {pair: entry for pair, entry in result["pairs"].items() if last[pair] == i}
         for pair in result["pairs"]:
             if last[pair] != i:
-                notes.append(f"{pair}: shown from {names[last[pair]]}, which replaces its run in {names[i]}.")
+                notes.append(f"{pair}: shown from {label(last[pair])}, which replaces its run in {label(i)}.")
         kept.append({**result, "pairs": pairs})
     return kept, notes
 

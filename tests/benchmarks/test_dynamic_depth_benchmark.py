@@ -57,11 +57,11 @@ def test_the_benchmark_measures_every_mode_and_batch_and_the_report_renders_it(t
 
 
 def test_a_pair_measured_again_is_shown_from_the_later_file():
-    first = {"pairs": {"a": {"run": 1}, "b": {"run": 1}}}
-    second = {"pairs": {"b": {"run": 2}}}
+    first = {"machine": {"gpu": "GPU A"}, "pairs": {"a": {"run": 1}, "b": {"run": 1}}}
+    second = {"machine": {"device": "cpu"}, "pairs": {"b": {"run": 2}}}
     kept, notes = dynamic_depth_report.latest_pairs([first, second], ["first.json", "second.json"])
     assert kept[0]["pairs"] == {"a": {"run": 1}} and kept[1]["pairs"] == {"b": {"run": 2}}
-    assert notes == ["b: shown from second.json, which replaces its run in first.json."]
+    assert notes == ["b: shown from second.json (cpu), which replaces its run in first.json (GPU A)."]
     assert first["pairs"] == {"a": {"run": 1}, "b": {"run": 1}}  # the inputs are left as they were
     assert dynamic_depth_report.latest_pairs([first], ["first.json"]) == ([first], [])
 
