@@ -173,14 +173,14 @@ def figure(results: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [(pair, rate, by_rate) for r in results for pair, e in r["pairs"].items()
-              for rate, by_rate in e["by_rate"].items()]
+    panels = [(pair, rate, by_rate, r.get("machine", {}).get("gpu", "")) for r in results
+              for pair, e in r["pairs"].items() for rate, by_rate in e["by_rate"].items()]
     cols = min(3, len(panels))
     rows = -(-len(panels) // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 3.8 * rows), sharey=True, squeeze=False)
     for ax in axes.flat[len(panels):]:
         ax.set_visible(False)
-    for ax, (pair, rate, by_rate) in zip(axes.flat, panels, strict=False):
+    for ax, (pair, rate, by_rate, gpu) in zip(axes.flat, panels, strict=False):
         series = {m: by_rate["ratio_to_best_static"][m] for m in by_rate["ratio_to_best_static"] if not is_static(m)}
         if by_rate.get("tuned_schedule"):
             series["tuned schedule"] = {b: x["ratio"] for b, x in by_rate["tuned_schedule"]["by_batch"].items()}
@@ -196,7 +196,8 @@ def figure(results: list[dict], path: Path) -> None:
         ax.set_ylim(0.4, 1.6)  # wider intervals run off the panel: the tables give them
         ax.set_xscale("log", base=2)
         ax.set_xlabel("batch size (requests in flight)")
-        ax.set_title(f"{pair}\n{'acceptance ' + rate if rate != 'greedy' else 'greedy'}", fontsize=9)
+        on = f", {gpu.removeprefix('NVIDIA ')}" if gpu else ""
+        ax.set_title(f"{pair}\n{'acceptance ' + rate if rate != 'greedy' else 'greedy'}{on}", fontsize=9)
     for row in axes:
         row[0].set_ylabel("tokens/s ÷ best static k's (95% CI)")
     for ax in axes.flat[:len(panels)]:  # panels may show different modes; a mode keeps its colour in every panel
