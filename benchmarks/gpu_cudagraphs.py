@@ -64,7 +64,7 @@ RANDOM_PAIRS = {
 CUDA_KERNELS = {"compile_pointwise": True, "linear_kernel": "triton_skinny", "silu_in_down_gemv": True,
                 "fold_norm_weights": True, "attention_kernel": "triton", "conv_kernel": "triton",
                 "argmax_kernel": "triton", "sampler_kernel": "triton", "draft_step_kernel": "triton",
-                "programmatic_launch": True,
+                "programmatic_launch": "auto",
                 "cudagraph_prefill_tokens": (16, 32, 64, 128)}
 DEMO_PAIRS = {
     "tiny_lfm2": ("tiny-lfm2", "tiny-llama-draft"),

@@ -153,6 +153,7 @@ class NativeServer(BackendServer):
         result = to_run_result(served, waves, self.k, tokenizer, self.device, LoadSettings.of(self.spec))
         captured_s = result.metrics.get("graph_capture_s") if not self.reused_by else 0.0  # built by an earlier point
         result.metrics["startup_s"] = startup_record(self.clock.phases_s, self.import_s, captured_s)
+        result.env["kernels_launched_early"] = self.engine.cfg.launches_early()  # engine.programmatic_launch
         if self.engine.serve_depths:
             result.metrics["engine_reuse"] = {"engine_k": self.engine.k, "engine_max_model_len":
                                               self.engine.cfg.max_model_len, "served_before": self.reused_by,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from specexp.engine.draft_advance import DRAFT_STEP_KERNELS
 from specexp.engine.goodput import GoodputSettings
 from specexp.engine.sampling import ARGMAX_KERNELS
@@ -80,11 +82,13 @@ class EngineConfig:
     draft_step_kernel: "torch" | "triton" (between the draft's decode steps, each row's next input, position,
     seq_len and KV slot in one Triton kernel, `specexp.engine.triton_draft_step`, where torch runs about eleven
     small kernels a step; CUDA only).
-    programmatic_launch: on a GPU of compute capability 9.0+ (Hopper), launch the Triton kernels of the linear,
-    attention and conv settings (GEMV, skinny GEMM, decode/verify attention, uniform short conv) with programmatic
-    dependent launch: each may start while the kernel before it finishes and waits for it in-kernel; a GEMV
-    fetches its first weight chunk before it waits (`triton_gemv.gemv`'s `pdl`). The same values; what it saves is
-    part of each launch's gap in a chain of short kernels (a batch-1 step).
+    programmatic_launch: true | false | "auto". On a GPU of compute capability 9.0+ (Hopper), launch the Triton
+    kernels of the linear, attention and conv settings (GEMV, skinny GEMM, decode/verify attention, uniform short
+    conv) with programmatic dependent launch: each may start while the kernel before it finishes and waits for it
+    in-kernel; a GEMV fetches its first weight chunk before it waits (`triton_gemv.gemv`'s `pdl`). The same
+    values; what it saves is part of each launch's gap in a chain of short kernels (a batch-1 step). true demands
+    it (an older GPU is an error); "auto" launches early where the GPU, the Triton and a Triton kernel setting
+    allow, and plainly elsewhere (`launches_early`).
     plain_decode_lookahead: without speculation (k = 0), queue each step before the last one's tokens are read
     back (a step emits one token a row, so everything but the token's value is known; the device gathers it):
     the host's work for a step overlaps the device's previous step. A request that stops at EOS costs one
@@ -113,7 +117,7 @@ class EngineConfig:
     argmax_kernel: str = "torch"
     sampler_kernel: str = "torch"
     draft_step_kernel: str = "torch"
-    programmatic_launch: bool = False
+    programmatic_launch: bool | str = False
     plain_decode_lookahead: bool = True
     seed: int = 0
 
@@ -143,9 +147,12 @@ class EngineConfig:
             raise EngineConfigError(f"engine.cudagraph_mixed={self.cudagraph_mixed!r}: valid are "
                                     + ", ".join(repr(m) for m in MIXED_STEP_MODES))
         for name in ("compile_pointwise", "plain_decode_lookahead", "fold_norm_weights", "cudagraph_shared_pool",
-                     "silu_in_down_gemv", "programmatic_launch"):
+                     "silu_in_down_gemv"):
             if not isinstance(getattr(self, name), bool):
                 raise EngineConfigError(f"engine.{name}={getattr(self, name)!r}: must be true or false")
+        if not isinstance(self.programmatic_launch, bool) and self.programmatic_launch != "auto":
+            raise EngineConfigError(f"engine.programmatic_launch={self.programmatic_launch!r}: must be true, false "
+                                    "or auto")
         self._check_kernel("linear_kernel", LINEAR_KERNELS, ("triton_gemv", "triton_skinny"), "cublas")
         self._check_kernel("attention_kernel", ATTENTION_KERNELS, ("triton",), "sdpa")
         self._check_kernel("conv_kernel", CONV_KERNELS, ("triton",), "torch")
@@ -155,18 +162,28 @@ class EngineConfig:
         if self.silu_in_down_gemv and self.linear_kernel == "cublas":
             raise EngineConfigError("engine.silu_in_down_gemv=true computes the SiLU product in the Triton GEMV: it "
                                     "needs engine.linear_kernel=triton_gemv or triton_skinny (got 'cublas')")
-        if self.programmatic_launch and (self.linear_kernel, self.attention_kernel, self.conv_kernel) == (
-                "cublas", "sdpa", "torch"):
+        if self.programmatic_launch is True and not self._has_triton_kernel():
             raise EngineConfigError("engine.programmatic_launch=true launches the Triton kernels early: it needs one "
                                     "of engine.linear_kernel=triton_gemv|triton_skinny, attention_kernel=triton, "
                                     "conv_kernel=triton (all are torch's now)")
-        if self.programmatic_launch and not triton_support.HAS_GRID_DEPENDENCY_CONTROL:
+        if self.programmatic_launch is True and not triton_support.HAS_GRID_DEPENDENCY_CONTROL:
             raise EngineConfigError("engine.programmatic_launch=true needs a Triton with grid dependency control "
                                     "(3.4 or later); or set it false")
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
             raise EngineConfigError(
                 f"engine.max_num_batched_tokens={self.max_num_batched_tokens}: must be >= 1 (or null)"
             )
+
+    def _has_triton_kernel(self) -> bool:
+        """Whether a kernel setting that can launch early is a Triton one (linear, attention or conv)."""
+        return (self.linear_kernel, self.attention_kernel, self.conv_kernel) != ("cublas", "sdpa", "torch")
+
+    def launches_early(self) -> bool:
+        """Whether the engine's Triton kernels are launched with programmatic dependent launch: programmatic_launch
+        true, or "auto" on a GPU of compute capability 9.0+ with a Triton that can and a Triton kernel setting."""
+        if self.programmatic_launch != "auto":
+            return bool(self.programmatic_launch)
+        return self._has_triton_kernel() and triton_support.programmatic_launch(torch.device(self.device))
 
     def _check_kernel(self, name: str, valid, triton_choices: tuple[str, ...], default: str) -> None:
         """engine.<name> is one of `valid`; its Triton choices need CUDA and triton (else `default` is named)."""

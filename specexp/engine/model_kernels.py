@@ -21,23 +21,27 @@ def use_engine_kernels(models: tuple[nn.Module, ...], engine: EngineConfig) -> N
     pre-norm weights folded into the projections first (in place). Set on the modules: a model shared by two
     engines follows the last one built.
 
-    Raises EngineConfigError when `programmatic_launch` is on and the engine's GPU cannot launch that way (compute
-    capability below 9.0)."""
+    Raises EngineConfigError when `programmatic_launch` is true and the engine's GPU cannot launch that way
+    (compute capability below 9.0); "auto" launches early only where it can (`EngineConfig.launches_early`)."""
     device = torch.device(engine.device)
-    if engine.programmatic_launch and not triton_support.programmatic_launch(device):
+    if engine.programmatic_launch is True and device.type != "cuda":
+        raise EngineConfigError(f"engine.programmatic_launch=true needs a CUDA GPU (engine.device={device.type}): "
+                                "set it false or auto")
+    if engine.programmatic_launch is True and not triton_support.programmatic_launch(device):
         index = device.index if device.index is not None else torch.cuda.current_device()
         major, minor = torch.cuda.get_device_capability(index)
         raise EngineConfigError(f"engine.programmatic_launch=true needs a GPU of compute capability 9.0 or later "
                                 f"(Hopper); cuda:{index} is {major}.{minor}: set it false")
+    early = engine.launches_early()
     pointwise = compiled_pointwise_ops() if engine.compile_pointwise else EAGER
-    linear = linear_kernel_ops(engine.linear_kernel, engine.programmatic_launch)
+    linear = linear_kernel_ops(engine.linear_kernel, early)
     if engine.silu_in_down_gemv:
         linear = linear.with_silu_in_down_gemv()
     attention, conv = ATTENTION_KERNELS[engine.attention_kernel], CONV_KERNELS[engine.conv_kernel]
-    if engine.programmatic_launch:
+    if early:
         attention, conv = attention.launched_early(), conv.launched_early()
     for model in models:
-        if engine.fold_norm_weights and fold_norm_weights(model) and engine.programmatic_launch:
+        if engine.fold_norm_weights and fold_norm_weights(model) and early:
             # An early-launched GEMV reads its first weight chunk before it waits for the kernel before it: the
             # folding kernels' writes must be complete before the first one launches.
             torch.cuda.synchronize(device)

@@ -56,6 +56,7 @@ def test_a_grouped_sweep_serves_what_isolated_jobs_serve_in_one_process(tmp_path
         assert _outputs(tmp_path / "on" / str(j)) == _outputs(tmp_path / "off" / str(j)), j
         acceptance = [records[name][j]["metrics"]["acceptance_length"] for name in ("on", "off")]
         assert acceptance[0] == acceptance[1], j
+    assert all(r["env"]["kernels_launched_early"] is False for r in records["on"] + records["off"])  # a CPU
     pids = [r["env"]["pid"] for r in records["on"]]
     assert pids[0] == pids[1] == pids[2] == pids[3]
     assert len({r["env"]["pid"] for r in records["off"]}) == 4

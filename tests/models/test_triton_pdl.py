@@ -17,6 +17,7 @@ from triton_interpreter import (
 )
 
 from specexp.engine.config import EngineConfig, EngineConfigError
+from specexp.engine.model_kernels import use_engine_kernels
 from specexp.models import triton_attention, triton_gemv, triton_short_conv, triton_support
 from specexp.models.attention import SDPA, TRITON
 from specexp.models.layers import RMSNorm
@@ -192,8 +193,26 @@ def test_programmatic_launch_is_validated():
     with pytest.raises(EngineConfigError, match="engine.programmatic_launch=true .* needs one of "
                                                 "engine.linear_kernel=triton_gemv|triton_skinny, attention_kernel"):
         EngineConfig(programmatic_launch=True).validate()
-    with pytest.raises(EngineConfigError, match="engine.programmatic_launch='on': must be true or false"):
+    with pytest.raises(EngineConfigError, match="engine.programmatic_launch='on': must be true, false or auto"):
         EngineConfig(programmatic_launch="on").validate()
+
+
+def test_auto_launches_early_only_where_it_can():
+    """programmatic_launch: auto (engine=cuda's default) is valid with any kernels and launches early only with a
+    Triton kernel setting on an sm_90+ GPU; true demands it and names what is missing."""
+    plain = EngineConfig(programmatic_launch="auto")
+    plain.validate()
+    assert not plain.launches_early()  # torch kernels only
+    triton_kernels = {"linear_kernel": "triton_skinny", "attention_kernel": "triton", "conv_kernel": "triton"}
+    on_cpu = EngineConfig(device="cpu", programmatic_launch="auto", **triton_kernels)  # as a CPU test builds one
+    assert not on_cpu.launches_early() and not EngineConfig(programmatic_launch=False, **triton_kernels).launches_early()
+    if triton_support.HAS_GRID_DEPENDENCY_CONTROL:
+        assert EngineConfig(programmatic_launch=True, **triton_kernels).launches_early()
+    with pytest.raises(EngineConfigError, match=r"engine.programmatic_launch=true needs a CUDA GPU \(engine.device=cpu\)"):
+        use_engine_kernels((), EngineConfig(device="cpu", programmatic_launch=True))
+    if torch.cuda.is_available():
+        on_gpu = EngineConfig(device="cuda", programmatic_launch="auto", **triton_kernels)
+        assert on_gpu.launches_early() == triton_support.programmatic_launch(torch.device("cuda"))
 
 
 def test_no_early_launch_on_cpu_tensors():
