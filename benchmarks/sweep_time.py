@@ -9,12 +9,14 @@ table, writes JSON (rewritten after every sweep, so a run cut short keeps what i
 
     python benchmarks/sweep_time.py --out sweep_time.json [--pair llama_1b_random] [--engine cuda]
         [--ks 0,1,2,3,4,5,6,7,8] [--rate 0.8] [--num-prompts 8] [--output-len 128] [--rounds 1]
-        [--modes reused,isolated] [-- EXTRA_OVERRIDE ...]
+        [--modes reused,isolated] [--warm-up] [-- EXTRA_OVERRIDE ...]
 
 The defaults are the sweep the speed target is set on: the Llama-3.2-1B-shaped random pair, batch 1
 (`engine.max_num_seqs=1`), 8 random prompts of 128 tokens, 128 new tokens each, synthetic acceptance 0.8,
 `engine=cuda`. On a CPU, `--pair tiny_lfm2 --engine cpu` runs the same sweep on the demo pair. Overrides after
-`--` are passed to every sweep (e.g. `-- measure.repeats=2`).
+`--` are passed to every sweep (e.g. `-- measure.repeats=2`). `--warm-up` first runs one sweep of the first mode
+that no round counts: on a fresh machine it compiles every kernel into Triton's and inductor's on-disk caches, so
+the rounds time sweeps on warm caches; its wall time and start-up are kept (`warm_up`) and printed as a first line.
 
     python benchmarks/sweep_time.py --table FILE.json   # the tables of an earlier run
 
@@ -89,6 +91,14 @@ def spread(values: list[float]) -> str:
     return f"{statistics.mean(values):.1f} ± {statistics.stdev(values):.1f} (n = {len(values)})"
 
 
+def sweep_line(label: str, sweep: dict) -> str:
+    """One sweep's wall time, jobs ok and start-up phases summed over its jobs, as a line of text."""
+    ok = sum(j["status"] == "ok" for j in sweep["jobs"])
+    phases = " / ".join(f"{sweep['startup_sum_s'][p]:.1f}" for p in STARTUP_PHASES)
+    return (f"{label}: {sweep['wall_s']:.1f} s wall, {ok}/{len(sweep['jobs'])} jobs ok, start-up s summed over jobs "
+            f"(import / model_load / engine_build / warmup) {phases}")
+
+
 def acceptance_mismatches(sweeps: list[dict]) -> list[int]:
     """The ks whose acceptance length differs between any two of the sweeps' jobs."""
     by_k: dict[int, set] = {}
@@ -105,6 +115,9 @@ def render(result: dict) -> str:
     header = ("| mode | sweep wall s | jobs ok | start-up s summed over jobs (import / model_load / engine_build / "
               "warmup), first sweep |")
     lines = [header, "|---|---|---|---|"]
+    if result.get("warm_up"):
+        lines = [sweep_line(f"warm-up sweep, not in the rounds ({result['warm_up']['mode']})", result["warm_up"]),
+                 "", *lines]
     by_mode = {mode: [s for s in result["sweeps"] if s["mode"] == mode] for mode in result["modes"]}
     by_mode = {mode: sweeps for mode, sweeps in by_mode.items() if sweeps}
     for mode, sweeps in by_mode.items():
@@ -151,6 +164,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--modes", default="reused,isolated")
+    parser.add_argument("--warm-up", action="store_true",
+                        help="first one sweep of the first mode that no round counts (fills the kernel caches)")
     args = parser.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
     args.extra = extra
     try:
@@ -171,13 +186,19 @@ def main(argv: list[str] | None = None) -> dict:
               "modes": modes, "commands": {m: sweep_command(args, m)[1:] for m in modes}, "sweeps": [],
               "acceptance_mismatches": []}
     with tempfile.TemporaryDirectory() as tmp:
+        if args.warm_up:
+            result["warm_up"] = run_sweep(args, modes[0], Path(tmp))
+            result["acceptance_mismatches"] = acceptance_mismatches([result["warm_up"]])
+            out_path.write_text(json.dumps(result, indent=1) + "\n")
+            print(sweep_line(f"warm-up sweep ({modes[0]})", result["warm_up"]), flush=True)
         for round_index in range(args.rounds):
             order = modes if round_index % 2 == 0 else modes[::-1]  # alternate which mode runs first
             for mode in order:
                 sweep = run_sweep(args, mode, Path(tmp))
                 sweep["round"] = round_index
                 result["sweeps"].append(sweep)
-                result["acceptance_mismatches"] = acceptance_mismatches(result["sweeps"])
+                result["acceptance_mismatches"] = acceptance_mismatches(
+                    [result["warm_up"], *result["sweeps"]] if args.warm_up else result["sweeps"])
                 out_path.write_text(json.dumps(result, indent=1) + "\n")
                 status = "ok" if sweep["returncode"] == 0 else f"exit {sweep['returncode']}"
                 print(f"round {round_index + 1}/{args.rounds} {mode}: {sweep['wall_s']:.1f} s wall, "

@@ -25,7 +25,7 @@ def test_bad_arguments_are_one_line():
 def test_both_modes_sweep_every_k_with_the_same_acceptance(tmp_path):
     out = tmp_path / "st.json"
     result = sweep_time.main(["--out", str(out), "--pair", "tiny_lfm2", "--engine", "cpu", "--ks", "0,1,2",
-                              "--num-prompts", "2", "--output-len", "8", "--", "measure.repeats=2"])
+                              "--num-prompts", "2", "--output-len", "8", "--warm-up", "--", "measure.repeats=2"])
     assert json.loads(out.read_text()) == result
     by_mode = {s["mode"]: s for s in result["sweeps"]}
     assert set(by_mode) == {"reused", "isolated"}
@@ -39,4 +39,7 @@ def test_both_modes_sweep_every_k_with_the_same_acceptance(tmp_path):
     assert all(j["startup_s"]["model_load"] > 0 for j in isolated.values())
     assert result["acceptance_mismatches"] == []
     assert reused[2]["acceptance_length"] == isolated[2]["acceptance_length"] > 1.0
-    assert "acceptance identical" in sweep_time.render(result)
+    assert result["warm_up"]["mode"] == "reused" and [j["k"] for j in result["warm_up"]["jobs"]] == [0, 1, 2]
+    assert len(result["sweeps"]) == 2  # the warm-up sweep is in no round
+    table = sweep_time.render(result)
+    assert "acceptance identical" in table and table.startswith("warm-up sweep, not in the rounds (reused): ")
