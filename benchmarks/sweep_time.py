@@ -91,11 +91,16 @@ def spread(values: list[float]) -> str:
     return f"{statistics.mean(values):.1f} ± {statistics.stdev(values):.1f} (n = {len(values)})"
 
 
+def jobs_ok_and_phases(sweep: dict) -> tuple[str, str]:
+    """A sweep's "ok/jobs" count and its start-up phases summed over its jobs ("import / ... / warmup", s)."""
+    ok = sum(j["status"] == "ok" for j in sweep["jobs"])
+    return f"{ok}/{len(sweep['jobs'])}", " / ".join(f"{sweep['startup_sum_s'][p]:.1f}" for p in STARTUP_PHASES)
+
+
 def sweep_line(label: str, sweep: dict) -> str:
     """One sweep's wall time, jobs ok and start-up phases summed over its jobs, as a line of text."""
-    ok = sum(j["status"] == "ok" for j in sweep["jobs"])
-    phases = " / ".join(f"{sweep['startup_sum_s'][p]:.1f}" for p in STARTUP_PHASES)
-    return (f"{label}: {sweep['wall_s']:.1f} s wall, {ok}/{len(sweep['jobs'])} jobs ok, start-up s summed over jobs "
+    ok, phases = jobs_ok_and_phases(sweep)
+    return (f"{label}: {sweep['wall_s']:.1f} s wall, {ok} jobs ok, start-up s summed over jobs "
             f"(import / model_load / engine_build / warmup) {phases}")
 
 
@@ -121,10 +126,8 @@ def render(result: dict) -> str:
     by_mode = {mode: [s for s in result["sweeps"] if s["mode"] == mode] for mode in result["modes"]}
     by_mode = {mode: sweeps for mode, sweeps in by_mode.items() if sweeps}
     for mode, sweeps in by_mode.items():
-        first = sweeps[0]
-        ok = sum(j["status"] == "ok" for j in first["jobs"])
-        phases = " / ".join(f"{first['startup_sum_s'][p]:.1f}" for p in STARTUP_PHASES)
-        lines.append(f"| {mode} | {spread([s['wall_s'] for s in sweeps])} | {ok}/{len(first['jobs'])} | {phases} |")
+        ok, phases = jobs_ok_and_phases(sweeps[0])
+        lines.append(f"| {mode} | {spread([s['wall_s'] for s in sweeps])} | {ok} | {phases} |")
     ratio = "reused" in by_mode and "isolated" in by_mode
     lines += ["", "| k | " + " | ".join(f"{mode} tokens/s, by round" for mode in by_mode)
               + (" | reused / isolated" if ratio else "") + " | acceptance |",
@@ -188,7 +191,6 @@ def main(argv: list[str] | None = None) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         if args.warm_up:
             result["warm_up"] = run_sweep(args, modes[0], Path(tmp))
-            result["acceptance_mismatches"] = acceptance_mismatches([result["warm_up"]])
             out_path.write_text(json.dumps(result, indent=1) + "\n")
             print(sweep_line(f"warm-up sweep ({modes[0]})", result["warm_up"]), flush=True)
         for round_index in range(args.rounds):
@@ -198,7 +200,7 @@ def main(argv: list[str] | None = None) -> dict:
                 sweep["round"] = round_index
                 result["sweeps"].append(sweep)
                 result["acceptance_mismatches"] = acceptance_mismatches(
-                    [result["warm_up"], *result["sweeps"]] if args.warm_up else result["sweeps"])
+                    ([result["warm_up"]] if args.warm_up else []) + result["sweeps"])
                 out_path.write_text(json.dumps(result, indent=1) + "\n")
                 status = "ok" if sweep["returncode"] == 0 else f"exit {sweep['returncode']}"
                 print(f"round {round_index + 1}/{args.rounds} {mode}: {sweep['wall_s']:.1f} s wall, "

@@ -55,18 +55,19 @@ CUTS = {"argmax_kernel": "triton", "sampler_kernel": "triton", "silu_in_down_gem
         "draft_step_kernel": "triton", "programmatic_launch": True}
 NO_CUTS = {"argmax_kernel": "torch", "sampler_kernel": "torch", "silu_in_down_gemv": False,
            "draft_step_kernel": "torch", "programmatic_launch": False}
+# Each cut's short name and its switch; the switches turned on beside it in its "only_*" configuration (the
+# sampler cut is measured on top of the argmax cut, whose output it reads, as it ships).
+CUT_NAMES = {"argmax": "argmax_kernel", "sampler": "sampler_kernel", "silu_in_down": "silu_in_down_gemv",
+             "draft_step": "draft_step_kernel", "pdl": "programmatic_launch"}
+ALONG_WITH = {"sampler_kernel": ("argmax_kernel",)}
 # Each configuration: the switches it changes from engine=cuda's defaults (CUDA_KERNELS). "none" turns every cut
-# off; each "only_*" turns on that cut alone; each "no_*" turns that cut off alone.
+# off; each "only_*" turns on that cut alone (with ALONG_WITH's); each "no_*" turns that cut off alone.
 CONFIGS = {
     "defaults": {},
     "none": NO_CUTS,
-    **{f"only_{name}": {**NO_CUTS, **{switch: CUTS[switch] for switch in switches}}
-       for name, switches in {"argmax": ["argmax_kernel"], "sampler": ["argmax_kernel", "sampler_kernel"],
-                              "silu_in_down": ["silu_in_down_gemv"], "draft_step": ["draft_step_kernel"],
-                              "pdl": ["programmatic_launch"]}.items()},
-    **{f"no_{name}": {switch: NO_CUTS[switch]} for name, switch in
-       {"argmax": "argmax_kernel", "sampler": "sampler_kernel", "silu_in_down": "silu_in_down_gemv",
-        "draft_step": "draft_step_kernel", "pdl": "programmatic_launch"}.items()},
+    **{f"only_{name}": {**NO_CUTS, **{s: CUTS[s] for s in (*ALONG_WITH.get(switch, ()), switch)}}
+       for name, switch in CUT_NAMES.items()},
+    **{f"no_{name}": {switch: NO_CUTS[switch]} for name, switch in CUT_NAMES.items()},
 }
 
 
