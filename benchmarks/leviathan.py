@@ -69,10 +69,10 @@ def add_theory(rows: list[dict], c: float) -> None:
             r["theory_acceptance_length"] = expected_acceptance_length(a, k)
             r["theory_speedup"] = leviathan_speedup(a, k, c)
             # a k = 0 row is (part of) the baseline itself: its spread is noise, not a prediction to check
-            r["within_15pct_of_theory"] = None if k == 0 else _within(r["speedup"], r["theory_speedup"])
+            r["within_15pct_of_theory"] = None if k == 0 else within_tolerance(r["speedup"], r["theory_speedup"])
             if "decode_speedup" in r:
                 r["decode_within_15pct_of_theory"] = (
-                    None if k == 0 else _within(r["decode_speedup"], r["theory_speedup"]))
+                    None if k == 0 else within_tolerance(r["decode_speedup"], r["theory_speedup"]))
 
 
 def count_within(rows: list[dict], c: float, tolerance: float = 0.15) -> tuple[int, int]:
@@ -80,12 +80,12 @@ def count_within(rows: list[dict], c: float, tolerance: float = 0.15) -> tuple[i
     synthetic acceptance rate, their `speedup` (set by add_theory) against leviathan_speedup(a, k, c). For
     asking how a verdict depends on how c was measured."""
     checked = [r for r in rows if r["k"] > 0 and r.get("acceptance_rate") is not None and "speedup" in r]
-    within = sum(_within(r["speedup"], leviathan_speedup(r["acceptance_rate"], r["k"], c), tolerance)
+    within = sum(within_tolerance(r["speedup"], leviathan_speedup(r["acceptance_rate"], r["k"], c), tolerance)
                  for r in checked)
     return within, len(checked)
 
 
-def _within(measured: float, predicted: float, tolerance: float = 0.15) -> bool:
+def within_tolerance(measured: float, predicted: float, tolerance: float = 0.15) -> bool:
     """measured / predicted is within `tolerance` of 1."""
     return abs(measured / predicted - 1) <= tolerance
 

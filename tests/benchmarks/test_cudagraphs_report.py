@@ -65,6 +65,13 @@ def test_speedups_mark_the_points_outside_15_percent_of_the_formula():
     assert ["*" in row for row in (k1, k2, k3)] == [True, False, False]  # 0.80, 0.90 and 1.00 of the formula
 
 
+def test_speedups_at_another_tolerance_mark_and_count_the_points_outside_it():
+    table = cudagraphs_report.render_speedups([_result()], tolerance=0.05).splitlines()
+    k1, k2, k3, count = table[2:6]
+    assert ["*" in row for row in (k1, k2, k3)] == [True, True, False]  # 0.80, 0.90 and 1.00 of the formula
+    assert count == "| within 5% | 1 of 3 |"
+
+
 def test_summary_counts_points_within_15_percent_and_reports_missing_sections_as_dashes():
     result = _result()
     result["pairs"]["lfm2-1.2b+lfm2-350m"] = {"capture": _capture({"target_verify": 100}, 100)}
