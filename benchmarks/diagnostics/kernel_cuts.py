@@ -16,7 +16,9 @@ build is recorded with its error (`errors`) and the others are measured.
     python benchmarks/diagnostics/kernel_cuts.py --out kernel_cuts.json [--pairs llama-3.2-1b+llama-100m,...]
                                                  [--configs defaults,none] [--rounds 7] [--iters 30] [--k 4]
 
-Needs only torch, safetensors, tokenizers and triton (and a CUDA GPU). Prints each configuration's row as its
+    python benchmarks/diagnostics/kernel_cuts.py --table FILE.json [FILE.json ...]   # the table of earlier runs
+
+Needs only torch, safetensors, tokenizers and triton (and a CUDA GPU; the table needs neither GPU nor triton). Prints each configuration's row as its
 rounds finish and rewrites the JSON after each pair.
 """
 
@@ -145,7 +147,55 @@ def bench_pair(name: str, configs: list[str], rounds: int, iters: int, k: int, c
     return out
 
 
+def cuts_on(result: dict, row: dict) -> list[str]:
+    """The short names (CUT_NAMES) of the cuts a configuration ran with: the result's recorded defaults with the
+    row's switches over them, so files written under older configuration names read alike. A switch left at
+    `auto` (on where the GPU can, sm_90+ for programmatic launch) is named with "(auto)"."""
+    switches = {**result.get("defaults", {}), **row["switches"]}
+    return [name + (" (auto)" if switches.get(switch) == "auto" else "") for name, switch in CUT_NAMES.items()
+            if switches.get(switch) in (CUTS[switch], "auto")]
+
+
+def _mean_interval(summary: dict, digits: int) -> str:
+    return f"{summary['mean']:.{digits}f} [{summary['low']:.{digits}f}, {summary['high']:.{digits}f}]"
+
+
+def render_table(results: list[tuple[str, dict]]) -> str:
+    """One row per (file, pair, configuration) of kernel_cuts.py results: the cuts on, each step's mean ms with
+    its 95% interval over rounds, the target's share of the copy bandwidth, c, kernel launches per step and
+    whether the graphs emitted the file's first configuration's tokens. results: (file name, result)."""
+    lines = [("| file | GPU | pair | configuration | cuts on | target step ms (% of copy bw) | draft step ms | c "
+              "| draft step in the speculative graph, ms | launches a step: target / draft / speculative | "
+              "same tokens | n |"), "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for file, result in results:
+        gpu = result["machine"]["gpu"]
+        for pair, measured in result["pairs"].items():
+            for config, row in measured["configs"].items():
+                launches = " / ".join(f"{row['kernels'][part].get('launches_per_step', 0):.0f}"
+                                      for part in ("target", "draft", "spec_decode"))
+                lines.append(
+                    f"| `{file}` | {gpu} | {pair} | {config} | {', '.join(cuts_on(result, row)) or 'none'} "
+                    f"| {_mean_interval(row['target_step_ms'], 3)} "
+                    f"({100 * row['target_fraction_of_copy_bandwidth']:.1f}%) "
+                    f"| {_mean_interval(row['draft_step_ms'], 3)} | {_mean_interval(row['cost_ratio_c'], 3)} "
+                    f"| {_mean_interval(row['spec_draft_step_ms'], 3)} | {launches} "
+                    f"| {'yes' if row['same_tokens_as_first'] else 'no'} | {row['cost_ratio_c']['n']} |")
+            for config, error in measured.get("errors", {}).items():
+                lines.append(f"| `{file}` | {gpu} | {pair} | {config} | failed to build: {error} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--table"]:
+        files = argv[1:]
+        missing = [f for f in files if not Path(f).is_file()]
+        if not files or missing:
+            print(f"kernel_cuts.py --table: no such result file: {', '.join(missing) or '(none given)'}",
+                  file=sys.stderr)
+            sys.exit(2)
+        print(render_table([(Path(f).name, json.loads(Path(f).read_text())) for f in files]))
+        return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="kernel_cuts.json")
     parser.add_argument("--pairs", default=",".join(RANDOM_PAIRS),
