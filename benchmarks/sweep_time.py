@@ -64,6 +64,7 @@ def job_record(result_path: Path) -> dict:
         "output_tokens_per_s": metrics.get("output_tokens_per_s"),
         "duration_s": record.get("duration_s"), "startup_s": startup,
         "graph_capture_s": metrics.get("graph_capture_s"),
+        "gpu": (record.get("env") or {}).get("gpu"), "git_sha": (record.get("env") or {}).get("git_sha"),
     }
 
 
@@ -125,6 +126,10 @@ def render(result: dict) -> str:
                  "", *lines]
     by_mode = {mode: [s for s in result["sweeps"] if s["mode"] == mode] for mode in result["modes"]}
     by_mode = {mode: sweeps for mode, sweeps in by_mode.items() if sweeps}
+    jobs = [j for s in [result.get("warm_up"), *result["sweeps"]] if s for j in s["jobs"]]
+    where = sorted({f"{j['gpu']}, commit {j.get('git_sha') or 'unknown'}" for j in jobs if j.get("gpu")})
+    if where:  # results written before the jobs' GPU was kept leave it out
+        lines = [f"Jobs ran on: {'; '.join(where)}.", "", *lines]
     for mode, sweeps in by_mode.items():
         ok, phases = jobs_ok_and_phases(sweeps[0])
         lines.append(f"| {mode} | {spread([s['wall_s'] for s in sweeps])} | {ok} | {phases} |")

@@ -43,3 +43,18 @@ def test_both_modes_sweep_every_k_with_the_same_acceptance(tmp_path):
     assert len(result["sweeps"]) == 2  # the warm-up sweep is in no round
     table = sweep_time.render(result)
     assert "acceptance identical" in table and table.startswith("warm-up sweep, not in the rounds (reused): ")
+
+
+def _sweep(mode: str, gpu: str | None) -> dict:
+    job = {"k": 1, "status": "ok", "acceptance_length": 1.8, "output_tokens_per_s": 100.0, "startup_s": dict.fromkeys(sweep_time.STARTUP_PHASES, 1.0),
+           "gpu": gpu, "git_sha": "abc1234" if gpu else None}
+    return {"mode": mode, "wall_s": 10.0, "returncode": 0, "jobs": [job],
+            "startup_sum_s": dict.fromkeys(sweep_time.STARTUP_PHASES, 1.0)}
+
+
+def test_table_says_which_gpu_the_jobs_ran_on_and_nothing_for_cpu_runs():
+    gpu = {"modes": ["reused", "isolated"], "acceptance_mismatches": [],
+           "sweeps": [_sweep("reused", "NVIDIA H200"), _sweep("isolated", "NVIDIA H200")]}
+    assert sweep_time.render(gpu).startswith("Jobs ran on: NVIDIA H200, commit abc1234.\n\n| mode |")
+    cpu = {**gpu, "sweeps": [_sweep("reused", None), _sweep("isolated", None)]}
+    assert sweep_time.render(cpu).startswith("| mode |")
