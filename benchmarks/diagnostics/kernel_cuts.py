@@ -18,8 +18,8 @@ build is recorded with its error (`errors`) and the others are measured.
 
     python benchmarks/diagnostics/kernel_cuts.py --table FILE.json [FILE.json ...]   # the table of earlier runs
 
-Needs only torch, safetensors, tokenizers and triton (and a CUDA GPU; the table needs neither GPU nor triton). Prints each configuration's row as its
-rounds finish and rewrites the JSON after each pair.
+Needs only torch, safetensors, tokenizers and triton, and a CUDA GPU (the table needs neither GPU nor triton).
+Prints each configuration's row as its rounds finish and rewrites the JSON after each pair.
 """
 
 from __future__ import annotations
