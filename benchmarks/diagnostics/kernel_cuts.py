@@ -73,6 +73,11 @@ CONFIGS = {
 }
 
 
+def _mean_interval(summary: dict, digits: int) -> str:
+    """A repeat_summary as "mean [low, high]" at `digits` decimals."""
+    return f"{summary['mean']:.{digits}f} [{summary['low']:.{digits}f}, {summary['high']:.{digits}f}]"
+
+
 def build(target, draft, kernels: dict, k: int) -> dict:
     """The three graphs of one configuration: {"target", "draft", "spec_decode"} -> (replay fn, what it is)."""
     target_engine, target_desc = batch1_decode_step(target, kernels)
@@ -135,11 +140,10 @@ def bench_pair(name: str, configs: list[str], rounds: int, iters: int, k: int, c
                            ("target", "draft", "spec_decode")}}
         out["configs"][config] = row
         launches = {part: row["kernels"][part].get("launches_per_step") for part in row["kernels"]}
-        print(f"  {config:>12}: target {row['target_step_ms']['mean']:.4f} ms "
-              f"[{row['target_step_ms']['low']:.4f}, {row['target_step_ms']['high']:.4f}] "
+        print(f"  {config:>12}: target {_mean_interval(row['target_step_ms'], 4)} ms "
               f"({100 * row['target_fraction_of_copy_bandwidth']:.1f}% of copy bw), "
-              f"draft {row['draft_step_ms']['mean']:.4f} ms, c = {row['cost_ratio_c']['mean']:.3f} "
-              f"[{row['cost_ratio_c']['low']:.3f}, {row['cost_ratio_c']['high']:.3f}], speculative draft step "
+              f"draft {row['draft_step_ms']['mean']:.4f} ms, c = {_mean_interval(row['cost_ratio_c'], 3)}, "
+              "speculative draft step "
               f"{row['spec_draft_step_ms']['mean']:.4f} ms; launches {launches}; tokens as {configs[0]}: "
               f"{row['same_tokens_as_first']} (n = {rounds})", flush=True)
     del graphs, target, draft
@@ -154,10 +158,6 @@ def cuts_on(result: dict, row: dict) -> list[str]:
     switches = {**result.get("defaults", {}), **row["switches"]}
     return [name + (" (auto)" if switches.get(switch) == "auto" else "") for name, switch in CUT_NAMES.items()
             if switches.get(switch) in (CUTS[switch], "auto")]
-
-
-def _mean_interval(summary: dict, digits: int) -> str:
-    return f"{summary['mean']:.{digits}f} [{summary['low']:.{digits}f}, {summary['high']:.{digits}f}]"
 
 
 def render_table(results: list[tuple[str, dict]]) -> str:
