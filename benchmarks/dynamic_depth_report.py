@@ -81,13 +81,19 @@ def render_rate(pair: str, rate: str, by_rate: dict, tolerance: float) -> list[s
     return lines
 
 
+def ran_on(result: dict) -> str:
+    """What a result ran on: its GPU's name, else its device."""
+    machine = result.get("machine", {})
+    return machine.get("gpu") or machine.get("device", "unknown machine")
+
+
 def render(results: list[dict], tolerance: float) -> str:
     lines = []
     for result in results:
         if not result["pairs"]:  # every pair of this file measured again later (`latest_pairs`)
             continue
         m = result["machine"]
-        lines += [(f"Measured {m['date']} on {m.get('gpu', m['device'])} (torch {m['torch']}): "
+        lines += [(f"Measured {m['date']} on {ran_on(result)} (torch {m['torch']}): "
                    f"`dynamic_depth_gpu.py {' '.join(a for a in result['argv'] if not a.startswith('/'))}`; "
                    f"{result['prompt_tokens']}-token prompts, {result['new_tokens']} new tokens, "
                    f"{result['repeats']} rounds; mixed steps {result.get('mixed_steps', 'joined')} "
@@ -213,8 +219,7 @@ def latest_pairs(results: list[dict], names: list[str]) -> tuple[list[dict], lis
     last = {pair: i for i, result in enumerate(results) for pair in result["pairs"]}
 
     def label(i: int) -> str:
-        machine = results[i].get("machine", {})
-        return f"{names[i]} ({machine.get('gpu') or machine.get('device', 'unknown machine')})"
+        return f"{names[i]} ({ran_on(results[i])})"
 
     kept, notes = [], []
     for i, result in enumerate(results):
