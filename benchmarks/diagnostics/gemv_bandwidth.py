@@ -53,7 +53,7 @@ from gpu_cudagraphs import copy_bandwidth_bytes_per_s, cuda_ms
 from specexp.models import load_model, triton_gemv, triton_support
 from specexp.models.stacked import StackedLinear
 
-ZOO = Path(__file__).resolve().parents[1] / "specexp" / "zoo"
+ZOO = Path(__file__).resolve().parents[2] / "specexp" / "zoo"
 MODELS = {"llama-3.2-1b": "configs/llama-3.2-1b", "lfm2-1.2b": "configs/lfm2-1.2b",
           "lfm2-350m": "configs/lfm2-350m", "llama-100m": "configs/llama-100m-draft"}
 # (BLOCK_N, BLOCK_K, num_warps) tried per weight shape; BLOCK_N * BLOCK_K bounds registers per program

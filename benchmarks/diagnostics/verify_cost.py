@@ -14,7 +14,7 @@ and, from a profile of the replays, every kernel's device µs per replay. The su
 time grows most from the k = 0 verify to each k's verify.
 
     python benchmarks/diagnostics/verify_cost.py --pairs lfm2-1.2b+lfm2-350m --ks 0,1,2,4 --out verify_cost.json
-                                     [--linear-kernel triton_gemv|triton_skinny|cublas]
+                                     [--linear-kernel triton_gemv|triton_skinny|cublas] [--no-silu-in-down-gemv]
 
 Needs only torch, safetensors and tokenizers (and a CUDA GPU). Rewrites its JSON after every k.
 """
@@ -109,6 +109,9 @@ def main() -> None:
     parser.add_argument("--fold-norm-weights", action=argparse.BooleanOptionalAction,
                         default=CUDA_KERNELS["fold_norm_weights"],
                         help="engine.fold_norm_weights: pre-norm weights folded into the projections")
+    parser.add_argument("--silu-in-down-gemv", action=argparse.BooleanOptionalAction,
+                        default=CUDA_KERNELS["silu_in_down_gemv"],
+                        help="engine.silu_in_down_gemv: the MLP's SiLU product inside the down projection's kernel")
     parser.add_argument("--out", default="verify_cost.json")
     args = parser.parse_args()
     pairs = args.pairs.split(",")
@@ -125,7 +128,7 @@ def main() -> None:
         sys.exit("verify_cost.py needs a CUDA GPU")
     # no prompt-prefill graphs: this script replays the verify and draft graphs alone, never a prompt's
     kernels = dict(CUDA_KERNELS, linear_kernel=args.linear_kernel, fold_norm_weights=args.fold_norm_weights,
-                   cudagraph_prefill_tokens=())
+                   silu_in_down_gemv=args.silu_in_down_gemv, cudagraph_prefill_tokens=())
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "kernels": kernels, "pairs": {}}
     out = Path(args.out)
     with torch.inference_mode():

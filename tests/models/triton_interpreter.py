@@ -68,10 +68,18 @@ def compile_for_hopper(kernel, signature: dict[str, str], constexprs: dict[str, 
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    names = list(signature) + list(constexprs)
-    full = {**signature, **{name: "constexpr" for name in constexprs}}
+    # In the kernel's parameter order; a constexpr left out takes its default (wherever it stands).
+    values = dict(constexprs)
+    for param in kernel.params:
+        if param.name not in signature and param.name not in values and param.is_constexpr and param.has_default:
+            values[param.name] = param.default
+    missing = [param.name for param in kernel.params if param.name not in signature and param.name not in values]
+    if missing:
+        raise ValueError(f"compile_for_hopper: no type or value for {missing}")
+    full = {param.name: signature.get(param.name, "constexpr") for param in kernel.params}
     source = ASTSource(fn=kernel, signature=full,
-                       constexprs={(names.index(name),): value for name, value in constexprs.items()})
+                       constexprs={(param.num,): values[param.name] for param in kernel.params
+                                   if param.name in values})
     options = {"num_warps": num_warps, **options} | ({"num_stages": num_stages} if num_stages else {})
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
 
