@@ -82,7 +82,8 @@ class EngineConfig:
     runs keep the torch path; CUDA only).
     draft_step_kernel: "torch" | "triton" (between the draft's decode steps, each row's next input, position,
     seq_len and KV slot in one Triton kernel, `specexp.engine.triton_draft_step`, where torch runs about eleven
-    small kernels a step; CUDA only).
+    small kernels a step; before its prefill, the regions' input ids from the verify in one kernel where torch
+    runs about fifteen; CUDA only).
     programmatic_launch: true | false | "auto". On a GPU of compute capability 9.0+ (Hopper), launch the Triton
     kernels of the linear, attention and conv settings (GEMV, skinny GEMM, decode/verify attention, uniform short
     conv) with programmatic dependent launch: each may start while the kernel before it finishes and waits for it

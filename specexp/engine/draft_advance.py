@@ -1,6 +1,12 @@
-"""How the draft's fused multi-step decode moves its rows one position further before each step after the first
-(`engine.draft_step_kernel`): `advance(draft_tokens, step, input_ids, positions, seq_lens, block_table, writes,
-slot_mapping, block_size)`, in place, in torch or in one Triton kernel (`specexp.engine.triton_draft_step`)."""
+"""The draft's device-side bookkeeping, in torch or in Triton kernels (`engine.draft_step_kernel`,
+`specexp.engine.triton_draft_step`):
+
+- `advance(draft_tokens, step, input_ids, positions, seq_lens, block_table, writes, slot_mapping, block_size)`:
+  how the fused multi-step decode moves its rows one position further before each step after the first, in place;
+- `fill_prefill_ids(staged, num_slots, num_reqs, num_sampled, sampled, target_input_ids, input_ids, rows,
+  token_offset) -> num_valid`: the input ids of the draft's prefill regions from what the verify accepted
+  (about fifteen small kernels in torch, eager between the verify and the draft's prefill graph; one in Triton).
+"""
 
 from __future__ import annotations
 
@@ -34,5 +40,43 @@ def advance_draft_rows_on_gpu(draft_tokens: torch.Tensor, step: int, input_ids: 
         advance_draft_rows(draft_tokens, step, input_ids, *rest)
 
 
+def fill_prefill_ids(staged: torch.Tensor, num_slots: int, num_reqs: int, num_sampled: torch.Tensor,
+                     sampled: torch.Tensor, target_input_ids: torch.Tensor, input_ids: torch.Tensor,
+                     rows: torch.Tensor, token_offset: int) -> torch.Tensor:
+    """The draft prefill's inputs from a verify, on the device. Region slot s (of num_slots) belongs to row
+    region_row[s] at index region_i[s] of its region and copies target input src[s]; staged is int64[3 S + 3 R +
+    ...]: region_row, region_i, src (S each), then per row (R = num_reqs) query_len, is_spec, region_start (the
+    row's first slot in input_ids; further columns are ignored). A row keeps its first num_valid inputs (verify
+    rows: num_sampled[r], the last input and the accepted drafts; prompt rows: query_len), then feeds its newest
+    token (sampled[r, num_sampled[r] - 1], at least 0), then 0s:
+
+        input_ids[region_start[r] + i] = target_input_ids[src] if i < num_valid[r], new token if i == it, else 0
+        rows[r] = region_start[r] + token_offset + num_valid[r] for r < R; rows[R:] = 0
+
+    num_sampled int64[R], sampled int64[R, k + 1], target_input_ids int64[T] (device); input_ids, rows int64,
+    written in place. Returns num_valid int64[R]."""
+    region_row, region_i, src = staged[: 3 * num_slots].view(3, num_slots)
+    query_lens, is_spec, region_start = staged[3 * num_slots : 3 * num_slots + 3 * num_reqs].view(3, num_reqs)
+    num_valid = torch.where(is_spec != 0, num_sampled, query_lens)
+    last_col = (num_sampled - 1).clamp(min=0).unsqueeze(1)
+    new_token = sampled.gather(1, last_col).squeeze(1).clamp(min=0)
+    valid_here = num_valid[region_row]
+    ids = torch.where(region_i < valid_here, target_input_ids[src],
+                      torch.where(region_i == valid_here, new_token[region_row], 0))
+    input_ids[region_start[region_row] + region_i] = ids
+    torch.add(region_start + token_offset, num_valid, out=rows[:num_reqs])
+    rows[num_reqs:].zero_()
+    return num_valid
+
+
+def fill_prefill_ids_on_gpu(staged: torch.Tensor, *rest) -> torch.Tensor:
+    """:func:`fill_prefill_ids` in one Triton kernel for CUDA tensors (`triton_draft_step`); torch otherwise."""
+    if staged.is_cuda and triton_draft_step.AVAILABLE:
+        return triton_draft_step.fill_prefill_ids(staged, *rest)
+    return fill_prefill_ids(staged, *rest)
+
+
 DRAFT_STEP_KERNELS: dict[str, Callable[..., None]] = {"torch": advance_draft_rows,
                                                       "triton": advance_draft_rows_on_gpu}
+DRAFT_PREFILL_KERNELS: dict[str, Callable[..., torch.Tensor]] = {"torch": fill_prefill_ids,
+                                                                 "triton": fill_prefill_ids_on_gpu}

@@ -47,7 +47,7 @@ from specexp.engine.cudagraph import (
     default_seq_len_buckets,
 )
 from specexp.engine.depth import StaticDepth, depth_policy, describe_graph_cost, graph_keys
-from specexp.engine.draft_advance import DRAFT_STEP_KERNELS
+from specexp.engine.draft_advance import DRAFT_PREFILL_KERNELS, DRAFT_STEP_KERNELS
 from specexp.engine.goodput import StepCostTable
 from specexp.engine.inputs import InputBuffers
 from specexp.engine.mixed_graphs import TargetMixedGraphs
@@ -221,6 +221,7 @@ class NativeEngine(TargetGraphs, TargetStepInputs, TargetMixedSteps, TargetMixed
                 # the chunks' draft regions: each its tokens + the sampled one
                 mixed_chunk_shapes=tuple((rows, count + 1) for rows, count in self.mixed_graphs.managers),
                 argmax=ARGMAX_KERNELS[engine.argmax_kernel], advance=DRAFT_STEP_KERNELS[engine.draft_step_kernel],
+                fill_prefill_ids=DRAFT_PREFILL_KERNELS[engine.draft_step_kernel],
             )
             if not sampling.greedy:
                 # Draft probabilities of each request's pending drafts, by conv slot (a request's stable id).

@@ -49,7 +49,7 @@ from collections.abc import Callable
 import torch
 
 from specexp.engine.cudagraph import FULL, NONE, BatchExecutionDescriptor, CudaGraphManager, PromptGraphs, graph_key
-from specexp.engine.draft_advance import advance_draft_rows
+from specexp.engine.draft_advance import advance_draft_rows, fill_prefill_ids
 from specexp.engine.inputs import InputBuffers, StepInputsCPU, build_step_inputs, stride_rows, uniform_dummy_inputs
 from specexp.engine.mixed_graphs import DraftMixedGraphs
 from specexp.engine.mixed_steps import DraftMixedSteps
@@ -111,10 +111,12 @@ class AutoRegressiveSpeculator(DraftMixedSteps, DraftMixedGraphs):
         mixed_chunk_shapes: tuple[tuple[int, int], ...] = (),
         argmax: Argmax = torch_argmax,
         advance: Callable[..., None] = advance_draft_rows,
+        fill_prefill_ids: Callable[..., torch.Tensor] = fill_prefill_ids,
     ) -> None:
         self.model = draft_model
         self.argmax = argmax  # over the vocabulary, into the draft buffer's column (`sampling.ARGMAX_KERNELS`)
         self.advance = advance  # the rows one position further between decode steps (`draft_advance`)
+        self.fill_prefill_ids = fill_prefill_ids  # the prefill regions' input ids from a verify (`draft_advance`)
         self.k = num_speculative_tokens
         self.max_num_reqs = max_num_reqs
         self.block_size = block_size
@@ -340,24 +342,13 @@ class AutoRegressiveSpeculator(DraftMixedSteps, DraftMixedGraphs):
                               + batch.start_positions.tolist() + batch.samples.tolist(), dtype=torch.int64,
                               pin_memory=self.pin_memory)
         staged = staged.to(dev, non_blocking=True)
-        region_row_d, region_i_d, src_d = staged[: 3 * n].view(3, n).unbind(0)
-        query_lens_d, is_spec_d, region_start_d, start_d, samples_d = staged[3 * n :].view(5, num_reqs).unbind(0)
-        # Verify rows keep their accepted inputs (t_last + accepted drafts = num_sampled); prefill rows all.
-        num_valid = torch.where(is_spec_d != 0, batch.num_sampled, query_lens_d)
-        last_col = (batch.num_sampled - 1).clamp(min=0).unsqueeze(1)
-        new_token = batch.sampled.gather(1, last_col).squeeze(1).clamp(min=0)
-        target_ids = batch.target_input_ids[src_d]
-        valid_here = num_valid[region_row_d]
-        ids = torch.where(
-            region_i_d < valid_here, target_ids, torch.where(region_i_d == valid_here, new_token[region_row_d], 0)
-        )
-        if row_stride is None:
-            buffers.input_ids[: ids.numel()].copy_(ids)
-        else:  # slot i of region r at r * row_stride + i
-            buffers.input_ids[region_start_d[region_row_d] + region_i_d] = ids
+        start_d, samples_d = staged[3 * n + 3 * num_reqs :].view(2, num_reqs).unbind(0)
+        # Verify rows keep their accepted inputs (t_last + accepted drafts = num_sampled), then the new token;
+        # prefill rows all their inputs (`draft_advance.fill_prefill_ids`). Slot i of region r at its region
+        # start + i (r * row_stride + i in a joined graph's chunk segment).
         rows = self.last_token_indices[row_offset : row_offset + desc.num_reqs]
-        torch.add(region_start_d + token_offset, num_valid, out=rows[:num_reqs])
-        rows[num_reqs:].zero_()
+        num_valid = self.fill_prefill_ids(staged, n, num_reqs, batch.num_sampled, batch.sampled,
+                                          batch.target_input_ids, buffers.input_ids, rows, token_offset)
         staged_rows = StagedRows(num_valid, start_d, samples_d)
         if row_stride is not None:  # a joined graph's chunk segment: point its persistent conv buffers at the regions
             if self.conv_states:

@@ -40,6 +40,10 @@ decode steps on the LFM2-1.2B shape and 1.13-1.15 on the Llama-3.2-1B shape, aga
 plus separate norms (`experiments/2026-11-29-cudagraphs-h200/`), so `engine=cuda` runs `triton_skinny` with
 folded norms.
 
+A SiLU-gated MLP's down projection (:func:`gated_gemv`) computes x = silu(gate) * up from each row's [gate, up]
+as it loads x, in both kernels: in the skinny kernel that x leaves the pipeline for registers, as a norm weight's
+scaling does, in exchange for the SiLU product's own kernel and its round trip.
+
 A multi-row GEMV (one fp32 accumulator per row of x, each weight chunk loaded once) lost to cuBLAS at 2-4 rows on
 every 1B-class shape even tuned (LFM2-1.2B shape at M = 2: 0.87 ms against 0.80) and was removed.
 
