@@ -40,6 +40,23 @@ def advance_draft_rows_on_gpu(draft_tokens: torch.Tensor, step: int, input_ids: 
         advance_draft_rows(draft_tokens, step, input_ids, *rest)
 
 
+def prefill_regions(query_lens: list[int], row_stride: int | None = None
+                    ) -> tuple[list[int], list[int], list[int], list[int]]:
+    """The draft prefill's region slots for rows of `query_lens` target inputs: region r holds q_r + 1 slots.
+    Returns (region_row, region_i, src, region_start): per slot its row, its index in the region and the target
+    input it copies (the row's i-th, its last for the extra slot); per row its first slot (consecutive regions,
+    or r * row_stride)."""
+    region_row, region_i, src, region_start = [], [], [], []
+    target_start = 0
+    for r, q in enumerate(query_lens):
+        region_start.append(len(region_row) if row_stride is None else r * row_stride)
+        region_row += [r] * (q + 1)
+        region_i += range(q + 1)
+        src += [target_start + min(i, q - 1) for i in range(q + 1)]
+        target_start += q
+    return region_row, region_i, src, region_start
+
+
 def fill_prefill_ids(staged: torch.Tensor, num_slots: int, num_reqs: int, num_sampled: torch.Tensor,
                      sampled: torch.Tensor, target_input_ids: torch.Tensor, input_ids: torch.Tensor,
                      rows: torch.Tensor, token_offset: int) -> torch.Tensor:

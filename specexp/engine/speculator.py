@@ -49,7 +49,7 @@ from collections.abc import Callable
 import torch
 
 from specexp.engine.cudagraph import FULL, NONE, BatchExecutionDescriptor, CudaGraphManager, PromptGraphs, graph_key
-from specexp.engine.draft_advance import advance_draft_rows, fill_prefill_ids
+from specexp.engine.draft_advance import advance_draft_rows, fill_prefill_ids, prefill_regions
 from specexp.engine.inputs import InputBuffers, StepInputsCPU, build_step_inputs, stride_rows, uniform_dummy_inputs
 from specexp.engine.mixed_graphs import DraftMixedGraphs
 from specexp.engine.mixed_steps import DraftMixedSteps
@@ -324,14 +324,7 @@ class AutoRegressiveSpeculator(DraftMixedSteps, DraftMixedGraphs):
         else:
             cpu = stride_rows(build_step_inputs(*regions), row_stride, desc.num_reqs, pin_memory=self.pin_memory)
         # Per region slot: its row, its index in the region, and the target input it copies (src).
-        region_row, region_i, src, region_start = [], [], [], []
-        target_start = 0
-        for r, q in enumerate(query_lens):
-            region_start.append(len(region_row) if row_stride is None else r * row_stride)
-            region_row += [r] * (q + 1)
-            region_i += range(q + 1)
-            src += [target_start + min(i, q - 1) for i in range(q + 1)]
-            target_start += q
+        region_row, region_i, src, region_start = prefill_regions(query_lens, row_stride)
         buffers = self.prefill_buffers if buffers is None else buffers
         buffers.load(cpu, desc.num_reqs, desc.num_tokens)
         dev = self.device

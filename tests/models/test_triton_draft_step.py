@@ -9,10 +9,10 @@ import pytest
 import torch
 from triton_interpreter import (
     HOPPER_SHARED_BYTES,
+    engines_emit_the_same_tokens,
     hopper_shared_bytes,
     on_triton_gpu,
     run_in_triton_interpreter,
-    tiny_hybrid_pair,
 )
 
 from specexp.engine import triton_draft_step
@@ -54,21 +54,10 @@ def check_advance(device: str) -> None:
 def check_engines(device: str) -> None:
     """Engines whose speculator advances its rows with the kernel emit the torch path's tokens: greedy and at
     T = 1, k = 4, a hybrid draft and a changing batch."""
-    from specexp.engine.config import EngineConfig, SamplingConfig, SpeculatorConfig
-    from specexp.engine.runner import NativeEngine
+    def use_kernel(engine):
+        engine.speculator.advance = triton_draft_step.advance_draft_rows
 
-    target, draft, prompts = tiny_hybrid_pair(device, (5, 20, 3, 7))
-    for temperature in (0.0, 1.0):
-        runs = []
-        for fused in (False, True):
-            torch.manual_seed(0)
-            engine = NativeEngine(target, draft, EngineConfig(device=device, max_num_seqs=3, max_model_len=64),
-                                  SpeculatorConfig(num_speculative_tokens=4),
-                                  SamplingConfig(temperature=temperature, max_new_tokens=14, ignore_eos=True))
-            if fused:
-                engine.speculator.advance = triton_draft_step.advance_draft_rows
-            runs.append([r.token_ids for r in engine.generate(prompts).requests])
-        assert runs[0] == runs[1], f"T={temperature}: {runs}"
+    engines_emit_the_same_tokens(device, use_kernel, num_speculative_tokens=4, max_new_tokens=14)
 
 
 def test_advance_matches_torch_in_triton_interpreter():

@@ -14,14 +14,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from triton_interpreter import (
     HOPPER_SHARED_BYTES,
+    engines_emit_the_same_tokens,
     hopper_shared_bytes,
     on_triton_gpu,
     run_in_triton_interpreter,
-    tiny_hybrid_pair,
 )
 
 from specexp.engine import triton_draft_step
-from specexp.engine.draft_advance import fill_prefill_ids
+from specexp.engine.draft_advance import fill_prefill_ids, prefill_regions
 
 
 def make_case(rng: random.Random, num_reqs: int, stride: bool) -> dict:
@@ -31,14 +31,8 @@ def make_case(rng: random.Random, num_reqs: int, stride: bool) -> dict:
     query_lens = [k + 1 if rng.random() < 0.7 else rng.randint(1, 9) for _ in range(num_reqs)]
     is_spec = [int(q == k + 1 and rng.random() < 0.9) for q in query_lens]
     row_stride = max(query_lens) + 1 + rng.randint(0, 2) if stride else None
-    region_row, region_i, src, region_start = [], [], [], []
-    target_start = 0
-    for r, q in enumerate(query_lens):
-        region_start.append(len(region_row) if row_stride is None else r * row_stride)
-        region_row += [r] * (q + 1)
-        region_i += range(q + 1)
-        src += [target_start + min(i, q - 1) for i in range(q + 1)]
-        target_start += q
+    region_row, region_i, src, region_start = prefill_regions(query_lens, row_stride)
+    target_start = sum(query_lens)
     starts = [rng.randint(0, 50) for _ in range(num_reqs)]
     samples = [rng.randint(0, 1) for _ in range(num_reqs)]
     staged = torch.tensor(region_row + region_i + src + query_lens + is_spec + region_start + starts + samples)
@@ -97,21 +91,10 @@ def check_kernel(device: str) -> None:
 def check_engines(device: str) -> None:
     """Engines whose speculator fills its prefill inputs with the kernel emit the torch path's tokens: greedy
     and at T = 1, k = 3, a hybrid draft and a changing batch."""
-    from specexp.engine.config import EngineConfig, SamplingConfig, SpeculatorConfig
-    from specexp.engine.runner import NativeEngine
+    def use_kernel(engine):
+        engine.speculator.fill_prefill_ids = triton_draft_step.fill_prefill_ids
 
-    target, draft, prompts = tiny_hybrid_pair(device, (5, 20, 3, 7))
-    for temperature in (0.0, 1.0):
-        runs = []
-        for fused in (False, True):
-            torch.manual_seed(0)
-            engine = NativeEngine(target, draft, EngineConfig(device=device, max_num_seqs=3, max_model_len=64),
-                                  SpeculatorConfig(num_speculative_tokens=3),
-                                  SamplingConfig(temperature=temperature, max_new_tokens=12, ignore_eos=True))
-            if fused:
-                engine.speculator.fill_prefill_ids = triton_draft_step.fill_prefill_ids
-            runs.append([r.token_ids for r in engine.generate(prompts).requests])
-        assert runs[0] == runs[1], f"T={temperature}: {runs}"
+    engines_emit_the_same_tokens(device, use_kernel, num_speculative_tokens=3, max_new_tokens=12)
 
 
 def test_the_kernel_follows_the_rule_in_triton_interpreter():

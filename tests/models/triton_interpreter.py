@@ -88,3 +88,24 @@ def hopper_shared_bytes(kernel, signature: dict[str, str], constexprs: dict[str,
                         num_stages: int | None = None) -> int:
     """The shared memory (bytes) the launch of `kernel` compiled for sm_90 asks for (:func:`compile_for_hopper`)."""
     return compile_for_hopper(kernel, signature, constexprs, num_warps, num_stages).metadata.shared
+
+
+def engines_emit_the_same_tokens(device: str, use_kernel, num_speculative_tokens: int, max_new_tokens: int) -> None:
+    """Two engines on `tiny_hybrid_pair` (max 3 rows, prompts of 5, 20, 3 and 7 tokens: a changing batch), one
+    changed by `use_kernel(engine)` after it is built, emit the same tokens, greedy and at T = 1."""
+    from specexp.engine.config import EngineConfig, SamplingConfig, SpeculatorConfig
+    from specexp.engine.runner import NativeEngine
+
+    target, draft, prompts = tiny_hybrid_pair(device, (5, 20, 3, 7))
+    for temperature in (0.0, 1.0):
+        runs = []
+        for changed in (False, True):
+            torch.manual_seed(0)
+            engine = NativeEngine(target, draft, EngineConfig(device=device, max_num_seqs=3, max_model_len=64),
+                                  SpeculatorConfig(num_speculative_tokens=num_speculative_tokens),
+                                  SamplingConfig(temperature=temperature, max_new_tokens=max_new_tokens,
+                                                 ignore_eos=True))
+            if changed:
+                use_kernel(engine)
+            runs.append([r.token_ids for r in engine.generate(prompts).requests])
+        assert runs[0] == runs[1], f"T={temperature}: {runs}"
