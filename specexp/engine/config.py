@@ -62,9 +62,9 @@ class EngineConfig:
     "triton_skinny" (the same, and projections of up to 16 tokens, e.g. a batch-1 verify, on its skinny GEMM;
     with fold_norm_weights it beats cuBLAS + separate norms inside the engine on the H200, see `triton_gemv`'s
     docstring; `engine=cuda`'s default).
-    silu_in_down_gemv: with a Triton linear_kernel, compute a gated MLP's SiLU product inside its down
-    projection's kernel (`triton_gemv.gated_gemv`) for the rows that kernel takes (one token on triton_gemv, up
-    to 16 on triton_skinny): one kernel fewer per layer of a batch-1 step, verify or draft prefill.
+    silu_in_down_gemv: with a Triton linear_kernel, compute a gated MLP's SiLU product of one token inside its
+    down projection's GEMV (`triton_gemv.gated_gemv`): one kernel fewer per layer of a batch-1 step. (Either way
+    a Triton linear_kernel runs the down projection itself on its own kernels.)
     fold_norm_weights: fold each decoder layer's pre-norm weight into the projections that read it, in place
     (`specexp.models.norm_folding`: the same function up to one rounding of each folded weight), so the Triton
     kernels that fuse the norm skip scaling x by it; the models stay folded after the engine.

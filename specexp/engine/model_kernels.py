@@ -19,7 +19,8 @@ def use_engine_kernels(models: tuple[nn.Module, ...], engine: EngineConfig) -> N
     (`compile_pointwise`), its linear-ops table (`linear_kernel`, `silu_in_down_gemv`), attention and short-conv
     kernels (their Triton kernels launched early with `programmatic_launch`); with `fold_norm_weights`, its
     pre-norm weights folded into the projections first (in place). Set on the modules: a model shared by two
-    engines follows the last one built.
+    engines follows the last one built. On a GPU, Triton's kernel cache is pointed at inductor's first
+    (`triton_support.share_inductor_kernel_cache`: the process environment's TRITON_CACHE_DIR, unless set).
 
     Raises EngineConfigError when `programmatic_launch` is true and the engine's GPU cannot launch that way
     (compute capability below 9.0); "auto" launches early only where it can (`EngineConfig.launches_early`)."""
@@ -32,6 +33,7 @@ def use_engine_kernels(models: tuple[nn.Module, ...], engine: EngineConfig) -> N
         major, minor = torch.cuda.get_device_capability(index)
         raise EngineConfigError(f"engine.programmatic_launch=true needs a GPU of compute capability 9.0 or later "
                                 f"(Hopper); cuda:{index} is {major}.{minor}: set it false")
+    triton_support.share_inductor_kernel_cache(device)  # before any kernel compiles
     early = engine.launches_early()
     pointwise = compiled_pointwise_ops() if engine.compile_pointwise else EAGER
     linear = linear_kernel_ops(engine.linear_kernel, early)

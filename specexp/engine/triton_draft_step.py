@@ -43,7 +43,12 @@ if AVAILABLE:
         tl.store(slot_mapping_ptr + rows, tl.where(writes, slot, -1), mask=ok)
 
 
-    @triton.jit
+    # Launched eagerly with sizes and view offsets that change from step to step: one compiled variant for all of
+    # them (no specialisation on an int's value or a pointer's alignment), so no step compiles mid-run.
+    @triton.jit(do_not_specialize=["num_slots", "num_reqs", "num_rows", "stride_num_sampled", "stride_sampled",
+                                   "stride_target", "token_offset"],
+                do_not_specialize_on_alignment=["staged_ptr", "num_sampled_ptr", "sampled_ptr", "target_ids_ptr",
+                                                "input_ids_ptr", "rows_ptr", "num_valid_ptr"])
     def _prefill_ids_kernel(staged_ptr, num_sampled_ptr, sampled_ptr, target_ids_ptr, input_ids_ptr, rows_ptr,
                             num_valid_ptr, num_slots, num_reqs, num_rows, stride_num_sampled, stride_sampled,
                             stride_target, token_offset, BLOCK: tl.constexpr):

@@ -14,9 +14,10 @@ bias)` and `norm_linear(x, norm, weight, bias)` (a pre-norm projection: linear(n
   `triton_gemv.MAX_TOKENS` rows (a batch-1 verify of k + 1 tokens, a draft prefill region of k + 2), the rows
   past the first on the GEMV's skinny-GEMM sibling, which streams each weight once for all rows.
 - A gated MLP's down projection runs on the table's own `add_linear_` (the SiLU product first, on the pointwise
-  ops); :meth:`LinearOps.with_silu_in_down_gemv` (`engine.silu_in_down_gemv`) computes that product inside the
-  down projection's kernel instead (the GEMV for one token, the skinny kernel for up to `max_tokens`), one
-  kernel fewer per layer of a batch-1 step or verify.
+  ops); :meth:`LinearOps.with_silu_in_down_gemv` (`engine.silu_in_down_gemv`) computes one token's product
+  inside the down projection's GEMV instead, one kernel fewer per layer of a batch-1 step. (The same in the
+  skinny kernel for 2-16 rows was tried: on an H100, 2026-12-06, it made a Llama-1B-shaped verify of 2 tokens
+  take 54.6 ms against 1.19 ms, and was removed.)
 - :func:`linear_kernel_ops` with `programmatic_launch` (`engine.programmatic_launch`): a Triton table whose kernels
   are launched with programmatic dependent launch on sm_90+ GPUs (each GEMV fetches its first weight chunk while
   the kernel before it finishes; see :func:`triton_gemv.gemv`).
@@ -146,13 +147,13 @@ def _table_silu_down_(add_linear: Callable) -> Callable:
     return table_silu_down_
 
 
-def _gated_gemv_silu_down_(fallback: Callable, max_tokens: int, pdl: bool) -> Callable:
+def _gated_gemv_silu_down_(fallback: Callable, pdl: bool) -> Callable:
     def gated_gemv_silu_down_(residual: torch.Tensor, gate_up: torch.Tensor, silu_mul: Callable,
                               weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        """:func:`silu_down_`, with the SiLU product of 1..max_tokens rows computed inside the down projection's
-        GEMV or skinny kernel (:func:`triton_gemv.gated_gemv`); other products as `fallback`."""
+        """:func:`silu_down_`, with one token's SiLU product computed inside the down projection's GEMV
+        (:func:`triton_gemv.gated_gemv`); other products as `fallback`."""
         if (gate_up.is_cuda and residual.is_contiguous() and gate_up.shape[-1] == 2 * weight.shape[1]
-                and triton_gemv.supports(gate_up, weight, max_tokens=max_tokens)):
+                and triton_gemv.supports(gate_up, weight)):
             return triton_gemv.gated_gemv(gate_up, weight, bias, residual=residual, pdl=pdl)
         return fallback(residual, gate_up, silu_mul, weight, bias)
 
@@ -166,21 +167,20 @@ class LinearOps:
     `norm_linear(x [T, in], norm, weight, bias) -> [T, out]` (linear of norm(x); `norm` an RMSNorm module or
     None); `silu_down_(residual [T, out], gate_up [T, 2I], silu_mul, weight [out, I], bias) -> residual` (a gated
     MLP's down projection, updated in place); `float_logits(x [T, hidden], weight [vocab, hidden], bias) ->
-    fp32[T, vocab]` (an LM head's). `max_tokens`: the most rows of x its Triton kernels take (0: none). `pdl`:
-    its Triton kernels are launched with programmatic dependent launch (`triton_gemv.gemv`'s `pdl`)."""
+    fp32[T, vocab]` (an LM head's). `pdl`: its Triton kernels are launched with programmatic dependent launch
+    (`triton_gemv.gemv`'s `pdl`)."""
 
     linear: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
     add_linear_: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
     norm_linear: Callable[[torch.Tensor, Norm | None, torch.Tensor, torch.Tensor | None], torch.Tensor]
     silu_down_: Callable[..., torch.Tensor] = silu_down_
     float_logits: Callable[..., torch.Tensor] = float_logits
-    max_tokens: int = 0
     pdl: bool = False
 
     def with_silu_in_down_gemv(self) -> LinearOps:
-        """This table, with the SiLU product of the rows its Triton kernels take (1..max_tokens) computed in the
-        down projection's kernel (`engine.silu_in_down_gemv`); every other down projection as this table runs it."""
-        return replace(self, silu_down_=_gated_gemv_silu_down_(self.silu_down_, self.max_tokens, self.pdl))
+        """This table, with one token's SiLU product computed in the down projection's GEMV
+        (`engine.silu_in_down_gemv`); every other down projection as this table runs it."""
+        return replace(self, silu_down_=_gated_gemv_silu_down_(self.silu_down_, self.pdl))
 
 
 CUBLAS = LinearOps(F.linear, add_linear_, norm_linear)
@@ -192,7 +192,7 @@ def triton_gemv_ops(max_tokens: int, pdl: bool = False) -> LinearOps:
     add_linear = _gemv_add_linear_(max_tokens, pdl)
     return LinearOps(_gemv_linear(max_tokens, pdl), add_linear, _gemv_norm_linear(max_tokens, pdl),
                      silu_down_=_table_silu_down_(add_linear), float_logits=_gemv_float_logits(max_tokens, pdl),
-                     max_tokens=max_tokens, pdl=pdl)
+                     pdl=pdl)
 
 
 # Rows of x each Triton table's kernels take.

@@ -40,10 +40,6 @@ decode steps on the LFM2-1.2B shape and 1.13-1.15 on the Llama-3.2-1B shape, aga
 plus separate norms (`experiments/2026-11-29-cudagraphs-h200/`), so `engine=cuda` runs `triton_skinny` with
 folded norms.
 
-A SiLU-gated MLP's down projection (:func:`gated_gemv`) computes x = silu(gate) * up from each row's [gate, up]
-as it loads x, in both kernels: in the skinny kernel that x leaves the pipeline for registers, as a norm weight's
-scaling does, in exchange for the SiLU product's own kernel and its round trip.
-
 A multi-row GEMV (one fp32 accumulator per row of x, each weight chunk loaded once) lost to cuBLAS at 2-4 rows on
 every 1B-class shape even tuned (LFM2-1.2B shape at M = 2: 0.87 ms against 0.80) and was removed.
 
@@ -160,7 +156,7 @@ if AVAILABLE:
     def _skinny_kernel(x_ptr, norm_w_ptr, w_ptr, bias_ptr, res_ptr, y_ptr, M, N, K, stride_x, stride_w, stride_y,
                        eps, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, NORM: tl.constexpr,
                        SCALE: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                       BLOCK_K: tl.constexpr, GATED: tl.constexpr = False, GDC: tl.constexpr = False):
+                       BLOCK_K: tl.constexpr, GDC: tl.constexpr = False):
         wait_for_earlier_kernels(GDC)  # launched early: its pipeline loads weights and x together
         rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         tokens = tl.arange(0, BLOCK_M)
@@ -173,12 +169,8 @@ if AVAILABLE:
         for k0 in range(0, K, BLOCK_K):
             k = k0 + cols
             k_ok = k < K
-            x_ok = token_ok[:, None] & k_ok[None, :]
-            if GATED:  # x = silu(gate) * up of each row's [gate, up], rounded as eager rounds it (in registers)
-                x = _gemv_x_chunk(x_ptr + tokens[:, None] * stride_x, norm_w_ptr, k[None, :], x_ok, K, False,
-                                  True)[0].to(w_ptr.dtype.element_ty)
-            else:
-                x = tl.load(x_ptr + tokens[:, None] * stride_x + k[None, :], mask=x_ok, other=0.0)
+            x = tl.load(x_ptr + tokens[:, None] * stride_x + k[None, :], mask=token_ok[:, None] & k_ok[None, :],
+                        other=0.0)
             if NORM:  # each token's 1/rms scale is applied to its dot products at the end
                 if IEEE:
                     gram = tl.dot(x, tl.trans(x), gram, input_precision="ieee")
@@ -233,47 +225,21 @@ def _launch_gemv(x: torch.Tensor, norm_weight: torch.Tensor | None, weight: torc
 
 def gated_gemv(gate_up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                residual: torch.Tensor | None = None, *, pdl: bool = False) -> torch.Tensor:
-    """The down projection of a SiLU-gated MLP with its gate in the same kernel, for M = 1..MAX_TOKENS tokens:
-    gate_up [M, 2I] (each row gate then up, rows contiguous), weight [N, I] (rows contiguous), bias [N] or None ->
-    (silu(gate) * up) @ weight^T + bias, [M, N] in gate_up's dtype; with `residual` ([M, N], contiguous) added to
-    it in place and returned. pdl: as :func:`gemv`'s. One token runs the GEMV kernel, more the skinny kernel,
-    each computing silu(gate) * up as it loads x.
+    """The down projection of a SiLU-gated MLP with its gate in the same kernel, for one token: gate_up [1, 2I]
+    (gate then up, contiguous), weight [N, I] (rows contiguous), bias [N] or None -> (silu(gate) * up) @ weight^T
+    + bias, [1, N] in gate_up's dtype; with `residual` ([1, N], contiguous) added to it in place and returned.
+    pdl: as :func:`gemv`'s.
 
     silu(gate) and its product with up are each rounded to the dtype, as eager's two kernels round them; silu's
     exp is Triton's, so the product may differ from eager's in the last bit of a few elements. Saves the SiLU
-    product's kernel (and its [M, I] round trip) in each layer of a batch-1 step or verify."""
-    m = gate_up.shape[0] if gate_up.dim() == 2 else 0
-    if not 1 <= m <= MAX_TOKENS or gate_up.shape[1] != 2 * weight.shape[1]:
-        raise ValueError(f"triton_gemv.gated_gemv takes gate_up [M, 2 * {weight.shape[1]}] (M = 1..{MAX_TOKENS}) "
-                         f"for weight {tuple(weight.shape)}, got {tuple(gate_up.shape)}")
+    product's kernel (and its [1, I] round trip) in each layer of a batch-1 step."""
+    if gate_up.dim() != 2 or gate_up.shape[0] != 1 or gate_up.shape[1] != 2 * weight.shape[1]:
+        raise ValueError(f"triton_gemv.gated_gemv takes gate_up [1, 2 * {weight.shape[1]}] for weight "
+                         f"{tuple(weight.shape)}, got {tuple(gate_up.shape)}")
     n, k = weight.shape
-    gate_up = gate_up.contiguous()
-    out = residual if residual is not None else torch.empty(m, n, device=gate_up.device, dtype=gate_up.dtype)
-    if m == 1:
-        config = (GATED_BLOCK_N, min(MAX_BLOCK_K, triton.next_power_of_2(k)), NUM_WARPS)
-        return _launch_gemv(gate_up, None, weight, bias, residual, out, 0.0, config, gated=True, pdl=pdl)
-    return _launch_skinny(gate_up, None, weight, bias, residual, out, 0.0, skinny_config(n, k, gate_up.element_size()),
-                          gated=True, pdl=pdl)
-
-
-def _launch_skinny(x: torch.Tensor, norm_weight: torch.Tensor | None, weight: torch.Tensor,
-                   bias: torch.Tensor | None, residual: torch.Tensor | None, out: torch.Tensor, eps: float,
-                   config: tuple[int, ...], *, normalize: bool = False, gated: bool = False,
-                   pdl: bool = False) -> torch.Tensor:
-    """The skinny kernel over weight [N, K] for M = x.shape[0] rows of x into out [M, N] (the residual's storage
-    when given); x is [M, K], or [M, 2K] (gate then up) when `gated`. config: (BLOCK_N, BLOCK_K, num_warps[,
-    num_stages]). Returns out."""
-    n, k = weight.shape
-    block_n, block_k, warps, *stages = config
-    options = {"num_warps": warps} | ({"num_stages": stages[0]} if stages else {})
-    _skinny_kernel[(triton.cdiv(n, block_n),)](
-        x, norm_weight if norm_weight is not None else x, weight, bias if bias is not None else x, out, out,
-        x.shape[0], n, k, x.stride(0), weight.stride(0), out.stride(0), eps,
-        HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None, NORM=normalize,
-        SCALE=norm_weight is not None, IEEE=x.dtype == torch.float32, BLOCK_M=TOKEN_TILE, BLOCK_N=block_n,
-        BLOCK_K=block_k, GATED=gated, **options,
-        **early_launch_flags(pdl, x.device))  # its loads are pipelined by the compiler: no prefetch
-    return out
+    out = residual if residual is not None else torch.empty(1, n, device=gate_up.device, dtype=gate_up.dtype)
+    config = (GATED_BLOCK_N, min(MAX_BLOCK_K, triton.next_power_of_2(k)), NUM_WARPS)
+    return _launch_gemv(gate_up.contiguous(), None, weight, bias, residual, out, 0.0, config, gated=True, pdl=pdl)
 
 
 def supports(x: torch.Tensor, weight: torch.Tensor, *same_dtype: torch.Tensor, max_tokens: int = 1) -> bool:
@@ -324,5 +290,13 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
                             NUM_WARPS)
         return _launch_gemv(x, norm_weight, weight, bias, residual, out, eps, config, normalize=normalize,
                             pdl=pdl)
-    return _launch_skinny(x, norm_weight, weight, bias, residual, out, eps,
-                          config or skinny_config(n, k, x.element_size()), normalize=normalize, pdl=pdl)
+    block_n, block_k, warps, *stages = config or skinny_config(n, k, x.element_size())
+    flags = dict(HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None, NORM=normalize,
+                 SCALE=norm_weight is not None, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps)
+    if stages:
+        flags["num_stages"] = stages[0]
+    _skinny_kernel[(triton.cdiv(n, block_n),)](
+        x, norm_weight if norm_weight is not None else x, weight, bias if bias is not None else x, out, out, m, n, k,
+        x.stride(0), weight.stride(0), out.stride(0), eps, IEEE=x.dtype == torch.float32, BLOCK_M=TOKEN_TILE,
+        **flags, **early_launch_flags(pdl, x.device))  # its loads are pipelined by the compiler: no prefetch
+    return out

@@ -9,6 +9,7 @@ says whether their kernels can run (on a CUDA device, or on CPU tensors under Tr
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 
@@ -58,3 +59,25 @@ def programmatic_launch(device: torch.device) -> bool:
         return False
     return _compute_capability_major(device.index if device.index is not None else torch.cuda.current_device()) >= 9
 
+
+
+def share_inductor_kernel_cache(device: torch.device) -> str | None:
+    """Make this process's Triton kernels (ours and torch.compile's) share one on-disk cache: unless
+    TRITON_CACHE_DIR is set, set it to the folder inductor gives its own Triton kernels for `device`
+    (`<inductor cache>/triton/<index>`). Returns the folder (None off CUDA, or where inductor's helper is missing).
+
+    Why: inductor sets TRITON_CACHE_DIR to that folder when it first builds a kernel of its own, which in a
+    process that finds its compiled graphs cached comes after some of the engine's kernels have compiled into
+    Triton's default (~/.triton/cache). The next process then compiles those again under the other folder: on
+    an H100 (2026-12-06) a second identical process recompiled 18 of them, and a fresh machine's second reused
+    depth sweep spent 25.6 s building engines against 6.7 s with whole caches."""
+    if device.type != "cuda":
+        return None
+    if os.getenv("TRITON_CACHE_DIR") is None:
+        try:
+            from torch._inductor.runtime.cache_dir_utils import triton_cache_dir
+        except ImportError:  # an older torch: leave Triton's default
+            return None
+        os.environ["TRITON_CACHE_DIR"] = triton_cache_dir(
+            device.index if device.index is not None else torch.cuda.current_device())
+    return os.environ["TRITON_CACHE_DIR"]

@@ -23,19 +23,15 @@ from specexp.models.pointwise import silu_mul
 SHAPES = [(5, 3), (64, 1), (1000, 37), (1024, 9), (2500, 130)]
 
 
-def check_gated(device: str, dtypes=(torch.float32, torch.bfloat16, torch.float16), rows=(1, 3, 16),
-                skinny_dtypes=None) -> None:
+def check_gated(device: str, dtypes=(torch.float32, torch.bfloat16, torch.float16)) -> None:
     """gated_gemv(gate_up, W, bias, residual) == silu_down_ on eager ops (silu_mul, then the product in float64),
-    within the dtype's rounding, for every shape, dtype, row count (1: the GEMV kernel; more: the skinny kernel,
-    in `skinny_dtypes` only, None: all) and bias / residual combination; the residual in place."""
+    within the dtype's rounding, for every shape, dtype and bias / residual combination; the residual in place."""
     gen = torch.Generator().manual_seed(0)
-    cases = [(s, d, m) for s in SHAPES for d in dtypes for m in rows
-             if m == 1 or skinny_dtypes is None or d in skinny_dtypes]
-    for (i, n), dtype, m in cases:
+    for (i, n), dtype in [(s, d) for s in SHAPES for d in dtypes]:
         for with_bias, with_residual in [(False, False), (True, False), (False, True), (True, True)]:
-            gate_up = (torch.randn(m, 2 * i, generator=gen) * 3).to(dtype)
+            gate_up = (torch.randn(1, 2 * i, generator=gen) * 3).to(dtype)
             w = (torch.randn(n, i, generator=gen) / i**0.5).to(dtype)
-            bias, residual = torch.randn(n, generator=gen).to(dtype), torch.randn(m, n, generator=gen).to(dtype)
+            bias, residual = torch.randn(n, generator=gen).to(dtype), torch.randn(1, n, generator=gen).to(dtype)
             gate, up = gate_up.split(i, dim=-1)
             x = silu_mul(gate.float(), up.float()).to(dtype)  # eager's roundings: silu, then the product
             expected = x.double() @ w.double().T + (bias.double() if with_bias else 0)
@@ -43,19 +39,16 @@ def check_gated(device: str, dtypes=(torch.float32, torch.bfloat16, torch.float1
             res = residual.to(device).clone() if with_residual else None
             got = triton_gemv.gated_gemv(gate_up.to(device), w.to(device), bias.to(device) if with_bias else None,
                                          residual=res)
-            assert got.shape == (m, n) and got.dtype == dtype
+            assert got.shape == (1, n) and got.dtype == dtype
             if with_residual:
                 assert got.data_ptr() == res.data_ptr(), "the residual is updated in place"
             tol = {torch.float32: 1e-4, torch.bfloat16: 3e-2, torch.float16: 3e-3}[dtype]
             err = (got.double().cpu() - expected).abs().max().item() / (expected.abs().max().item() + 1)
-            assert err < tol, f"M={m} I={i} N={n} {dtype} bias={with_bias} residual={with_residual}: error {err:.2e}"
+            assert err < tol, f"I={i} N={n} {dtype} bias={with_bias} residual={with_residual}: error {err:.2e}"
 
 
 def test_gated_gemv_matches_eager_in_triton_interpreter():
-    """The skinny kernel in fp32 only: the interpreter's tensor-core product of half-precision tiles is not
-    the GPU's (its bf16 products come out wrong for the ungated kernel too)."""
-    run_in_triton_interpreter("test_triton_gated_gemv", "check_gated",
-                              "(torch.float32, torch.bfloat16), skinny_dtypes=(torch.float32,)")
+    run_in_triton_interpreter("test_triton_gated_gemv", "check_gated", "(torch.float32, torch.bfloat16)")
 
 
 @on_triton_gpu
@@ -64,38 +57,36 @@ def test_gated_gemv_matches_eager_on_gpu():
 
 
 @on_triton_gpu
-def test_the_table_fuses_the_rows_its_kernels_take_and_leaves_the_rest():
-    """with_silu_in_down_gemv: the down projection of the rows the table's kernels take (one on triton_gemv, up
-    to MAX_TOKENS on triton_skinny) on the gated kernels; more rows as the table was."""
-    for table, fused_rows in ((TRITON_GEMV, (1,)), (TRITON_SKINNY, (1, 3, triton_gemv.MAX_TOKENS))):
+def test_the_table_fuses_one_token_and_leaves_the_rest():
+    """with_silu_in_down_gemv: one token's down projection on the gated GEMV; more tokens as the table was."""
+    for table in (TRITON_GEMV, TRITON_SKINNY):
         fused = table.with_silu_in_down_gemv()
         w = torch.randn(96, 200, device="cuda") / 200**0.5
-        for rows in (1, 3, triton_gemv.MAX_TOKENS, triton_gemv.MAX_TOKENS + 1):
+        for rows in (1, 3):
             gate_up, residual = torch.randn(rows, 400, device="cuda"), torch.randn(rows, 96, device="cuda")
             expected = table.silu_down_(residual.clone(), gate_up, silu_mul, w, None)
             got = fused.silu_down_(residual.clone(), gate_up, silu_mul, w, None)
-            if rows in fused_rows:
+            if rows == 1:
                 torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
             else:
                 assert torch.equal(got, expected)
 
 
-def test_the_triton_tables_run_the_down_projection_on_their_own_kernels(monkeypatch):
-    """Without the fusion a Triton table's down projection goes through its own add_linear_ (the GEMV or the
-    skinny kernel where it takes the rows), not torch's GEMM: a table built on a recording add_linear_ sees it."""
+def test_the_triton_tables_run_the_down_projection_on_their_own_kernels():
+    """A Triton table's down projection goes through its own add_linear_ (the GEMV or the skinny kernel where it
+    takes the rows), not torch's GEMM: a table built on a recording add_linear_ sees every call."""
     calls = []
 
     def recording_add_linear_(residual, x, weight, bias=None):
         calls.append(tuple(x.shape))
         return residual.addmm_(x, weight.t())
 
-    table = linear_ops._table_silu_down_(recording_add_linear_)
+    table_silu_down_ = linear_ops._table_silu_down_(recording_add_linear_)
     gate_up, residual, w = torch.randn(3, 8), torch.randn(3, 5), torch.randn(5, 4)
-    got = table(residual.clone(), gate_up, silu_mul, w)
+    got = table_silu_down_(residual.clone(), gate_up, silu_mul, w)
     assert calls == [(3, 4)]
     assert torch.equal(got, silu_down_(residual.clone(), gate_up, silu_mul, w))
-    for ops in (TRITON_GEMV, TRITON_SKINNY):
-        assert ops.silu_down_ is not silu_down_ and ops.max_tokens >= 1
+    assert TRITON_GEMV.silu_down_ is not silu_down_ and TRITON_SKINNY.silu_down_ is not silu_down_
 
 
 def test_the_fused_table_is_torch_off_the_gpu():
@@ -115,7 +106,7 @@ def test_the_fused_table_is_torch_off_the_gpu():
 def test_gated_gemv_rejects_a_gate_up_of_the_wrong_width():
     if not triton_gemv.AVAILABLE:
         pytest.skip("triton is not installed")
-    with pytest.raises(ValueError, match=r"gated_gemv takes gate_up \[M, 2 \* 8\]"):
+    with pytest.raises(ValueError, match=r"gated_gemv takes gate_up \[1, 2 \* 8\]"):
         triton_gemv.gated_gemv(torch.zeros(1, 15), torch.zeros(4, 8))
 
 
@@ -130,16 +121,6 @@ def test_gated_launch_fits_a_hopper_block(dtype):
          "BLOCK_N": triton_gemv.GATED_BLOCK_N, "BLOCK_K": triton_gemv.MAX_BLOCK_K, "GATED": True},
         triton_gemv.NUM_WARPS)
     assert shared <= HOPPER_SHARED_BYTES
-    sizes = {"M": "i32", "N": "i32", "K": "i32", "stride_x": "i32", "stride_w": "i32", "stride_y": "i32",
-             "eps": "fp32"}
-    for n in (512, 2048, 8192):  # every row of SKINNY_CONFIGS_BY_N, at a Llama-3.2-1B down projection's K
-        block_n, block_k, warps, stages = triton_gemv.skinny_config(n, 8192, 4 if dtype == "fp32" else 2)
-        shared = hopper_shared_bytes(
-            triton_gemv._skinny_kernel, {**pointers, **sizes},
-            {"HAS_BIAS": True, "HAS_RESIDUAL": True, "NORM": False, "SCALE": False, "IEEE": dtype == "fp32",
-             "BLOCK_M": triton_gemv.TOKEN_TILE, "BLOCK_N": block_n, "BLOCK_K": block_k, "GATED": True},
-            warps, stages)
-        assert shared <= HOPPER_SHARED_BYTES, f"gated skinny N={n}: {shared} bytes"
 
 
 def test_silu_in_down_gemv_is_validated():
