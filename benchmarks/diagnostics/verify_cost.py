@@ -111,7 +111,7 @@ def main() -> None:
                         help="engine.fold_norm_weights: pre-norm weights folded into the projections")
     parser.add_argument("--silu-in-down-gemv", action=argparse.BooleanOptionalAction,
                         default=CUDA_KERNELS["silu_in_down_gemv"],
-                        help="engine.silu_in_down_gemv: the MLP's SiLU product inside the down projection's kernel")
+                        help="engine.silu_in_down_gemv: the MLP's SiLU product of one token inside the down GEMV")
     parser.add_argument("--out", default="verify_cost.json")
     args = parser.parse_args()
     pairs = args.pairs.split(",")
