@@ -5,7 +5,8 @@
   how the fused multi-step decode moves its rows one position further before each step after the first, in place;
 - `fill_prefill_ids(staged, num_slots, num_reqs, num_sampled, sampled, target_input_ids, input_ids, rows,
   token_offset) -> num_valid`: the input ids of the draft's prefill regions from what the verify accepted
-  (about fifteen small kernels in torch, eager between the verify and the draft's prefill graph; one in Triton).
+  (about fifteen small kernels in torch, eager between the verify and the draft's prefill graph; one in Triton);
+  `prefill_regions(query_lens, row_stride)` lays out, on the host, the region slots it reads.
 """
 
 from __future__ import annotations
