@@ -58,13 +58,14 @@ def job_record(result_path: Path) -> dict:
     record = json.loads(result_path.read_text())
     metrics = record.get("metrics") or {}
     startup = metrics.get("startup_s") or {}
+    env = record.get("env") or {}
     return {
         "k": record["config"]["speculator"]["num_speculative_tokens"], "status": record["status"],
         "acceptance_length": metrics.get("acceptance_length"),
         "output_tokens_per_s": metrics.get("output_tokens_per_s"),
         "duration_s": record.get("duration_s"), "startup_s": startup,
         "graph_capture_s": metrics.get("graph_capture_s"),
-        "gpu": (record.get("env") or {}).get("gpu"), "git_sha": (record.get("env") or {}).get("git_sha"),
+        "gpu": env.get("gpu"), "git_sha": env.get("git_sha"),
     }
 
 

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -94,7 +95,15 @@ def fill_prefill_ids_on_gpu(staged: torch.Tensor, *rest) -> torch.Tensor:
     return fill_prefill_ids(staged, *rest)
 
 
-DRAFT_STEP_KERNELS: dict[str, Callable[..., None]] = {"torch": advance_draft_rows,
-                                                      "triton": advance_draft_rows_on_gpu}
-DRAFT_PREFILL_KERNELS: dict[str, Callable[..., torch.Tensor]] = {"torch": fill_prefill_ids,
-                                                                 "triton": fill_prefill_ids_on_gpu}
+@dataclass(frozen=True)
+class DraftStepKernels:
+    """What one `engine.draft_step_kernel` setting runs: `advance` and `fill_prefill_ids` (see the module doc)."""
+
+    advance: Callable[..., None]
+    fill_prefill_ids: Callable[..., torch.Tensor]
+
+
+DRAFT_STEP_KERNELS: dict[str, DraftStepKernels] = {
+    "torch": DraftStepKernels(advance_draft_rows, fill_prefill_ids),
+    "triton": DraftStepKernels(advance_draft_rows_on_gpu, fill_prefill_ids_on_gpu),
+}

@@ -47,7 +47,7 @@ from specexp.engine.cudagraph import (
     default_seq_len_buckets,
 )
 from specexp.engine.depth import StaticDepth, depth_policy, describe_graph_cost, graph_keys
-from specexp.engine.draft_advance import DRAFT_PREFILL_KERNELS, DRAFT_STEP_KERNELS
+from specexp.engine.draft_advance import DRAFT_STEP_KERNELS
 from specexp.engine.goodput import StepCostTable
 from specexp.engine.inputs import InputBuffers
 from specexp.engine.mixed_graphs import TargetMixedGraphs
@@ -207,6 +207,7 @@ class NativeEngine(TargetGraphs, TargetStepInputs, TargetMixedSteps, TargetMixed
         self.speculator: AutoRegressiveSpeculator | None = None
         self.req_draft_probs: torch.Tensor | None = None
         if self.k > 0:
+            draft_kernels = DRAFT_STEP_KERNELS[engine.draft_step_kernel]
             self.speculator = AutoRegressiveSpeculator(
                 draft, num_speculative_tokens=self.k, max_num_reqs=engine.max_num_seqs,
                 max_num_tokens=self.max_num_tokens, num_blocks=num_blocks + 1, block_size=engine.block_size,
@@ -220,8 +221,8 @@ class NativeEngine(TargetGraphs, TargetStepInputs, TargetMixedSteps, TargetMixed
                 confidence_threshold=speculator.draft_confidence_threshold,
                 # the chunks' draft regions: each its tokens + the sampled one
                 mixed_chunk_shapes=tuple((rows, count + 1) for rows, count in self.mixed_graphs.managers),
-                argmax=ARGMAX_KERNELS[engine.argmax_kernel], advance=DRAFT_STEP_KERNELS[engine.draft_step_kernel],
-                fill_prefill_ids=DRAFT_PREFILL_KERNELS[engine.draft_step_kernel],
+                argmax=ARGMAX_KERNELS[engine.argmax_kernel], advance=draft_kernels.advance,
+                fill_prefill_ids=draft_kernels.fill_prefill_ids,
             )
             if not sampling.greedy:
                 # Draft probabilities of each request's pending drafts, by conv slot (a request's stable id).

@@ -103,10 +103,10 @@ def fill_prefill_ids(staged: torch.Tensor, num_slots: int, num_reqs: int, num_sa
                      rows: torch.Tensor, token_offset: int) -> torch.Tensor:
     """:func:`specexp.engine.draft_advance.fill_prefill_ids` in one Triton kernel (same arguments, same
     results; any strides but the sampled tokens' rows contiguous). Capturable in a CUDA graph (one launch)."""
-    num_valid = torch.empty(num_reqs, dtype=num_sampled.dtype, device=staged.device)
-    span = max(num_slots, rows.shape[0], 1)
     if sampled.stride(1) != 1:
         raise ValueError("triton_draft_step.fill_prefill_ids: the sampled tokens' rows must be contiguous")
+    num_valid = torch.empty(num_reqs, dtype=num_sampled.dtype, device=staged.device)
+    span = max(num_slots, rows.shape[0], 1)
     block = min(1024, max(triton.next_power_of_2(span), 16))
     _prefill_ids_kernel[(triton.cdiv(span, block),)](
         staged, num_sampled, sampled, target_input_ids, input_ids, rows, num_valid, num_slots, num_reqs,

@@ -29,6 +29,7 @@ norm weight, which is what made the skinny kernel lose to cuBLAS before.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Protocol
@@ -56,12 +57,12 @@ def add_linear_(residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
 
 
 def silu_down_(residual: torch.Tensor, gate_up: torch.Tensor, silu_mul: Callable, weight: torch.Tensor,
-               bias: torch.Tensor | None = None) -> torch.Tensor:
+               bias: torch.Tensor | None = None, add_linear: Callable = add_linear_) -> torch.Tensor:
     """residual += silu_mul(gate, up) @ weight^T (+ bias), in place, and returned: a SiLU-gated MLP's down
     projection. gate_up [T, 2I] (gate, then up), weight [out, I], residual [T, out]; silu_mul(gate, up) the
-    pointwise op (`pointwise.PointwiseOps.silu_mul`)."""
+    pointwise op (`pointwise.PointwiseOps.silu_mul`); the product on `add_linear` (a table's `add_linear_`)."""
     gate, up = gate_up.split(weight.shape[1], dim=-1)
-    return add_linear_(residual, silu_mul(gate, up), weight, bias)
+    return add_linear(residual, silu_mul(gate, up), weight, bias)
 
 
 class Norm(Protocol):
@@ -138,13 +139,8 @@ def _gemv_norm_linear(max_tokens: int, pdl: bool):
 
 
 def _table_silu_down_(add_linear: Callable) -> Callable:
-    def table_silu_down_(residual: torch.Tensor, gate_up: torch.Tensor, silu_mul: Callable, weight: torch.Tensor,
-                         bias: torch.Tensor | None = None) -> torch.Tensor:
-        """:func:`silu_down_` with the down projection on `add_linear` (a table's own `add_linear_`)."""
-        gate, up = gate_up.split(weight.shape[1], dim=-1)
-        return add_linear(residual, silu_mul(gate, up), weight, bias)
-
-    return table_silu_down_
+    """:func:`silu_down_` with the down projection on `add_linear` (a table's own `add_linear_`)."""
+    return functools.partial(silu_down_, add_linear=add_linear)
 
 
 def _gated_gemv_silu_down_(fallback: Callable, pdl: bool) -> Callable:

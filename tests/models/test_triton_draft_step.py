@@ -54,10 +54,8 @@ def check_advance(device: str) -> None:
 def check_engines(device: str) -> None:
     """Engines whose speculator advances its rows with the kernel emit the torch path's tokens: greedy and at
     T = 1, k = 4, a hybrid draft and a changing batch."""
-    def use_kernel(engine):
-        engine.speculator.advance = triton_draft_step.advance_draft_rows
-
-    engines_emit_the_same_tokens(device, use_kernel, num_speculative_tokens=4, max_new_tokens=14)
+    engines_emit_the_same_tokens(device, {"advance": triton_draft_step.advance_draft_rows},
+                                 num_speculative_tokens=4, max_new_tokens=14)
 
 
 def test_advance_matches_torch_in_triton_interpreter():

@@ -91,10 +91,8 @@ def check_kernel(device: str) -> None:
 def check_engines(device: str) -> None:
     """Engines whose speculator fills its prefill inputs with the kernel emit the torch path's tokens: greedy
     and at T = 1, k = 3, a hybrid draft and a changing batch."""
-    def use_kernel(engine):
-        engine.speculator.fill_prefill_ids = triton_draft_step.fill_prefill_ids
-
-    engines_emit_the_same_tokens(device, use_kernel, num_speculative_tokens=3, max_new_tokens=12)
+    engines_emit_the_same_tokens(device, {"fill_prefill_ids": triton_draft_step.fill_prefill_ids},
+                                 num_speculative_tokens=3, max_new_tokens=12)
 
 
 def test_the_kernel_follows_the_rule_in_triton_interpreter():

@@ -90,9 +90,11 @@ def hopper_shared_bytes(kernel, signature: dict[str, str], constexprs: dict[str,
     return compile_for_hopper(kernel, signature, constexprs, num_warps, num_stages).metadata.shared
 
 
-def engines_emit_the_same_tokens(device: str, use_kernel, num_speculative_tokens: int, max_new_tokens: int) -> None:
-    """Two engines on `tiny_hybrid_pair` (max 3 rows, prompts of 5, 20, 3 and 7 tokens: a changing batch), one
-    changed by `use_kernel(engine)` after it is built, emit the same tokens, greedy and at T = 1."""
+def engines_emit_the_same_tokens(device: str, speculator_kernels: dict, num_speculative_tokens: int,
+                                 max_new_tokens: int) -> None:
+    """Two engines on `tiny_hybrid_pair` (max 3 rows, prompts of 5, 20, 3 and 7 tokens: a changing batch), the
+    second's speculator running `speculator_kernels` ({attribute: kernel}, set after it is built), emit the same
+    tokens, greedy and at T = 1."""
     from specexp.engine.config import EngineConfig, SamplingConfig, SpeculatorConfig
     from specexp.engine.runner import NativeEngine
 
@@ -106,6 +108,7 @@ def engines_emit_the_same_tokens(device: str, use_kernel, num_speculative_tokens
                                   SamplingConfig(temperature=temperature, max_new_tokens=max_new_tokens,
                                                  ignore_eos=True))
             if changed:
-                use_kernel(engine)
+                for name, kernel in speculator_kernels.items():
+                    setattr(engine.speculator, name, kernel)
             runs.append([r.token_ids for r in engine.generate(prompts).requests])
         assert runs[0] == runs[1], f"T={temperature}: {runs}"
