@@ -30,6 +30,9 @@ import statistics
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root (specexp)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ (gpu_cudagraphs)
+
 DEVICE_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 STEP_LABEL = "specexp::step"  # the record_function range `record` puts around each engine step
 
@@ -121,10 +124,8 @@ def record(pair: str, ks: list[int], out_dir: Path, rate: float, new_tokens: int
     import gc
 
     import torch
-    from torch.profiler import ProfilerActivity, profile, record_function
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ (gpu_cudagraphs)
     from gpu_cudagraphs import CUDA_KERNELS, RANDOM_PAIRS, ZOO, make_engine
+    from torch.profiler import ProfilerActivity, profile, record_function
 
     from specexp.models import load_model
 

@@ -92,3 +92,16 @@ def test_first_step_summary_splits_host_time_by_runtime_call_and_aten_self_time(
 def test_first_step_summary_needs_step_ranges():
     with pytest.raises(ValueError, match="no 'specexp::step' ranges"):
         summarize_first_step(_trace(num_steps=4, period_us=1000.0, busy_us=400.0))
+
+
+def test_record_names_the_valid_pairs():
+    """`record` with an unknown pair: one line naming the valid pairs, exit 2 (its imports resolve when the script
+    is run by path from the repository root)."""
+    import subprocess
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "diagnostics" / "step_trace.py"
+    done = subprocess.run([sys.executable, str(script), "record", "--pair", "gpt-2+nothing"], check=False,
+                          capture_output=True, text=True, cwd=script.parents[2])
+    assert done.returncode == 2, done.stderr
+    assert "--pair=gpt-2+nothing: valid are lfm2-1.2b+lfm2-350m, llama-3.2-1b+llama-100m" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
