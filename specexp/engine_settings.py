@@ -39,8 +39,8 @@ def engine_configs(spec):
         cudagraph_seq_len_buckets=_int_tuple(e.options.get("cudagraph_seq_len_buckets")),
         cudagraph_prefill_tokens=_int_tuple(e.options.get("cudagraph_prefill_tokens")) or (),
         **{name: e.options.get(name, getattr(EngineConfig, name))  # absent: EngineConfig's own defaults
-           for name in ("compile_pointwise", "linear_kernel", "silu_in_down_gemv", "fold_norm_weights",
-                        "attention_kernel", "conv_kernel", "argmax_kernel", "sampler_kernel", "draft_step_kernel",
+           for name in ("compile_pointwise", "linear_kernel", "silu_in_down_gemv", "silu_in_gate_up",
+                        "fold_norm_weights", "attention_kernel", "conv_kernel", "argmax_kernel", "sampler_kernel", "draft_step_kernel",
                         "programmatic_launch", "plain_decode_lookahead", "cudagraph_shared_pool", "cudagraph_mixed")},
     )
     speculator = SpeculatorConfig(

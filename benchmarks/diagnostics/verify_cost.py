@@ -112,6 +112,10 @@ def main() -> None:
     parser.add_argument("--silu-in-down-gemv", action=argparse.BooleanOptionalAction,
                         default=CUDA_KERNELS["silu_in_down_gemv"],
                         help="engine.silu_in_down_gemv: the MLP's SiLU product of one token inside the down GEMV")
+    parser.add_argument("--silu-in-gate-up", action=argparse.BooleanOptionalAction,
+                        default=CUDA_KERNELS["silu_in_gate_up"],
+                        help="engine.silu_in_gate_up: the MLP's SiLU product of 2-16 tokens in the gate/up "
+                             "projection's skinny kernel")
     parser.add_argument("--out", default="verify_cost.json")
     args = parser.parse_args()
     pairs = args.pairs.split(",")
@@ -128,7 +132,8 @@ def main() -> None:
         sys.exit("verify_cost.py needs a CUDA GPU")
     # no prompt-prefill graphs: this script replays the verify and draft graphs alone, never a prompt's
     kernels = dict(CUDA_KERNELS, linear_kernel=args.linear_kernel, fold_norm_weights=args.fold_norm_weights,
-                   silu_in_down_gemv=args.silu_in_down_gemv, cudagraph_prefill_tokens=())
+                   silu_in_down_gemv=args.silu_in_down_gemv, silu_in_gate_up=args.silu_in_gate_up,
+                   cudagraph_prefill_tokens=())
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "kernels": kernels, "pairs": {}}
     out = Path(args.out)
     with torch.inference_mode():

@@ -16,7 +16,7 @@ from specexp.models.short_conv_ops import CONV_KERNELS, use_conv_kernel
 
 def use_engine_kernels(models: tuple[nn.Module, ...], engine: EngineConfig) -> None:
     """Make every model of `models` run `engine`'s kernels: the fused (compiled) pointwise ops or the eager ones
-    (`compile_pointwise`), its linear-ops table (`linear_kernel`, `silu_in_down_gemv`), attention and short-conv
+    (`compile_pointwise`), its linear-ops table (`linear_kernel`, `silu_in_down_gemv`, `silu_in_gate_up`), attention and short-conv
     kernels (their Triton kernels launched early with `programmatic_launch`); with `fold_norm_weights`, its
     pre-norm weights folded into the projections first (in place). Set on the modules: a model shared by two
     engines follows the last one built. On a GPU, Triton's kernel cache is pointed at inductor's first
@@ -39,6 +39,8 @@ def use_engine_kernels(models: tuple[nn.Module, ...], engine: EngineConfig) -> N
     linear = linear_kernel_ops(engine.linear_kernel, early)
     if engine.silu_in_down_gemv:
         linear = linear.with_silu_in_down_gemv()
+    if engine.silu_in_gate_up:
+        linear = linear.with_silu_in_gate_up()
     attention, conv = ATTENTION_KERNELS[engine.attention_kernel], CONV_KERNELS[engine.conv_kernel]
     if early:
         attention, conv = attention.launched_early(), conv.launched_early()

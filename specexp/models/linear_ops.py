@@ -17,7 +17,10 @@ bias)` and `norm_linear(x, norm, weight, bias)` (a pre-norm projection: linear(n
   ops); :meth:`LinearOps.with_silu_in_down_gemv` (`engine.silu_in_down_gemv`) computes one token's product
   inside the down projection's GEMV instead, one kernel fewer per layer of a batch-1 step. (The same in the
   skinny kernel for 2-16 rows was tried: on an H100, 2026-12-06, it made a Llama-1B-shaped verify of 2 tokens
-  take 54.6 ms against 1.19 ms, and was removed.)
+  take 54.6 ms against 1.19 ms, and was removed.) :meth:`LinearOps.with_silu_in_gate_up`
+  (`engine.silu_in_gate_up`) computes the product of 2-16 rows in the gate/up projection's skinny kernel instead
+  (:func:`triton_gemv.gate_up_silu`): its epilogue holds each row's gate and up, and the down projection reads
+  [T, I].
 - :func:`linear_kernel_ops` with `programmatic_launch` (`engine.programmatic_launch`): a Triton table whose kernels
   are launched with programmatic dependent launch on sm_90+ GPUs (each GEMV fetches its first weight chunk while
   the kernel before it finishes; see :func:`triton_gemv.gemv`).
@@ -138,6 +141,28 @@ def _gemv_norm_linear(max_tokens: int, pdl: bool):
     return gemv_norm_linear
 
 
+def no_gate_up_silu(x: torch.Tensor, norm: Norm | None, weight: torch.Tensor,
+                    bias: torch.Tensor | None = None) -> None:
+    """A table without a fused gate/up SiLU kernel: None for every product."""
+
+
+def _skinny_gate_up_silu(max_tokens: int, pdl: bool) -> Callable:
+    def skinny_gate_up_silu(x: torch.Tensor, norm: Norm | None, weight: torch.Tensor,
+                            bias: torch.Tensor | None = None) -> torch.Tensor | None:
+        """silu(gate) * up of norm(x)'s gate/up projection (weight [2I, in], gate rows first), [T, I], in one
+        skinny kernel for 2..max_tokens rows of x on the GPU without a bias, the norm absent or folded into weight;
+        None for any other product (the caller then runs the projection and the SiLU product apart)."""
+        if (x.is_cuda and bias is None and x.dim() == 2 and 2 <= x.shape[0]
+                and (norm is None or norm.folded) and weight.shape[0] % 2 == 0
+                and triton_gemv.supports(x, weight, max_tokens=max_tokens)):
+            if norm is None:
+                return triton_gemv.gate_up_silu(x, weight, pdl=pdl)
+            return triton_gemv.gate_up_silu(x, weight, rms_only=True, eps=norm.eps, pdl=pdl)
+        return None
+
+    return skinny_gate_up_silu
+
+
 def _table_silu_down_(add_linear: Callable) -> Callable:
     """:func:`silu_down_` with the down projection on `add_linear` (a table's own `add_linear_`)."""
     return functools.partial(silu_down_, add_linear=add_linear)
@@ -164,7 +189,9 @@ class LinearOps:
     None); `silu_down_(residual [T, out], gate_up [T, 2I], silu_mul, weight [out, I], bias) -> residual` (a gated
     MLP's down projection, updated in place); `float_logits(x [T, hidden], weight [vocab, hidden], bias) ->
     fp32[T, vocab]` (an LM head's). `pdl`: its Triton kernels are launched with programmatic dependent launch
-    (`triton_gemv.gemv`'s `pdl`)."""
+    (`triton_gemv.gemv`'s `pdl`). `gate_up_silu(x [T, in], norm, weight [2I, in], bias) -> [T, I] | None`: a gated
+    MLP's gate/up projection of norm(x) and its SiLU product in one kernel, where the table has one for this
+    product (None: the caller projects, then multiplies apart)."""
 
     linear: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
     add_linear_: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
@@ -172,11 +199,22 @@ class LinearOps:
     silu_down_: Callable[..., torch.Tensor] = silu_down_
     float_logits: Callable[..., torch.Tensor] = float_logits
     pdl: bool = False
+    gate_up_silu: Callable[..., torch.Tensor | None] = no_gate_up_silu
+    max_tokens: int = 0  # rows of x its Triton kernels take (0: none)
 
     def with_silu_in_down_gemv(self) -> LinearOps:
         """This table, with one token's SiLU product computed in the down projection's GEMV
         (`engine.silu_in_down_gemv`); every other down projection as this table runs it."""
         return replace(self, silu_down_=_gated_gemv_silu_down_(self.silu_down_, self.pdl))
+
+    def with_silu_in_gate_up(self) -> LinearOps:
+        """This table, with the SiLU product of a gated MLP's gate/up projection of 2..max_tokens rows computed in
+        the projection's skinny kernel (`engine.silu_in_gate_up`). Raises ValueError for a table without the
+        skinny kernel."""
+        if self.max_tokens < 2:
+            raise ValueError("the SiLU product in the gate/up projection needs the skinny kernel's table "
+                             "(engine.linear_kernel=triton_skinny)")
+        return replace(self, gate_up_silu=_skinny_gate_up_silu(self.max_tokens, self.pdl))
 
 
 CUBLAS = LinearOps(F.linear, add_linear_, norm_linear)
@@ -188,7 +226,7 @@ def triton_gemv_ops(max_tokens: int, pdl: bool = False) -> LinearOps:
     add_linear = _gemv_add_linear_(max_tokens, pdl)
     return LinearOps(_gemv_linear(max_tokens, pdl), add_linear, _gemv_norm_linear(max_tokens, pdl),
                      silu_down_=_table_silu_down_(add_linear), float_logits=_gemv_float_logits(max_tokens, pdl),
-                     pdl=pdl)
+                     pdl=pdl, max_tokens=max_tokens)
 
 
 # Rows of x each Triton table's kernels take.

@@ -198,6 +198,55 @@ if AVAILABLE:
         tl.store(y_ptr + out_offsets, y.to(x_ptr.dtype.element_ty).to(y_ptr.dtype.element_ty), mask=out_ok)
 
 
+    @triton.jit
+    def _skinny_gate_up_kernel(x_ptr, w_ptr, y_ptr, M, I, K, stride_x, stride_w, stride_y, eps,
+                               NORM: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr,
+                               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GDC: tl.constexpr = False):
+        """y[:, rows] = silu(gate) * up for BLOCK_N gate rows and their up rows (I further) of W [2I, K]."""
+        wait_for_earlier_kernels(GDC)  # launched early: its pipeline loads weights and x together
+        rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        tokens = tl.arange(0, BLOCK_M)
+        cols = tl.arange(0, BLOCK_K)
+        row_ok = rows < I
+        token_ok = tokens < M
+        gate_rows = w_ptr + rows[:, None] * stride_w
+        up_rows = w_ptr + (rows[:, None] + I) * stride_w
+        acc_gate = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        gram = tl.zeros([BLOCK_M, BLOCK_M], dtype=tl.float32)  # with NORM, each token's sum of squares: its diagonal
+        for k0 in range(0, K, BLOCK_K):
+            k = k0 + cols
+            k_ok = k < K
+            x = tl.load(x_ptr + tokens[:, None] * stride_x + k[None, :], mask=token_ok[:, None] & k_ok[None, :],
+                        other=0.0)
+            w_ok = row_ok[:, None] & k_ok[None, :]
+            w_gate = tl.load(gate_rows + k[None, :], mask=w_ok, other=0.0)
+            w_up = tl.load(up_rows + k[None, :], mask=w_ok, other=0.0)
+            if IEEE:  # fp32 operands: full-precision products, not TF32
+                if NORM:
+                    gram = tl.dot(x, tl.trans(x), gram, input_precision="ieee")
+                acc_gate = tl.dot(x, tl.trans(w_gate), acc_gate, input_precision="ieee")
+                acc_up = tl.dot(x, tl.trans(w_up), acc_up, input_precision="ieee")
+            else:
+                if NORM:
+                    gram = tl.dot(x, tl.trans(x), gram)
+                acc_gate = tl.dot(x, tl.trans(w_gate), acc_gate)
+                acc_up = tl.dot(x, tl.trans(w_up), acc_up)
+        if NORM:
+            squares = tl.sum(tl.where(tokens[:, None] == tokens[None, :], gram, 0.0), axis=1)
+            rms = tl.sqrt(squares / K + eps)
+            acc_gate = acc_gate / rms[:, None]
+            acc_up = acc_up / rms[:, None]
+        dtype = x_ptr.dtype.element_ty
+        # each step rounded to x's dtype as the unfused kernels round it: the projection's output, silu(gate),
+        # and its product with up
+        gate = acc_gate.to(dtype).to(tl.float32)
+        up = acc_up.to(dtype).to(tl.float32)
+        silu = tl.math.div_rn(gate, 1.0 + tl.exp(-gate)).to(dtype).to(tl.float32)
+        out_offsets = tokens[:, None] * stride_y + rows[None, :]
+        tl.store(y_ptr + out_offsets, (silu * up).to(dtype), mask=token_ok[:, None] & row_ok[None, :])
+
+
 def _pdl_flags(pdl: bool, device: torch.device) -> dict:
     """The GEMV's flags for `pdl` (see :func:`gemv`): its weight prefetch wherever asked; the grid dependency
     control and the launch attribute only where the device has them."""
@@ -240,6 +289,34 @@ def gated_gemv(gate_up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     out = residual if residual is not None else torch.empty(1, n, device=gate_up.device, dtype=gate_up.dtype)
     config = (GATED_BLOCK_N, min(MAX_BLOCK_K, triton.next_power_of_2(k)), NUM_WARPS)
     return _launch_gemv(gate_up.contiguous(), None, weight, bias, residual, out, 0.0, config, gated=True, pdl=pdl)
+
+
+def gate_up_silu(x: torch.Tensor, weight: torch.Tensor, *, rms_only: bool = False, eps: float = 0.0,
+                 pdl: bool = False) -> torch.Tensor:
+    """A SiLU-gated MLP's gate and up projections and their SiLU product in one skinny kernel: x [M, K]
+    (2 <= M <= MAX_TOKENS), weight [2I, K] (the gate's I rows, then the up's; rows contiguous) -> silu(x W_gate^T)
+    * (x W_up^T), [M, I] in x's dtype; with `rms_only`, x is first RMS-normalised (a norm whose weight is folded into
+    `weight`). pdl: as :func:`gemv`'s.
+
+    The same products as :func:`gemv` over the whole [2I, K] weight (each program takes BLOCK_N gate rows and the
+    matching up rows), each rounded to x's dtype, then silu(gate) and its product with up each rounded, as eager's
+    SiLU and multiply round them (silu's exp is Triton's: a few elements may differ in the last bit). Saves the
+    SiLU product's kernel and the [M, 2I] round trip in each layer of a verify."""
+    m, k = x.shape
+    if weight.shape[0] % 2 or weight.shape[1] != k or not 2 <= m <= MAX_TOKENS:
+        raise ValueError(f"triton_gemv.gate_up_silu takes x [2..{MAX_TOKENS}, K] and weight [2I, K], got x "
+                         f"{tuple(x.shape)} and weight {tuple(weight.shape)}")
+    width = weight.shape[0] // 2
+    block_n, block_k, warps, stages = skinny_config(weight.shape[0], k, x.element_size())
+    block_n = max(TOKEN_TILE, block_n // 2)  # gate rows a program takes (and as many up rows): the tuned bytes
+    stages = max(1, min(stages, SKINNY_STAGE_BYTES // ((TOKEN_TILE + 2 * block_n) * block_k * x.element_size())))
+    x = x.contiguous()
+    out = torch.empty(m, width, device=x.device, dtype=x.dtype)
+    _skinny_gate_up_kernel[(triton.cdiv(width, block_n),)](
+        x, weight, out, m, width, k, x.stride(0), weight.stride(0), out.stride(0), eps, NORM=rms_only,
+        IEEE=x.dtype == torch.float32, BLOCK_M=TOKEN_TILE, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps,
+        num_stages=stages, **early_launch_flags(pdl, x.device))
+    return out
 
 
 def supports(x: torch.Tensor, weight: torch.Tensor, *same_dtype: torch.Tensor, max_tokens: int = 1) -> bool:
