@@ -40,6 +40,10 @@ decode steps on the LFM2-1.2B shape and 1.13-1.15 on the Llama-3.2-1B shape, aga
 plus separate norms (`experiments/2026-11-29-cudagraphs-h200/`), so `engine=cuda` runs `triton_skinny` with
 folded norms.
 
+A gated MLP's gate/up projection of 2-16 rows can also end in its SiLU product (:func:`gate_up_silu`,
+`engine.silu_in_gate_up`, off until timed on a GPU): each program takes gate rows and the matching up rows, so its
+epilogue holds both and writes silu(gate) * up, [M, I], rounded step by step as eager's kernels round.
+
 A multi-row GEMV (one fp32 accumulator per row of x, each weight chunk loaded once) lost to cuBLAS at 2-4 rows on
 every 1B-class shape even tuned (LFM2-1.2B shape at M = 2: 0.87 ms against 0.80) and was removed.
 
@@ -87,6 +91,17 @@ def skinny_config(n: int, k: int, element_bytes: int = 2) -> tuple[int, int, int
     block_n, block_k, warps, stages = next(c for bound, c in SKINNY_CONFIGS_BY_N if bound is None or n <= bound)
     block_k = max(16, min(block_k, triton.next_power_of_2(k)))
     stage_bytes = (TOKEN_TILE + block_n) * block_k * element_bytes
+    return block_n, block_k, warps, max(1, min(stages, SKINNY_STAGE_BYTES // stage_bytes))
+
+
+def gate_up_config(n: int, k: int, element_bytes: int = 2) -> tuple[int, int, int, int]:
+    """:func:`gate_up_silu`'s (gate rows a program takes, BLOCK_K, num_warps, num_stages) for a gate/up weight
+    [n = 2I, k]: :func:`skinny_config`'s for that weight, a program taking half its rows from the gate and as many
+    from the up (at least a 16-row tile of each), and fewer stages where both tiles would overfill
+    SKINNY_STAGE_BYTES."""
+    block_n, block_k, warps, stages = skinny_config(n, k, element_bytes)
+    block_n = max(TOKEN_TILE, block_n // 2)
+    stage_bytes = (TOKEN_TILE + 2 * block_n) * block_k * element_bytes
     return block_n, block_k, warps, max(1, min(stages, SKINNY_STAGE_BYTES // stage_bytes))
 
 
@@ -307,9 +322,7 @@ def gate_up_silu(x: torch.Tensor, weight: torch.Tensor, *, rms_only: bool = Fals
         raise ValueError(f"triton_gemv.gate_up_silu takes x [2..{MAX_TOKENS}, K] and weight [2I, K], got x "
                          f"{tuple(x.shape)} and weight {tuple(weight.shape)}")
     width = weight.shape[0] // 2
-    block_n, block_k, warps, stages = skinny_config(weight.shape[0], k, x.element_size())
-    block_n = max(TOKEN_TILE, block_n // 2)  # gate rows a program takes (and as many up rows): the tuned bytes
-    stages = max(1, min(stages, SKINNY_STAGE_BYTES // ((TOKEN_TILE + 2 * block_n) * block_k * x.element_size())))
+    block_n, block_k, warps, stages = gate_up_config(weight.shape[0], k, x.element_size())
     x = x.contiguous()
     out = torch.empty(m, width, device=x.device, dtype=x.dtype)
     _skinny_gate_up_kernel[(triton.cdiv(width, block_n),)](

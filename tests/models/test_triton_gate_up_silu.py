@@ -63,9 +63,7 @@ def test_the_launch_fits_a_hopper_block(width, k):
     its shared memory fits a block."""
     if not triton_gemv.AVAILABLE:
         pytest.skip("needs Triton")
-    block_n, block_k, warps, stages = triton_gemv.skinny_config(2 * width, k)
-    block_n = max(triton_gemv.TOKEN_TILE, block_n // 2)
-    stages = max(1, min(stages, triton_gemv.SKINNY_STAGE_BYTES // ((triton_gemv.TOKEN_TILE + 2 * block_n) * block_k * 2)))
+    block_n, block_k, warps, stages = triton_gemv.gate_up_config(2 * width, k)
     signature = {"x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "M": "i32", "I": "i32", "K": "i32",
                  "stride_x": "i32", "stride_w": "i32", "stride_y": "i32", "eps": "fp32"}
     compiled = compile_for_hopper(triton_gemv._skinny_gate_up_kernel, signature,
