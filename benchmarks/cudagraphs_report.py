@@ -368,8 +368,27 @@ def render_verify(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def render_verify_kernels(results: list[dict], ks: set[int] | None = None, top: int = 5) -> str:
+    """verify_cost.py results: per (file, pair, k >= 1; only `ks` when given), the `top` kernels whose summed time
+    in one profiled verify replay changed most against the plain decode step's (k = 0), µs, and the wall times."""
+    lines = ["| file | pair | k | kernel | k = 0 µs | this k µs | change µs |", "|---|---|---|---|---|---|---|"]
+    for result in results:
+        for name, rows in result["pairs"].items():
+            for k in sorted(int(k) for k in rows if int(k) > 0 and (ks is None or int(k) in ks)):
+                row, plain = rows[str(k)], rows["0"]
+                growth = sorted(row.get("verify_growth_over_k0", []), key=lambda g: -abs(g["delta_us"]))[:top]
+                head = f"| `{result['file']}` | {_pair_name(name)} | {k} |"
+                for g in growth:
+                    lines.append(f"{head} `{g['kernel'][:40]}` | {g['base_us']:.0f} | {g['us']:.0f} | "
+                                 f"{g['delta_us']:+.0f} |")
+                wall = (row["target_verify"]["ms"] - plain["target_verify"]["ms"]) * 1e3
+                lines.append(f"{head} wall time of the replay | {plain['target_verify']['ms'] * 1e3:.0f} | "
+                             f"{row['target_verify']['ms'] * 1e3:.0f} | {wall:+.0f} |")
+    return "\n".join(lines)
+
+
 RENDERERS = {"summary": render_summary, "memory": render_memory, "speedups": render_speedups,
-             "verify": render_verify}
+             "verify": render_verify, "verify-kernels": render_verify_kernels}
 
 
 def main(argv: list[str] | None = None) -> str:
@@ -381,6 +400,7 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("results", nargs="+", help="result JSON files")
     parser.add_argument("--tolerance", type=float, default=0.15,
                         help="speedups: how far from the formula a point may lie, a fraction (default 0.15)")
+    parser.add_argument("--ks", default=None, help="verify-kernels: comma-separated depths to show (default all)")
     args = parser.parse_args(argv)
     if not 0 < args.tolerance < 1:
         parser.error(f"--tolerance {args.tolerance}: must be a fraction in (0, 1), e.g. 0.10")
@@ -394,6 +414,12 @@ def main(argv: list[str] | None = None) -> str:
         return render_full(results[0])
     if args.table == "speedups":
         return render_speedups(results, args.tolerance)
+    if args.table == "verify-kernels":
+        try:
+            ks = None if args.ks is None else {int(k) for k in args.ks.split(",")}
+        except ValueError:
+            parser.error(f"--ks={args.ks!r}: comma-separated integers expected")
+        return render_verify_kernels(results, ks)
     return RENDERERS[args.table](results)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -102,3 +103,33 @@ def test_report_cli_says_which_file_is_missing(tmp_path, capsys):
         cudagraphs_report.main(["summary", str(tmp_path / "absent.json")])
     assert exit_info.value.code == 2
     assert "no such result file" in capsys.readouterr().err
+
+
+def _verify_result() -> dict:
+    """A verify_cost.py result: k = 0, 1, 2, each k >= 1 with its kernels' change against k = 0."""
+    growth = [{"kernel": "silu", "base_us": 0.0, "us": 20.0, "delta_us": 20.0},
+              {"kernel": "attention", "base_us": 100.0, "us": 130.0, "delta_us": 30.0},
+              {"kernel": "argmax", "base_us": 3.0, "us": 2.0, "delta_us": -1.0}]
+    rows = {"0": {"target_verify": {"ms": 1.0}}}
+    for k in (1, 2):
+        rows[str(k)] = {"target_verify": {"ms": 1.0 + 0.05 * k}, "verify_growth_over_k0": growth}
+    return {"file": "v.json", "pairs": {"llama-3.2-1b+llama-100m": rows}}
+
+
+def test_verify_kernels_lists_the_largest_changes_then_the_wall_time():
+    table = cudagraphs_report.render_verify_kernels([_verify_result()], {2}, top=2).splitlines()
+    assert table[0] == "| file | pair | k | kernel | k = 0 µs | this k µs | change µs |"
+    rows = [line.split(" | ")[3:] for line in table[2:]]
+    assert rows == [["`attention`", "100", "130", "+30 |"], ["`silu`", "0", "20", "+20 |"],
+                    ["wall time of the replay", "1000", "1100", "+100 |"]]
+    every_k = cudagraphs_report.render_verify_kernels([_verify_result()]).splitlines()
+    assert len(every_k) == 2 + 2 * 4  # k = 1 and 2: three kernels and the wall time each
+
+
+def test_verify_kernels_refuses_depths_that_are_not_integers(tmp_path, capsys):
+    path = tmp_path / "v.json"
+    path.write_text(json.dumps(_verify_result()))
+    with pytest.raises(SystemExit) as exit_info:
+        cudagraphs_report.main(["verify-kernels", str(path), "--ks", "one"])
+    assert exit_info.value.code == 2
+    assert "--ks='one': comma-separated integers expected" in capsys.readouterr().err
