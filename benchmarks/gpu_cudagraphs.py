@@ -383,8 +383,8 @@ def main() -> None:
                         help="engine.silu_in_down_gemv: the MLP's SiLU product of one token inside the down GEMV")
     parser.add_argument("--silu-in-gate-up", action=argparse.BooleanOptionalAction,
                         default=CUDA_KERNELS["silu_in_gate_up"],
-                        help="engine.silu_in_gate_up: the MLP's SiLU product of 2-16 tokens in the gate/up projection's "
-                             "skinny kernel")
+                        help="engine.silu_in_gate_up: the MLP's SiLU product of 2-16 tokens in the gate/up "
+                             "projection's skinny kernel")
     parser.add_argument("--fold-norm-weights", action=argparse.BooleanOptionalAction,
                         default=CUDA_KERNELS["fold_norm_weights"],
                         help="engine.fold_norm_weights: pre-norm weights folded into the projections (the fused "

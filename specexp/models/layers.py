@@ -157,7 +157,8 @@ def gated_mlp_(linear_ops: LinearOps, ops: PointwiseOps, x: torch.Tensor, residu
                input_norm: RMSNorm | None, gate_up: StackedLinear, down: nn.Linear) -> torch.Tensor:
     """residual += down(silu(gate(n)) * up(n)) with n = input_norm(x) (x when None), in place, on `linear_ops`'
     kernels (which may fuse the norm into the gate/up product, and the SiLU product into the gate/up or the down
-    projection) and `ops.silu_mul`. x, residual [T, hidden]; gate_up stacks the gate and up projections (of equal widths)."""
+    projection) and `ops.silu_mul`. x, residual [T, hidden]; gate_up stacks the gate and up projections (of equal
+    widths)."""
     weight, bias = gate_up.weights()
     product = linear_ops.gate_up_silu(x, input_norm, weight, bias)  # [T, I], where the table fuses it
     if product is not None:
