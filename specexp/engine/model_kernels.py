@@ -18,8 +18,8 @@ def use_engine_kernels(models: tuple[nn.Module, ...], engine: EngineConfig) -> N
     """Make every model of `models` run `engine`'s kernels: the fused (compiled) pointwise ops or the eager ones
     (`compile_pointwise`), its linear-ops table (`linear_kernel`, `silu_in_down_gemv`, `silu_in_gate_up`),
     attention and short-conv kernels (their Triton kernels launched early with `programmatic_launch`); with
-    `fold_norm_weights`, its pre-norm weights folded into the projections first (in place). Set on the modules: a model shared by two
-    engines follows the last one built. On a GPU, Triton's kernel cache is pointed at inductor's first
+    `fold_norm_weights`, its pre-norm weights folded into the projections first (in place). Set on the modules:
+    a model shared by two engines follows the last one built. On a GPU, Triton's kernel cache is pointed at inductor's first
     (`triton_support.share_inductor_kernel_cache`: the process environment's TRITON_CACHE_DIR, unless set).
 
     Raises EngineConfigError when `programmatic_launch` is true and the engine's GPU cannot launch that way

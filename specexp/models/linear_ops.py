@@ -152,7 +152,7 @@ def _skinny_gate_up_silu(max_tokens: int, pdl: bool) -> Callable:
         """silu(gate) * up of norm(x)'s gate/up projection (weight [2I, in], gate rows first), [T, I], in one
         skinny kernel for 2..max_tokens rows of x on the GPU without a bias, the norm absent or folded into weight;
         None for any other product (the caller then runs the projection and the SiLU product apart)."""
-        if (x.is_cuda and bias is None and x.dim() == 2 and 2 <= x.shape[0]
+        if (x.is_cuda and bias is None and 2 <= x.shape[0]
                 and (norm is None or norm.folded) and weight.shape[0] % 2 == 0
                 and triton_gemv.supports(x, weight, max_tokens=max_tokens)):
             if norm is None:

@@ -168,6 +168,21 @@ if AVAILABLE:
 
 
     @triton.jit
+    def _tile_dot(a, b, acc, IEEE: tl.constexpr):
+        """acc + a @ b on the tensor cores; fp32 operands (IEEE) in full precision, not TF32."""
+        if IEEE:
+            return tl.dot(a, b, acc, input_precision="ieee")
+        return tl.dot(a, b, acc)
+
+
+    @triton.jit
+    def _rms_from_gram(gram, tokens, K, eps):
+        """fp32[BLOCK_M]: each token's rms over K columns, from the diagonal of its accumulated x x^T (gram)."""
+        squares = tl.sum(tl.where(tokens[:, None] == tokens[None, :], gram, 0.0), axis=1)
+        return tl.sqrt(squares / K + eps)
+
+
+    @triton.jit
     def _skinny_kernel(x_ptr, norm_w_ptr, w_ptr, bias_ptr, res_ptr, y_ptr, M, N, K, stride_x, stride_w, stride_y,
                        eps, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, NORM: tl.constexpr,
                        SCALE: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -187,23 +202,16 @@ if AVAILABLE:
             x = tl.load(x_ptr + tokens[:, None] * stride_x + k[None, :], mask=token_ok[:, None] & k_ok[None, :],
                         other=0.0)
             if NORM:  # each token's 1/rms scale is applied to its dot products at the end
-                if IEEE:
-                    gram = tl.dot(x, tl.trans(x), gram, input_precision="ieee")
-                else:
-                    gram = tl.dot(x, tl.trans(x), gram)
+                gram = _tile_dot(x, tl.trans(x), gram, IEEE)
             if SCALE:  # the norm's weight (not folded into W): x goes through registers, off the pipeline
                 x = (x.to(tl.float32) * tl.load(norm_w_ptr + k, mask=k_ok, other=0.0).to(tl.float32)[None, :]).to(
                     x.dtype)
             w = tl.load(w_ptr + rows[:, None] * stride_w + k[None, :], mask=row_ok[:, None] & k_ok[None, :],
                         other=0.0)
-            if IEEE:  # fp32 operands: full-precision products, not TF32
-                acc = tl.dot(x, tl.trans(w), acc, input_precision="ieee")
-            else:
-                acc = tl.dot(x, tl.trans(w), acc)
+            acc = _tile_dot(x, tl.trans(w), acc, IEEE)
         y = acc  # [BLOCK_M, BLOCK_N]
         if NORM:
-            squares = tl.sum(tl.where(tokens[:, None] == tokens[None, :], gram, 0.0), axis=1)
-            y = y / tl.sqrt(squares / K + eps)[:, None]
+            y = y / _rms_from_gram(gram, tokens, K, eps)[:, None]
         out_offsets = tokens[:, None] * stride_y + rows[None, :]
         out_ok = token_ok[:, None] & row_ok[None, :]
         if HAS_BIAS:
@@ -237,19 +245,12 @@ if AVAILABLE:
             w_ok = row_ok[:, None] & k_ok[None, :]
             w_gate = tl.load(gate_rows + k[None, :], mask=w_ok, other=0.0)
             w_up = tl.load(up_rows + k[None, :], mask=w_ok, other=0.0)
-            if IEEE:  # fp32 operands: full-precision products, not TF32
-                if NORM:
-                    gram = tl.dot(x, tl.trans(x), gram, input_precision="ieee")
-                acc_gate = tl.dot(x, tl.trans(w_gate), acc_gate, input_precision="ieee")
-                acc_up = tl.dot(x, tl.trans(w_up), acc_up, input_precision="ieee")
-            else:
-                if NORM:
-                    gram = tl.dot(x, tl.trans(x), gram)
-                acc_gate = tl.dot(x, tl.trans(w_gate), acc_gate)
-                acc_up = tl.dot(x, tl.trans(w_up), acc_up)
+            if NORM:
+                gram = _tile_dot(x, tl.trans(x), gram, IEEE)
+            acc_gate = _tile_dot(x, tl.trans(w_gate), acc_gate, IEEE)
+            acc_up = _tile_dot(x, tl.trans(w_up), acc_up, IEEE)
         if NORM:
-            squares = tl.sum(tl.where(tokens[:, None] == tokens[None, :], gram, 0.0), axis=1)
-            rms = tl.sqrt(squares / K + eps)
+            rms = _rms_from_gram(gram, tokens, K, eps)
             acc_gate = acc_gate / rms[:, None]
             acc_up = acc_up / rms[:, None]
         dtype = x_ptr.dtype.element_ty
@@ -381,8 +382,8 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         return _launch_gemv(x, norm_weight, weight, bias, residual, out, eps, config, normalize=normalize,
                             pdl=pdl)
     block_n, block_k, warps, *stages = config or skinny_config(n, k, x.element_size())
-    flags = dict(HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None, NORM=normalize,
-                 SCALE=norm_weight is not None, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps)
+    flags = {"HAS_BIAS": bias is not None, "HAS_RESIDUAL": residual is not None, "NORM": normalize,
+             "SCALE": norm_weight is not None, "BLOCK_N": block_n, "BLOCK_K": block_k, "num_warps": warps}
     if stages:
         flags["num_stages"] = stages[0]
     _skinny_kernel[(triton.cdiv(n, block_n),)](
