@@ -62,7 +62,7 @@ RANDOM_PAIRS = {
 # What `engine=cuda` runs (conf/engine/cuda.yaml): the configuration the diagnostics
 # (diagnostics/host_time.py, step_trace.py, verify_cost.py) look at, and the defaults of this script's kernel switches.
 CUDA_KERNELS = {"compile_pointwise": True, "linear_kernel": "triton_skinny", "silu_in_down_gemv": True,
-                "silu_in_gate_up": False,
+                "silu_in_gate_up": True, "skinny_early_launch": "draft",
                 "fold_norm_weights": True, "attention_kernel": "triton", "conv_kernel": "triton",
                 "argmax_kernel": "triton", "sampler_kernel": "triton", "draft_step_kernel": "triton",
                 "programmatic_launch": "auto",
@@ -385,6 +385,9 @@ def main() -> None:
                         default=CUDA_KERNELS["silu_in_gate_up"],
                         help="engine.silu_in_gate_up: the MLP's SiLU product of 2-16 tokens in the gate/up "
                              "projection's skinny kernel")
+    parser.add_argument("--skinny-early-launch", default=CUDA_KERNELS["skinny_early_launch"],
+                        choices=["both", "target", "draft", "none"],
+                        help="engine.skinny_early_launch: whose skinny kernels (2-16 tokens) launch early")
     parser.add_argument("--fold-norm-weights", action=argparse.BooleanOptionalAction,
                         default=CUDA_KERNELS["fold_norm_weights"],
                         help="engine.fold_norm_weights: pre-norm weights folded into the projections (the fused "
@@ -444,7 +447,7 @@ def main() -> None:
     assert torch.cuda.is_available(), "needs a CUDA GPU"
     kernels = {"compile_pointwise": args.compile_pointwise, "linear_kernel": args.linear_kernel,
                "silu_in_down_gemv": args.silu_in_down_gemv, "silu_in_gate_up": args.silu_in_gate_up,
-               "fold_norm_weights": args.fold_norm_weights,
+               "skinny_early_launch": args.skinny_early_launch, "fold_norm_weights": args.fold_norm_weights,
                "attention_kernel": args.attention_kernel, "conv_kernel": args.conv_kernel,
                "argmax_kernel": args.argmax_kernel, "sampler_kernel": args.sampler_kernel,
                "draft_step_kernel": args.draft_step_kernel, "programmatic_launch": args.programmatic_launch,

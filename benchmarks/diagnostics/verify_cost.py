@@ -116,6 +116,9 @@ def main() -> None:
                         default=CUDA_KERNELS["silu_in_gate_up"],
                         help="engine.silu_in_gate_up: the MLP's SiLU product of 2-16 tokens in the gate/up "
                              "projection's skinny kernel")
+    parser.add_argument("--skinny-early-launch", default=CUDA_KERNELS["skinny_early_launch"],
+                        choices=["both", "target", "draft", "none"],
+                        help="engine.skinny_early_launch: whose skinny kernels (2-16 tokens) launch early")
     parser.add_argument("--out", default="verify_cost.json")
     args = parser.parse_args()
     pairs = args.pairs.split(",")
@@ -133,7 +136,7 @@ def main() -> None:
     # no prompt-prefill graphs: this script replays the verify and draft graphs alone, never a prompt's
     kernels = dict(CUDA_KERNELS, linear_kernel=args.linear_kernel, fold_norm_weights=args.fold_norm_weights,
                    silu_in_down_gemv=args.silu_in_down_gemv, silu_in_gate_up=args.silu_in_gate_up,
-                   cudagraph_prefill_tokens=())
+                   skinny_early_launch=args.skinny_early_launch, cudagraph_prefill_tokens=())
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "kernels": kernels, "pairs": {}}
     out = Path(args.out)
     with torch.inference_mode():

@@ -16,6 +16,8 @@ from specexp.models.short_conv_ops import CONV_KERNELS
 
 # engine.cudagraph_mixed: how mixed prefill+verify steps replay (see EngineConfig).
 MIXED_STEP_MODES = ("joined", "parts")
+# engine.skinny_early_launch: whose skinny kernels launch early (see EngineConfig).
+SKINNY_EARLY_LAUNCH = ("both", "target", "draft", "none")
 
 
 class EngineConfigError(ValueError):
@@ -94,6 +96,11 @@ class EngineConfig:
     values; what it saves is part of each launch's gap in a chain of short kernels (a batch-1 step). true demands
     it (an older GPU is an error); "auto" launches early where the GPU, the Triton and a Triton kernel setting
     allow, and plainly elsewhere (`launches_early`).
+    skinny_early_launch: "both" | "target" | "draft" | "none": with programmatic launch on, whose skinny kernels
+    (products of 2-16 tokens: the target's verify, the draft's prefill) launch early too; the others run in stream
+    order. An early-launched kernel holds its blocks' registers and shared memory while it waits: the long
+    skinny products of a 1B target's verify ran faster in order, the short ones of a 100M draft's prefill slower
+    (H100 figures in `experiments/2026-12-06-verify-launch-order-h100/`); `engine=cuda` launches the draft's early.
     plain_decode_lookahead: without speculation (k = 0), queue each step before the last one's tokens are read
     back (a step emits one token a row, so everything but the token's value is known; the device gathers it):
     the host's work for a step overlaps the device's previous step. A request that stops at EOS costs one
@@ -124,6 +131,7 @@ class EngineConfig:
     sampler_kernel: str = "torch"
     draft_step_kernel: str = "torch"
     programmatic_launch: bool | str = False
+    skinny_early_launch: str = "both"
     plain_decode_lookahead: bool = True
     seed: int = 0
 
@@ -159,6 +167,9 @@ class EngineConfig:
         if not isinstance(self.programmatic_launch, bool) and self.programmatic_launch != "auto":
             raise EngineConfigError(f"engine.programmatic_launch={self.programmatic_launch!r}: must be true, false "
                                     "or auto")
+        if self.skinny_early_launch not in SKINNY_EARLY_LAUNCH:
+            raise EngineConfigError(f"engine.skinny_early_launch={self.skinny_early_launch!r}: valid are "
+                                    + ", ".join(repr(m) for m in SKINNY_EARLY_LAUNCH))
         self._check_kernel("linear_kernel", LINEAR_KERNELS, ("triton_gemv", "triton_skinny"), "cublas")
         self._check_kernel("attention_kernel", ATTENTION_KERNELS, ("triton",), "sdpa")
         self._check_kernel("conv_kernel", CONV_KERNELS, ("triton",), "torch")

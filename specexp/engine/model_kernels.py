@@ -15,9 +15,10 @@ from specexp.models.short_conv_ops import CONV_KERNELS, use_conv_kernel
 
 
 def use_engine_kernels(models: tuple[nn.Module, ...], engine: EngineConfig) -> None:
-    """Make every model of `models` run `engine`'s kernels: the fused (compiled) pointwise ops or the eager ones
+    """Make every model of `models` (the target, then the draft if any) run `engine`'s kernels: the fused (compiled) pointwise ops or the eager ones
     (`compile_pointwise`), its linear-ops table (`linear_kernel`, `silu_in_down_gemv`, `silu_in_gate_up`),
-    attention and short-conv kernels (their Triton kernels launched early with `programmatic_launch`); with
+    attention and short-conv kernels (their Triton kernels launched early with `programmatic_launch`, a model's
+    skinny kernels only where `skinny_early_launch` names it); with
     `fold_norm_weights`, its pre-norm weights folded into the projections first (in place). Set on the modules:
     a model shared by two engines follows the last one built. On a GPU, Triton's kernel cache is pointed at inductor's first
     (`triton_support.share_inductor_kernel_cache`: the process environment's TRITON_CACHE_DIR, unless set).
@@ -36,15 +37,15 @@ def use_engine_kernels(models: tuple[nn.Module, ...], engine: EngineConfig) -> N
     triton_support.share_inductor_kernel_cache(device)  # before any kernel compiles
     early = engine.launches_early()
     pointwise = compiled_pointwise_ops() if engine.compile_pointwise else EAGER
-    linear = linear_kernel_ops(engine.linear_kernel, early)
-    if engine.silu_in_down_gemv:
-        linear = linear.with_silu_in_down_gemv()
-    if engine.silu_in_gate_up:
-        linear = linear.with_silu_in_gate_up()
     attention, conv = ATTENTION_KERNELS[engine.attention_kernel], CONV_KERNELS[engine.conv_kernel]
     if early:
         attention, conv = attention.launched_early(), conv.launched_early()
-    for model in models:
+    for model, role in zip(models, ("target", "draft")):
+        linear = linear_kernel_ops(engine.linear_kernel, early, engine.skinny_early_launch in (role, "both"))
+        if engine.silu_in_down_gemv:
+            linear = linear.with_silu_in_down_gemv()
+        if engine.silu_in_gate_up:
+            linear = linear.with_silu_in_gate_up()
         if engine.fold_norm_weights and fold_norm_weights(model) and early:
             # An early-launched GEMV reads its first weight chunk before it waits for the kernel before it: the
             # folding kernels' writes must be complete before the first one launches.

@@ -246,7 +246,7 @@ class AutoRegressiveSpeculator(DraftMixedSteps, DraftMixedGraphs):
 
     def _prepare_decode_capture(self, desc: BatchExecutionDescriptor) -> None:
         num_reqs = desc.num_reqs
-        self._load_decode_rows(num_reqs, num_reqs, None, None, None)
+        self._load_decode_rows(num_reqs, num_reqs)
         attn = self.decode_buffers.attention_metadata(num_reqs, num_reqs, desc.max_seq_len, 1, num_reqs)
         conv = None
         if self.conv_states:
@@ -416,21 +416,27 @@ class AutoRegressiveSpeculator(DraftMixedSteps, DraftMixedGraphs):
         logits = self.model.compute_logits(hidden[self.last_token_indices[: desc.num_reqs]])
         self._sample_draft(logits, desc.num_reqs, 0)
 
-    def _load_decode_rows(self, num_reqs: int, num_reqs_padded: int, block_table, start_plus_valid,
-                          writes) -> None:
-        """Decode buffers for rows [0, num_reqs) (None: dummy rows) and padding up to num_reqs_padded:
-        one token per row; padded rows at position 0 with seq_len 0, writing no request's KV."""
+    def _load_decode_rows(self, num_reqs: int, num_reqs_padded: int, rows: StagedRows | None = None,
+                          block_table: torch.Tensor | None = None) -> None:
+        """Decode buffers for rows [0, num_reqs) and padding up to num_reqs_padded: one token per row, row r at
+        position rows.start[r] + rows.num_valid[r] (its new token) with that seq_len + 1, writing its KV where
+        rows.samples[r]; block_table int32[R, max_blocks] (CPU). Padding rows (all rows when rows is None: dummy
+        rows) sit at position 0 with seq_len 0 and write no request's KV. Four device operations for real rows,
+        four more where there is padding: this runs between the draft's prefill and decode graphs."""
         buffers = self.decode_buffers  # query_start_loc and token_req_indices: fixed at init (arange)
-        buffers.positions[:num_reqs_padded].zero_()
-        buffers.seq_lens[:num_reqs_padded].zero_()
-        buffers.block_table[:num_reqs_padded].zero_()
-        self.decode_writes[:num_reqs_padded].zero_()
-        if start_plus_valid is None:
+        first_pad = 0 if rows is None else num_reqs
+        if first_pad < num_reqs_padded:
+            buffers.positions[first_pad:num_reqs_padded].zero_()
+            buffers.seq_lens[first_pad:num_reqs_padded].zero_()
+            buffers.block_table[first_pad:num_reqs_padded].zero_()
+            self.decode_writes[first_pad:num_reqs_padded].zero_()
+        if rows is None:
             return
+        positions = buffers.positions[:num_reqs]
+        torch.add(rows.start, rows.num_valid, out=positions)
+        torch.add(positions, 1, out=buffers.seq_lens[:num_reqs])  # int64 -> the int32 seq_lens, in one kernel
         buffers.block_table[:num_reqs].copy_(block_table, non_blocking=True)
-        buffers.positions[:num_reqs].copy_(start_plus_valid)
-        buffers.seq_lens[:num_reqs].copy_((start_plus_valid + 1).to(torch.int32))
-        self.decode_writes[:num_reqs].copy_(writes, non_blocking=True)
+        self.decode_writes[:num_reqs].copy_(rows.samples)
 
     def _prepare_decode_inputs(self, batch: VerifiedBatch, rows: StagedRows,
                                desc: BatchExecutionDescriptor) -> None:
@@ -439,8 +445,7 @@ class AutoRegressiveSpeculator(DraftMixedSteps, DraftMixedGraphs):
         num_reqs = batch.query_lens.numel()
         dev = self.device
         # Rows that sampled nothing (mid-prompt chunks) must not write KV.
-        self._load_decode_rows(num_reqs, desc.num_reqs, batch.block_table, rows.start + rows.num_valid,
-                               rows.samples)
+        self._load_decode_rows(num_reqs, desc.num_reqs, rows, batch.block_table)
         conv = None
         if self.conv_states:
             slots = batch.conv_slots.to(torch.int64)

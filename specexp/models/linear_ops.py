@@ -85,11 +85,17 @@ def norm_linear(x: torch.Tensor, norm: Norm | None, weight: torch.Tensor,
     return F.linear(x if norm is None else norm(x), weight, bias)
 
 
-def _gemv_linear(max_tokens: int, pdl: bool):
+def _launch_early(x: torch.Tensor, pdl: bool, skinny_pdl: bool) -> bool:
+    """Whether a product of x's rows is launched early: one row (the GEMV) as `pdl`, more (the skinny kernel) as
+    `skinny_pdl`."""
+    return pdl if x.shape[0] == 1 else skinny_pdl
+
+
+def _gemv_linear(max_tokens: int, pdl: bool, skinny_pdl: bool):
     def gemv_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """F.linear, with products of 1..max_tokens rows on the Triton GEMV. x [T, in] -> [T, out]."""
         if x.is_cuda and triton_gemv.supports(x, weight, max_tokens=max_tokens):
-            return triton_gemv.gemv(x, weight, bias, pdl=pdl)
+            return triton_gemv.gemv(x, weight, bias, pdl=_launch_early(x, pdl, skinny_pdl))
         return F.linear(x, weight, bias)
 
     return gemv_linear
@@ -100,31 +106,32 @@ def float_logits(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     return F.linear(x, weight, bias).float()
 
 
-def _gemv_float_logits(max_tokens: int, pdl: bool):
+def _gemv_float_logits(max_tokens: int, pdl: bool, skinny_pdl: bool):
     def gemv_float_logits(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """:func:`float_logits`, with products of 1..max_tokens rows on the Triton GEMV storing fp32 (the same
         values: rounded to x's dtype first), one cast kernel fewer."""
         if x.is_cuda and triton_gemv.supports(x, weight, max_tokens=max_tokens):
-            return triton_gemv.gemv(x, weight, bias, out_dtype=torch.float32, pdl=pdl)
+            return triton_gemv.gemv(x, weight, bias, out_dtype=torch.float32,
+                                    pdl=_launch_early(x, pdl, skinny_pdl))
         return float_logits(x, weight, bias)
 
     return gemv_float_logits
 
 
-def _gemv_add_linear_(max_tokens: int, pdl: bool):
+def _gemv_add_linear_(max_tokens: int, pdl: bool, skinny_pdl: bool):
     def gemv_add_linear_(residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
                          bias: torch.Tensor | None = None) -> torch.Tensor:
         """:func:`add_linear_`, with products of 1..max_tokens rows on the Triton GEMV (residual updated in
         place)."""
         if x.is_cuda and residual.is_contiguous() and triton_gemv.supports(x, weight, max_tokens=max_tokens):
-            return triton_gemv.gemv(x, weight, bias, residual=residual, pdl=pdl)
+            return triton_gemv.gemv(x, weight, bias, residual=residual, pdl=_launch_early(x, pdl, skinny_pdl))
         return add_linear_(residual, x, weight, bias)
 
     return gemv_add_linear_
 
 
-def _gemv_norm_linear(max_tokens: int, pdl: bool):
-    linear = _gemv_linear(max_tokens, pdl)
+def _gemv_norm_linear(max_tokens: int, pdl: bool, skinny_pdl: bool):
+    linear = _gemv_linear(max_tokens, pdl, skinny_pdl)
 
     def gemv_norm_linear(x: torch.Tensor, norm: Norm | None, weight: torch.Tensor,
                          bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -133,9 +140,10 @@ def _gemv_norm_linear(max_tokens: int, pdl: bool):
         if norm is None:
             return linear(x, weight, bias)
         if x.is_cuda and triton_gemv.supports(x, weight, norm.weight, max_tokens=max_tokens):
+            early = _launch_early(x, pdl, skinny_pdl)
             if norm.folded:  # its weight is ones, already in `weight`: 1/rms(x) alone
-                return triton_gemv.gemv(x, weight, bias, eps=norm.eps, rms_only=True, pdl=pdl)
-            return triton_gemv.gemv(x, weight, bias, norm_weight=norm.weight, eps=norm.eps, pdl=pdl)
+                return triton_gemv.gemv(x, weight, bias, eps=norm.eps, rms_only=True, pdl=early)
+            return triton_gemv.gemv(x, weight, bias, norm_weight=norm.weight, eps=norm.eps, pdl=early)
         return norm_linear(x, norm, weight, bias)
 
     return gemv_norm_linear
@@ -200,6 +208,7 @@ class LinearOps:
     float_logits: Callable[..., torch.Tensor] = float_logits
     pdl: bool = False
     gate_up_silu: Callable[..., torch.Tensor | None] = no_gate_up_silu
+    skinny_pdl: bool = False  # products of 2..max_tokens rows (the skinny kernel) launched early
     max_tokens: int = 0  # rows of x its Triton kernels take (0: none)
 
     def with_silu_in_down_gemv(self) -> LinearOps:
@@ -214,19 +223,22 @@ class LinearOps:
         if self.max_tokens < 2:
             raise ValueError("the SiLU product in the gate/up projection needs the skinny kernel's table "
                              "(engine.linear_kernel=triton_skinny)")
-        return replace(self, gate_up_silu=_skinny_gate_up_silu(self.max_tokens, self.pdl))
+        return replace(self, gate_up_silu=_skinny_gate_up_silu(self.max_tokens, self.skinny_pdl))
 
 
 CUBLAS = LinearOps(F.linear, add_linear_, norm_linear)
 
 
-def triton_gemv_ops(max_tokens: int, pdl: bool = False) -> LinearOps:
+def triton_gemv_ops(max_tokens: int, pdl: bool = False, skinny_pdl: bool | None = None) -> LinearOps:
     """The table that sends products of 1..max_tokens rows of x to :func:`triton_gemv.gemv` (CUDA tensors),
-    every other product to torch's GEMMs; with `pdl`, its kernels launched with programmatic dependent launch."""
-    add_linear = _gemv_add_linear_(max_tokens, pdl)
-    return LinearOps(_gemv_linear(max_tokens, pdl), add_linear, _gemv_norm_linear(max_tokens, pdl),
-                     silu_down_=_table_silu_down_(add_linear), float_logits=_gemv_float_logits(max_tokens, pdl),
-                     pdl=pdl, max_tokens=max_tokens)
+    every other product to torch's GEMMs; with `pdl`, its kernels launched with programmatic dependent launch,
+    those of 2..max_tokens rows (the skinny kernel) as `skinny_pdl` (None: as `pdl`)."""
+    skinny_pdl = pdl if skinny_pdl is None else skinny_pdl
+    add_linear = _gemv_add_linear_(max_tokens, pdl, skinny_pdl)
+    return LinearOps(_gemv_linear(max_tokens, pdl, skinny_pdl), add_linear,
+                     _gemv_norm_linear(max_tokens, pdl, skinny_pdl), silu_down_=_table_silu_down_(add_linear),
+                     float_logits=_gemv_float_logits(max_tokens, pdl, skinny_pdl), pdl=pdl, max_tokens=max_tokens,
+                     skinny_pdl=skinny_pdl)
 
 
 # Rows of x each Triton table's kernels take.
@@ -236,11 +248,12 @@ TRITON_SKINNY = triton_gemv_ops(TRITON_MAX_TOKENS["triton_skinny"])
 LINEAR_KERNELS = {"cublas": CUBLAS, "triton_gemv": TRITON_GEMV, "triton_skinny": TRITON_SKINNY}
 
 
-def linear_kernel_ops(name: str, programmatic_launch: bool = False) -> LinearOps:
+def linear_kernel_ops(name: str, programmatic_launch: bool = False, skinny_early: bool = True) -> LinearOps:
     """The table `engine.linear_kernel=name` runs (a key of LINEAR_KERNELS); with `programmatic_launch`
-    (`engine.programmatic_launch`), a Triton table's kernels launched with programmatic dependent launch."""
+    (`engine.programmatic_launch`), a Triton table's kernels launched with programmatic dependent launch, its
+    skinny kernel's (2..16 rows) only with `skinny_early` too (`engine.skinny_early_launch`)."""
     if programmatic_launch and name in TRITON_MAX_TOKENS:
-        return triton_gemv_ops(TRITON_MAX_TOKENS[name], pdl=True)
+        return triton_gemv_ops(TRITON_MAX_TOKENS[name], pdl=True, skinny_pdl=skinny_early)
     return LINEAR_KERNELS[name]
 
 

@@ -96,13 +96,10 @@ def skinny_config(n: int, k: int, element_bytes: int = 2) -> tuple[int, int, int
 
 def gate_up_config(n: int, k: int, element_bytes: int = 2) -> tuple[int, int, int, int]:
     """:func:`gate_up_silu`'s (gate rows a program takes, BLOCK_K, num_warps, num_stages) for a gate/up weight
-    [n = 2I, k]: :func:`skinny_config`'s for that weight, a program taking half its rows from the gate and as many
-    from the up (at least a 16-row tile of each), and fewer stages where both tiles would overfill
-    SKINNY_STAGE_BYTES."""
+    [n = 2I, k]: :func:`skinny_config`'s for that weight, a program's tile of rows holding half its rows from the
+    gate and the matching ones from the up."""
     block_n, block_k, warps, stages = skinny_config(n, k, element_bytes)
-    block_n = max(TOKEN_TILE, block_n // 2)
-    stage_bytes = (TOKEN_TILE + 2 * block_n) * block_k * element_bytes
-    return block_n, block_k, warps, max(1, min(stages, SKINNY_STAGE_BYTES // stage_bytes))
+    return block_n // 2, block_k, warps, stages
 
 
 if AVAILABLE:
@@ -225,42 +222,39 @@ if AVAILABLE:
     def _skinny_gate_up_kernel(x_ptr, w_ptr, y_ptr, M, I, K, stride_x, stride_w, stride_y, eps,
                                NORM: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr,
                                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GDC: tl.constexpr = False):
-        """y[:, rows] = silu(gate) * up for BLOCK_N gate rows and their up rows (I further) of W [2I, K]."""
+        """y[:, rows] = silu(gate) * up for BLOCK_N gate rows and their up rows (I further) of W [2I, K]: one tile
+        of 2 * BLOCK_N weight rows, gate and up rows interleaved, so one product gives both."""
         wait_for_earlier_kernels(GDC)  # launched early: its pipeline loads weights and x together
         rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        tile = tl.arange(0, 2 * BLOCK_N)
+        tile_rows = tl.program_id(0) * BLOCK_N + tile // 2  # gate row r, then up row r
+        tile_ok = tile_rows < I
+        w_rows = w_ptr + (tile_rows + (tile % 2) * I)[:, None] * stride_w
         tokens = tl.arange(0, BLOCK_M)
         cols = tl.arange(0, BLOCK_K)
-        row_ok = rows < I
         token_ok = tokens < M
-        gate_rows = w_ptr + rows[:, None] * stride_w
-        up_rows = w_ptr + (rows[:, None] + I) * stride_w
-        acc_gate = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, 2 * BLOCK_N], dtype=tl.float32)
         gram = tl.zeros([BLOCK_M, BLOCK_M], dtype=tl.float32)  # with NORM, each token's sum of squares: its diagonal
         for k0 in range(0, K, BLOCK_K):
             k = k0 + cols
             k_ok = k < K
             x = tl.load(x_ptr + tokens[:, None] * stride_x + k[None, :], mask=token_ok[:, None] & k_ok[None, :],
                         other=0.0)
-            w_ok = row_ok[:, None] & k_ok[None, :]
-            w_gate = tl.load(gate_rows + k[None, :], mask=w_ok, other=0.0)
-            w_up = tl.load(up_rows + k[None, :], mask=w_ok, other=0.0)
+            w = tl.load(w_rows + k[None, :], mask=tile_ok[:, None] & k_ok[None, :], other=0.0)
             if NORM:
                 gram = _tile_dot(x, tl.trans(x), gram, IEEE)
-            acc_gate = _tile_dot(x, tl.trans(w_gate), acc_gate, IEEE)
-            acc_up = _tile_dot(x, tl.trans(w_up), acc_up, IEEE)
+            acc = _tile_dot(x, tl.trans(w), acc, IEEE)
         if NORM:
-            rms = _rms_from_gram(gram, tokens, K, eps)
-            acc_gate = acc_gate / rms[:, None]
-            acc_up = acc_up / rms[:, None]
+            acc = acc / _rms_from_gram(gram, tokens, K, eps)[:, None]
+        gate, up = tl.split(tl.reshape(acc, [BLOCK_M, BLOCK_N, 2]))
         dtype = x_ptr.dtype.element_ty
         # each step rounded to x's dtype as the unfused kernels round it: the projection's output, silu(gate),
         # and its product with up
-        gate = acc_gate.to(dtype).to(tl.float32)
-        up = acc_up.to(dtype).to(tl.float32)
+        gate = gate.to(dtype).to(tl.float32)
+        up = up.to(dtype).to(tl.float32)
         silu = tl.math.div_rn(gate, 1.0 + tl.exp(-gate)).to(dtype).to(tl.float32)
         out_offsets = tokens[:, None] * stride_y + rows[None, :]
-        tl.store(y_ptr + out_offsets, (silu * up).to(dtype), mask=token_ok[:, None] & row_ok[None, :])
+        tl.store(y_ptr + out_offsets, (silu * up).to(dtype), mask=token_ok[:, None] & (rows < I)[None, :])
 
 
 def _pdl_flags(pdl: bool, device: torch.device) -> dict:
@@ -314,8 +308,8 @@ def gate_up_silu(x: torch.Tensor, weight: torch.Tensor, *, rms_only: bool = Fals
     * (x W_up^T), [M, I] in x's dtype; with `rms_only`, x is first RMS-normalised (a norm whose weight is folded into
     `weight`). pdl: as :func:`gemv`'s.
 
-    The same products as :func:`gemv` over the whole [2I, K] weight (each program takes BLOCK_N gate rows and the
-    matching up rows), each rounded to x's dtype, then silu(gate) and its product with up each rounded, as eager's
+    The same products as :func:`gemv` over the whole [2I, K] weight (each program's tile of weight rows holds
+    BLOCK_N gate rows interleaved with the matching up rows), each rounded to x's dtype, then silu(gate) and its product with up each rounded, as eager's
     SiLU and multiply round them (silu's exp is Triton's: a few elements may differ in the last bit). Saves the
     SiLU product's kernel and the [M, 2I] round trip in each layer of a verify."""
     m, k = x.shape

@@ -172,7 +172,35 @@ def test_the_tables_launch_early_only_where_asked():
     for name in ("triton_gemv", "triton_skinny"):
         assert linear_kernel_ops(name) is LINEAR_KERNELS[name] and not LINEAR_KERNELS[name].pdl
         early = linear_kernel_ops(name, programmatic_launch=True)
-        assert early.pdl and early.with_silu_in_down_gemv().pdl
+        assert early.pdl and early.with_silu_in_down_gemv().pdl and early.skinny_pdl
+        in_order = linear_kernel_ops(name, programmatic_launch=True, skinny_early=False)
+        assert in_order.pdl and not in_order.skinny_pdl and not linear_kernel_ops(name, skinny_early=True).skinny_pdl
+    assert not linear_kernel_ops("triton_skinny", True, skinny_early=False).with_silu_in_gate_up().skinny_pdl
+
+
+def test_skinny_products_launch_as_their_own_setting(monkeypatch):
+    """A table whose skinny kernel runs in order launches its one-row GEMVs early and its 2..16-row products (the
+    projections and the fused gate/up SiLU product) in stream order."""
+    from specexp.models import linear_ops
+
+    launches = []
+    monkeypatch.setattr(linear_ops.triton_gemv, "supports", lambda *args, **kwargs: True)
+    monkeypatch.setattr(linear_ops.triton_gemv, "gemv",
+                        lambda x, *args, pdl, **kwargs: launches.append((x.shape[0], pdl)))
+    monkeypatch.setattr(linear_ops.triton_gemv, "gate_up_silu",
+                        lambda x, *args, pdl, **kwargs: launches.append(("gate_up", pdl)))
+    table = linear_kernel_ops("triton_skinny", True, skinny_early=False).with_silu_in_gate_up()
+    class OnGpu(torch.Tensor):  # what the table reads of a CUDA tensor (the kernels themselves are stubbed)
+        is_cuda = True
+
+    x1, x4, w = (torch.Tensor._make_subclass(OnGpu, torch.zeros(rows, 8)) for rows in (1, 4, 6))
+    for x in (x1, x4):
+        table.linear(x, w)
+        table.norm_linear(x, None, w)
+        table.add_linear_(torch.zeros(x.shape[0], 6), x, w)
+        table.float_logits(x, w)
+    table.gate_up_silu(x4, None, w)
+    assert launches == [(1, True)] * 4 + [(4, False)] * 4 + [("gate_up", False)]
 
 
 def test_the_early_tables_are_torch_off_the_gpu():
@@ -187,6 +215,12 @@ def test_the_early_tables_are_torch_off_the_gpu():
         assert torch.equal(early.add_linear_(residual.clone(), x, w, b),
                            TRITON_SKINNY.add_linear_(residual.clone(), x, w, b))
         assert torch.equal(early.float_logits(x, w, b), TRITON_SKINNY.float_logits(x, w, b))
+
+
+def test_skinny_early_launch_is_validated():
+    with pytest.raises(EngineConfigError, match="engine.skinny_early_launch='verify': valid are 'both', 'target', "
+                                                "'draft', 'none'"):
+        EngineConfig(skinny_early_launch="verify").validate()
 
 
 def test_programmatic_launch_is_validated():
