@@ -69,7 +69,7 @@ class EngineConfig:
     a Triton linear_kernel runs the down projection itself on its own kernels.)
     silu_in_gate_up: with linear_kernel=triton_skinny, compute a gated MLP's SiLU product of 2-16 tokens (a
     batch-1 verify, a draft prefill region) in its gate/up projection's skinny kernel (`triton_gemv.gate_up_silu`):
-    one kernel fewer per layer of such a step. Off by default: not yet timed on a GPU.
+    one kernel fewer per layer of such a step (`engine=cuda`'s default).
     fold_norm_weights: fold each decoder layer's pre-norm weight into the projections that read it, in place
     (`specexp.models.norm_folding`: the same function up to one rounding of each folded weight), so the Triton
     kernels that fuse the norm skip scaling x by it; the models stay folded after the engine.

@@ -21,6 +21,9 @@ bias)` and `norm_linear(x, norm, weight, bias)` (a pre-norm projection: linear(n
   (`engine.silu_in_gate_up`) computes the product of 2-16 rows in the gate/up projection's skinny kernel instead
   (:func:`triton_gemv.gate_up_silu`): its epilogue holds each row's gate and up, and the down projection reads
   [T, I].
+- A table's one-row GEMVs and its skinny products launch early (`pdl`, `skinny_pdl`) or in stream order each on
+  their own: an early-launched kernel holds its blocks' registers and shared memory while it waits, which the
+  long skinny products of a 1B target's verify pay for (`engine.skinny_early_launch`).
 - :func:`linear_kernel_ops` with `programmatic_launch` (`engine.programmatic_launch`): a Triton table whose kernels
   are launched with programmatic dependent launch on sm_90+ GPUs (each GEMV fetches its first weight chunk while
   the kernel before it finishes; see :func:`triton_gemv.gemv`).

@@ -41,8 +41,11 @@ plus separate norms (`experiments/2026-11-29-cudagraphs-h200/`), so `engine=cuda
 folded norms.
 
 A gated MLP's gate/up projection of 2-16 rows can also end in its SiLU product (:func:`gate_up_silu`,
-`engine.silu_in_gate_up`, off until timed on a GPU): each program takes gate rows and the matching up rows, so its
-epilogue holds both and writes silu(gate) * up, [M, I], rounded step by step as eager's kernels round.
+`engine.silu_in_gate_up`): each program's tile interleaves gate rows with the matching up rows, so one product
+gives both and its epilogue writes silu(gate) * up, [M, I], rounded step by step as eager's kernels round. On an
+H100 it is what eager's kernels compute, bit for bit, at the 1B and draft shapes; it speeds a 1B target's verify
+only with the skinny kernels launched in stream order (`engine.skinny_early_launch`,
+`experiments/2026-12-06-verify-launch-order-h100/`).
 
 A multi-row GEMV (one fp32 accumulator per row of x, each weight chunk loaded once) lost to cuBLAS at 2-4 rows on
 every 1B-class shape even tuned (LFM2-1.2B shape at M = 2: 0.87 ms against 0.80) and was removed.
