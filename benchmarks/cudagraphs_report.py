@@ -29,7 +29,8 @@ ENGINE_DEFAULTS_YAML = Path(__file__).resolve().parents[1] / "conf" / "engine" /
 # The engine switches gpu_cudagraphs.py records in its result, compared with conf/engine/cuda.yaml's values
 SWITCHES = ("compile_pointwise", "linear_kernel", "silu_in_down_gemv", "silu_in_gate_up", "fold_norm_weights",
             "attention_kernel", "conv_kernel", "argmax_kernel", "sampler_kernel", "draft_step_kernel",
-            "programmatic_launch", "skinny_early_launch", "plain_decode_lookahead", "cudagraph_prefill_tokens", "cudagraph_shared_pool")
+            "programmatic_launch", "skinny_early_launch", "plain_decode_lookahead", "cudagraph_prefill_tokens",
+            "cudagraph_shared_pool")
 # what results written before a switch existed ran: the behaviour the switch's first default kept
 BEFORE_THE_SWITCH = {"argmax_kernel": "torch", "silu_in_down_gemv": False, "silu_in_gate_up": False,
                      "sampler_kernel": "torch", "draft_step_kernel": "torch", "programmatic_launch": False,

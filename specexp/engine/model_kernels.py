@@ -15,10 +15,10 @@ from specexp.models.short_conv_ops import CONV_KERNELS, use_conv_kernel
 
 
 def use_engine_kernels(models: tuple[nn.Module, ...], engine: EngineConfig) -> None:
-    """Make every model of `models` (the target, then the draft if any) run `engine`'s kernels: the fused (compiled) pointwise ops or the eager ones
-    (`compile_pointwise`), its linear-ops table (`linear_kernel`, `silu_in_down_gemv`, `silu_in_gate_up`),
-    attention and short-conv kernels (their Triton kernels launched early with `programmatic_launch`, a model's
-    skinny kernels only where `skinny_early_launch` names it); with
+    """Make every model of `models` (the target, then the draft if any) run `engine`'s kernels: the fused
+    (compiled) pointwise ops or the eager ones (`compile_pointwise`), its linear-ops table (`linear_kernel`,
+    `silu_in_down_gemv`, `silu_in_gate_up`), attention and short-conv kernels (their Triton kernels launched early
+    with `programmatic_launch`, a model's skinny kernels only where `skinny_early_launch` names it); with
     `fold_norm_weights`, its pre-norm weights folded into the projections first (in place). Set on the modules:
     a model shared by two engines follows the last one built. On a GPU, Triton's kernel cache is pointed at inductor's first
     (`triton_support.share_inductor_kernel_cache`: the process environment's TRITON_CACHE_DIR, unless set).
