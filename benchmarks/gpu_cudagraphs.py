@@ -18,7 +18,7 @@ Measures, per pair (trained demo pairs when present, and real-size random-weight
                                         [--conv-kernel triton|torch] [--prefill-graph-tokens 16,32,64,128]
                                         [--argmax-kernel torch|triton] [--sampler-kernel torch|triton]
                                         [--silu-in-down-gemv] [--draft-step-kernel torch|triton]
-                                        [--[no-]programmatic-launch] [--no-silu-in-gate-up]
+                                        [--[no-]programmatic-launch] [--[no-]silu-in-gate-up [target|draft]]
                                         [--skinny-early-launch both|target|draft|none]
                                         [--no-shared-graph-pool]
                                         [--ks 0,1,4] [--rates 0.8] [--repeats 3] [--prompts 4]
@@ -63,7 +63,7 @@ RANDOM_PAIRS = {
 # What `engine=cuda` runs (conf/engine/cuda.yaml): the configuration the diagnostics
 # (diagnostics/host_time.py, step_trace.py, verify_cost.py) look at, and the defaults of this script's kernel switches.
 CUDA_KERNELS = {"compile_pointwise": True, "linear_kernel": "triton_skinny", "silu_in_down_gemv": True,
-                "silu_in_gate_up": True, "skinny_early_launch": "draft",
+                "silu_in_gate_up": "target", "skinny_early_launch": "draft",
                 "fold_norm_weights": True, "attention_kernel": "triton", "conv_kernel": "triton",
                 "argmax_kernel": "triton", "sampler_kernel": "triton", "draft_step_kernel": "triton",
                 "programmatic_launch": "auto",
@@ -74,6 +74,24 @@ DEMO_PAIRS = {
     "tiny_llama": ("tiny-llama", "tiny-llama-draft"),
 }
 
+
+
+def add_silu_in_gate_up_flag(parser: argparse.ArgumentParser) -> None:
+    """`--silu-in-gate-up [true|false|target|draft]` (bare: true) and `--no-silu-in-gate-up`, into
+    `args.silu_in_gate_up` (engine.silu_in_gate_up; default CUDA_KERNELS')."""
+    values = {"true": True, "false": False, "target": "target", "draft": "draft"}
+
+    def value(text: str):
+        if text not in values:
+            raise argparse.ArgumentTypeError(f"{text!r}: valid are {', '.join(values)}")
+        return values[text]
+
+    parser.add_argument("--silu-in-gate-up", nargs="?", const=True, type=value,
+                        default=CUDA_KERNELS["silu_in_gate_up"],
+                        help="engine.silu_in_gate_up: the MLP's SiLU product of 2-16 tokens in the gate/up "
+                             "projection's skinny kernel, in both models (bare flag), one (target, draft) or none")
+    parser.add_argument("--no-silu-in-gate-up", dest="silu_in_gate_up", action="store_const", const=False,
+                        help="engine.silu_in_gate_up=false")
 
 def cuda_ms(fn, iters: int = 20, warmup: int = 3) -> float:
     """Median milliseconds of fn() over `iters` runs, timed with CUDA events."""
@@ -382,10 +400,7 @@ def main() -> None:
     parser.add_argument("--silu-in-down-gemv", action=argparse.BooleanOptionalAction,
                         default=CUDA_KERNELS["silu_in_down_gemv"],
                         help="engine.silu_in_down_gemv: the MLP's SiLU product of one token inside the down GEMV")
-    parser.add_argument("--silu-in-gate-up", action=argparse.BooleanOptionalAction,
-                        default=CUDA_KERNELS["silu_in_gate_up"],
-                        help="engine.silu_in_gate_up: the MLP's SiLU product of 2-16 tokens in the gate/up "
-                             "projection's skinny kernel")
+    add_silu_in_gate_up_flag(parser)
     parser.add_argument("--skinny-early-launch", default=CUDA_KERNELS["skinny_early_launch"],
                         choices=["both", "target", "draft", "none"],
                         help="engine.skinny_early_launch: whose skinny kernels (2-16 tokens) launch early")

@@ -178,7 +178,7 @@ SCHEMA: dict[str, dict[str, Any]] = {
         "compile_pointwise": Key("bool"),
         "linear_kernel": Key("str"),  # the choices are the engine's (checked with its other settings)
         "silu_in_down_gemv": Key("bool"),
-        "silu_in_gate_up": Key("bool"),
+        "silu_in_gate_up": Key("bool", words=("target", "draft"), note="target/draft: in that model only"),
         "fold_norm_weights": Key("bool"),
         "attention_kernel": Key("str"),
         "conv_kernel": Key("str"),

@@ -15,7 +15,7 @@ time grows most from the k = 0 verify to each k's verify.
 
     python benchmarks/diagnostics/verify_cost.py --pairs lfm2-1.2b+lfm2-350m --ks 0,1,2,4 --out verify_cost.json
                                      [--linear-kernel triton_gemv|triton_skinny|cublas] [--no-silu-in-down-gemv]
-                                     [--no-silu-in-gate-up] [--skinny-early-launch both|target|draft|none]
+                                     [--[no-]silu-in-gate-up [target|draft]] [--skinny-early-launch both|target|draft|none]
 
 Needs only torch, safetensors and tokenizers (and a CUDA GPU). Rewrites its JSON after every k.
 """
@@ -37,6 +37,7 @@ from gpu_cudagraphs import (
     CUDA_KERNELS,
     RANDOM_PAIRS,
     ZOO,
+    add_silu_in_gate_up_flag,
     back_to_back_ms,
     cuda_ms,
     make_engine,
@@ -113,10 +114,7 @@ def main() -> None:
     parser.add_argument("--silu-in-down-gemv", action=argparse.BooleanOptionalAction,
                         default=CUDA_KERNELS["silu_in_down_gemv"],
                         help="engine.silu_in_down_gemv: the MLP's SiLU product of one token inside the down GEMV")
-    parser.add_argument("--silu-in-gate-up", action=argparse.BooleanOptionalAction,
-                        default=CUDA_KERNELS["silu_in_gate_up"],
-                        help="engine.silu_in_gate_up: the MLP's SiLU product of 2-16 tokens in the gate/up "
-                             "projection's skinny kernel")
+    add_silu_in_gate_up_flag(parser)
     parser.add_argument("--skinny-early-launch", default=CUDA_KERNELS["skinny_early_launch"],
                         choices=["both", "target", "draft", "none"],
                         help="engine.skinny_early_launch: whose skinny kernels (2-16 tokens) launch early")

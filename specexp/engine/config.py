@@ -16,8 +16,10 @@ from specexp.models.short_conv_ops import CONV_KERNELS
 
 # engine.cudagraph_mixed: how mixed prefill+verify steps replay (see EngineConfig).
 MIXED_STEP_MODES = ("joined", "parts")
+# An engine's two models, as settings that apply to one of them name them (see EngineConfig).
+MODEL_ROLES = ("target", "draft")
 # engine.skinny_early_launch: whose skinny kernels launch early (see EngineConfig).
-SKINNY_EARLY_LAUNCH = ("both", "target", "draft", "none")
+SKINNY_EARLY_LAUNCH = ("both", *MODEL_ROLES, "none")
 
 
 class EngineConfigError(ValueError):
@@ -67,9 +69,10 @@ class EngineConfig:
     silu_in_down_gemv: with a Triton linear_kernel, compute a gated MLP's SiLU product of one token inside its
     down projection's GEMV (`triton_gemv.gated_gemv`): one kernel fewer per layer of a batch-1 step. (Either way
     a Triton linear_kernel runs the down projection itself on its own kernels.)
-    silu_in_gate_up: with linear_kernel=triton_skinny, compute a gated MLP's SiLU product of 2-16 tokens (a
-    batch-1 verify, a draft prefill region) in its gate/up projection's skinny kernel (`triton_gemv.gate_up_silu`):
-    one kernel fewer per layer of such a step (`engine=cuda`'s default).
+    silu_in_gate_up: true | false | "target" | "draft": with linear_kernel=triton_skinny, compute a gated MLP's
+    SiLU product of 2-16 tokens (a batch-1 verify, a draft prefill region) in its gate/up projection's skinny kernel
+    (`triton_gemv.gate_up_silu`), in both models (true) or one: one kernel fewer per layer of such a step. It pays
+    where the skinny kernels run in stream order (`skinny_early_launch`); `engine=cuda` fuses it in the target.
     fold_norm_weights: fold each decoder layer's pre-norm weight into the projections that read it, in place
     (`specexp.models.norm_folding`: the same function up to one rounding of each folded weight), so the Triton
     kernels that fuse the norm skip scaling x by it; the models stay folded after the engine.
@@ -123,7 +126,7 @@ class EngineConfig:
     compile_pointwise: bool = False
     linear_kernel: str = "cublas"
     silu_in_down_gemv: bool = False
-    silu_in_gate_up: bool = False
+    silu_in_gate_up: bool | str = False
     fold_norm_weights: bool = False
     attention_kernel: str = "sdpa"
     conv_kernel: str = "torch"
@@ -161,12 +164,15 @@ class EngineConfig:
             raise EngineConfigError(f"engine.cudagraph_mixed={self.cudagraph_mixed!r}: valid are "
                                     + ", ".join(repr(m) for m in MIXED_STEP_MODES))
         for name in ("compile_pointwise", "plain_decode_lookahead", "fold_norm_weights", "cudagraph_shared_pool",
-                     "silu_in_down_gemv", "silu_in_gate_up"):
+                     "silu_in_down_gemv"):
             if not isinstance(getattr(self, name), bool):
                 raise EngineConfigError(f"engine.{name}={getattr(self, name)!r}: must be true or false")
         if not isinstance(self.programmatic_launch, bool) and self.programmatic_launch != "auto":
             raise EngineConfigError(f"engine.programmatic_launch={self.programmatic_launch!r}: must be true, false "
                                     "or auto")
+        if not isinstance(self.silu_in_gate_up, bool) and self.silu_in_gate_up not in MODEL_ROLES:
+            raise EngineConfigError(f"engine.silu_in_gate_up={self.silu_in_gate_up!r}: must be true, false, target "
+                                    "or draft")
         if self.skinny_early_launch not in SKINNY_EARLY_LAUNCH:
             raise EngineConfigError(f"engine.skinny_early_launch={self.skinny_early_launch!r}: valid are "
                                     + ", ".join(repr(m) for m in SKINNY_EARLY_LAUNCH))
@@ -180,8 +186,9 @@ class EngineConfig:
             raise EngineConfigError("engine.silu_in_down_gemv=true computes the SiLU product in the Triton GEMV: it "
                                     "needs engine.linear_kernel=triton_gemv or triton_skinny (got 'cublas')")
         if self.silu_in_gate_up and self.linear_kernel != "triton_skinny":
-            raise EngineConfigError("engine.silu_in_gate_up=true computes the SiLU product in the skinny kernel: it "
-                                    f"needs engine.linear_kernel=triton_skinny (got {self.linear_kernel!r})")
+            raise EngineConfigError(f"engine.silu_in_gate_up={str(self.silu_in_gate_up).lower()} computes the SiLU "
+                                    "product in the skinny kernel: it needs engine.linear_kernel=triton_skinny (got "
+                                    f"{self.linear_kernel!r})")
         if self.programmatic_launch is True and not self._has_triton_kernel():
             raise EngineConfigError("engine.programmatic_launch=true launches the Triton kernels early: it needs one "
                                     "of engine.linear_kernel=triton_gemv|triton_skinny, attention_kernel=triton, "

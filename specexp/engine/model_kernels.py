@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from specexp.engine.config import EngineConfig, EngineConfigError
+from specexp.engine.config import MODEL_ROLES, EngineConfig, EngineConfigError
 from specexp.models import triton_support
 from specexp.models.attention import ATTENTION_KERNELS, use_attention_kernel
 from specexp.models.linear_ops import linear_kernel_ops, use_linear_ops
@@ -17,7 +17,7 @@ from specexp.models.short_conv_ops import CONV_KERNELS, use_conv_kernel
 def use_engine_kernels(models: tuple[nn.Module, ...], engine: EngineConfig) -> None:
     """Make every model of `models` (the target, then the draft if any) run `engine`'s kernels: the fused
     (compiled) pointwise ops or the eager ones (`compile_pointwise`), its linear-ops table (`linear_kernel`,
-    `silu_in_down_gemv`, `silu_in_gate_up`), attention and short-conv kernels (their Triton kernels launched early
+    `silu_in_down_gemv`, `silu_in_gate_up` where it names the model), attention and short-conv kernels (their Triton kernels launched early
     with `programmatic_launch`, a model's skinny kernels only where `skinny_early_launch` names it); with
     `fold_norm_weights`, its pre-norm weights folded into the projections first (in place). Set on the modules:
     a model shared by two engines follows the last one built. On a GPU, Triton's kernel cache is pointed at inductor's first
@@ -40,11 +40,11 @@ def use_engine_kernels(models: tuple[nn.Module, ...], engine: EngineConfig) -> N
     attention, conv = ATTENTION_KERNELS[engine.attention_kernel], CONV_KERNELS[engine.conv_kernel]
     if early:
         attention, conv = attention.launched_early(), conv.launched_early()
-    for model, role in zip(models, ("target", "draft")):
+    for model, role in zip(models, MODEL_ROLES):
         linear = linear_kernel_ops(engine.linear_kernel, early, engine.skinny_early_launch in (role, "both"))
         if engine.silu_in_down_gemv:
             linear = linear.with_silu_in_down_gemv()
-        if engine.silu_in_gate_up:
+        if engine.silu_in_gate_up in (True, role):
             linear = linear.with_silu_in_gate_up()
         if engine.fold_norm_weights and fold_norm_weights(model) and early:
             # An early-launched GEMV reads its first weight chunk before it waits for the kernel before it: the

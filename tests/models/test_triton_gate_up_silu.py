@@ -5,6 +5,8 @@ compiled for a Hopper GPU without one; the table's routing and the config's chec
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -16,6 +18,9 @@ from triton_interpreter import (
 )
 
 from specexp.models import triton_gemv
+from specexp.models.linear_ops import no_gate_up_silu
+
+ZOO = Path(__file__).resolve().parents[2] / "specexp" / "zoo"
 
 # (I, K): widths below, at and past a program's rows; K below, at and past one chunk and not a multiple of it
 SHAPES = [(5, 3), (40, 64), (300, 130), (1100, 600)]
@@ -97,13 +102,38 @@ def test_only_the_skinny_table_fuses_and_not_on_cpu_tensors():
 def test_silu_in_gate_up_is_validated():
     from specexp.engine.config import EngineConfig, EngineConfigError
 
-    EngineConfig(device="cuda", linear_kernel="triton_skinny", silu_in_gate_up=True).validate()
-    for kernel in ("cublas", "triton_gemv"):
-        with pytest.raises(EngineConfigError, match=f"engine.silu_in_gate_up=true .* needs "
-                                                    f"engine.linear_kernel=triton_skinny \\(got '{kernel}'\\)"):
-            EngineConfig(device="cuda", linear_kernel=kernel, silu_in_gate_up=True).validate()
-    with pytest.raises(EngineConfigError, match="engine.silu_in_gate_up='yes': must be true or false"):
+    for value in (True, "target", "draft"):
+        EngineConfig(device="cuda", linear_kernel="triton_skinny", silu_in_gate_up=value).validate()
+        for kernel in ("cublas", "triton_gemv"):
+            with pytest.raises(EngineConfigError, match=f"engine.silu_in_gate_up={str(value).lower()} .* needs "
+                                                        f"engine.linear_kernel=triton_skinny \\(got '{kernel}'\\)"):
+                EngineConfig(device="cuda", linear_kernel=kernel, silu_in_gate_up=value).validate()
+    with pytest.raises(EngineConfigError, match="engine.silu_in_gate_up='yes': must be true, false, target or draft"):
         EngineConfig(silu_in_gate_up="yes").validate()
+
+
+@pytest.mark.parametrize(("silu_in_gate_up", "skinny_early_launch", "fused", "early"),
+                         [(True, "both", (True, True), (True, True)),
+                          ("target", "draft", (True, False), (False, True)),
+                          ("draft", "target", (False, True), (True, False)),
+                          (False, "none", (False, False), (False, False))])
+def test_each_model_gets_its_own_table(silu_in_gate_up, skinny_early_launch, fused, early, monkeypatch):
+    """engine.silu_in_gate_up and skinny_early_launch name models: the target's table and the draft's differ as
+    they say (programmatic launch on, as on an sm_90+ GPU; the one-row GEMVs of both launch early)."""
+    from specexp.engine.config import EngineConfig
+    from specexp.engine.model_kernels import use_engine_kernels
+    from specexp.models import load_model
+
+    monkeypatch.setattr(EngineConfig, "launches_early", lambda self: True)
+    models = (load_model(ZOO / "tiny-llama"), load_model(ZOO / "tiny-llama-draft"))
+    use_engine_kernels(models, EngineConfig(device="cpu", linear_kernel="triton_skinny",
+                                            silu_in_gate_up=silu_in_gate_up, skinny_early_launch=skinny_early_launch))
+    for model, fused_here, early_here in zip(models, fused, early, strict=True):
+        tables = {m.linear_ops for m in model.modules() if hasattr(m, "linear_ops")}
+        assert len(tables) == 1
+        table = tables.pop()
+        assert table.pdl and table.skinny_pdl == early_here
+        assert (table.gate_up_silu is not no_gate_up_silu) == fused_here
 
 
 @on_triton_gpu
