@@ -75,7 +75,6 @@ DEMO_PAIRS = {
 }
 
 
-
 def add_silu_in_gate_up_flag(parser: argparse.ArgumentParser) -> None:
     """`--silu-in-gate-up [true|false|target|draft]` (bare: true) and `--no-silu-in-gate-up`, into
     `args.silu_in_gate_up` (engine.silu_in_gate_up; default CUDA_KERNELS')."""
@@ -92,6 +91,7 @@ def add_silu_in_gate_up_flag(parser: argparse.ArgumentParser) -> None:
                              "projection's skinny kernel, in both models (bare flag), one (target, draft) or none")
     parser.add_argument("--no-silu-in-gate-up", dest="silu_in_gate_up", action="store_const", const=False,
                         help="engine.silu_in_gate_up=false")
+
 
 def cuda_ms(fn, iters: int = 20, warmup: int = 3) -> float:
     """Median milliseconds of fn() over `iters` runs, timed with CUDA events."""
