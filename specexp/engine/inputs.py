@@ -145,8 +145,9 @@ def _step_from_arrays(tokens_np: np.ndarray, rows_np: np.ndarray, num_reqs: int,
     tokens, rows = torch.from_numpy(tokens_np), torch.from_numpy(rows_np)
     if pin_memory:
         tokens, rows = tokens.pin_memory(), rows.pin_memory()
-    qsl_pad, seq_pad, table_pad = rows.split([r_pad + 1, r_pad, r_pad * max_blocks])
-    table_pad = table_pad.view(r_pad, max_blocks)
+    # slices, not rows.split: a step stages two of these, and the split's Python wrapper costs more than three slices
+    qsl_pad, seq_pad = rows[: r_pad + 1], rows[r_pad + 1 : 2 * r_pad + 1]
+    table_pad = rows[2 * r_pad + 1 :].view(r_pad, max_blocks)
     input_ids, positions, slot_mapping, token_req_indices = tokens[:, :num_tokens].unbind(0)
     return StepInputsCPU(input_ids, positions, qsl_pad[: num_reqs + 1], seq_pad[:num_reqs], table_pad[:num_reqs],
                          slot_mapping, token_req_indices, PaddedStep(tokens, qsl_pad, seq_pad, table_pad),

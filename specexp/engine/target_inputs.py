@@ -55,10 +55,10 @@ class TargetStepInputs:
             cpu = stride_rows(flat, row_stride, desc.num_reqs, pin_memory=self.pin_memory)
         buffers.load(cpu, desc.num_reqs, desc.num_tokens)
         num_reqs, num_tokens = cpu.num_reqs, cpu.num_tokens
-        attn = buffers.attention_metadata(
-            num_reqs, num_tokens, max_seq_len=desc.max_seq_len, max_query_len=cpu.max_query_len,
-            num_actual_tokens=num_tokens,
-        )
+        attn = None  # a graph replays the attention metadata it was captured with
+        if desc.cg_mode != FULL:
+            attn = buffers.attention_metadata(num_reqs, num_tokens, max_seq_len=desc.max_seq_len,
+                                              max_query_len=cpu.max_query_len, num_actual_tokens=num_tokens)
         # Per-row CPU facts, one tensor per dtype, for the speculator (VerifiedBatch) and the conv builder:
         # plain decoding of an attention-only target needs none. Every decode row is a spec row (0..k drafts),
         # even without speculation: its conv window then sits at num_accepted - 1, and the spec path is the one
