@@ -50,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from leviathan import add_theory
 
-from specexp.engine.config import EngineConfig, SamplingConfig, SpeculatorConfig
+from specexp.engine.config import SKINNY_EARLY_LAUNCH, EngineConfig, SamplingConfig, SpeculatorConfig
 from specexp.engine.cudagraph import FULL, BatchExecutionDescriptor
 from specexp.engine.runner import NativeEngine
 from specexp.models import load_model
@@ -75,9 +75,10 @@ DEMO_PAIRS = {
 }
 
 
-def add_silu_in_gate_up_flag(parser: argparse.ArgumentParser) -> None:
-    """`--silu-in-gate-up [true|false|target|draft]` (bare: true) and `--no-silu-in-gate-up`, into
-    `args.silu_in_gate_up` (engine.silu_in_gate_up; default CUDA_KERNELS')."""
+def add_skinny_kernel_flags(parser: argparse.ArgumentParser) -> None:
+    """The skinny kernel's two per-model switches, defaults CUDA_KERNELS': `--silu-in-gate-up
+    [true|false|target|draft]` (bare: true) and `--no-silu-in-gate-up` into `args.silu_in_gate_up`
+    (engine.silu_in_gate_up), `--skinny-early-launch` into `args.skinny_early_launch`."""
     values = {"true": True, "false": False, "target": "target", "draft": "draft"}
 
     def value(text: str):
@@ -91,6 +92,9 @@ def add_silu_in_gate_up_flag(parser: argparse.ArgumentParser) -> None:
                              "projection's skinny kernel, in both models (bare flag), one (target, draft) or none")
     parser.add_argument("--no-silu-in-gate-up", dest="silu_in_gate_up", action="store_const", const=False,
                         help="engine.silu_in_gate_up=false")
+    parser.add_argument("--skinny-early-launch", default=CUDA_KERNELS["skinny_early_launch"],
+                        choices=SKINNY_EARLY_LAUNCH,
+                        help="engine.skinny_early_launch: whose skinny kernels (2-16 tokens) launch early")
 
 
 def cuda_ms(fn, iters: int = 20, warmup: int = 3) -> float:
@@ -400,10 +404,7 @@ def main() -> None:
     parser.add_argument("--silu-in-down-gemv", action=argparse.BooleanOptionalAction,
                         default=CUDA_KERNELS["silu_in_down_gemv"],
                         help="engine.silu_in_down_gemv: the MLP's SiLU product of one token inside the down GEMV")
-    add_silu_in_gate_up_flag(parser)
-    parser.add_argument("--skinny-early-launch", default=CUDA_KERNELS["skinny_early_launch"],
-                        choices=["both", "target", "draft", "none"],
-                        help="engine.skinny_early_launch: whose skinny kernels (2-16 tokens) launch early")
+    add_skinny_kernel_flags(parser)
     parser.add_argument("--fold-norm-weights", action=argparse.BooleanOptionalAction,
                         default=CUDA_KERNELS["fold_norm_weights"],
                         help="engine.fold_norm_weights: pre-norm weights folded into the projections (the fused "

@@ -37,7 +37,7 @@ from gpu_cudagraphs import (
     CUDA_KERNELS,
     RANDOM_PAIRS,
     ZOO,
-    add_silu_in_gate_up_flag,
+    add_skinny_kernel_flags,
     back_to_back_ms,
     cuda_ms,
     make_engine,
@@ -114,10 +114,7 @@ def main() -> None:
     parser.add_argument("--silu-in-down-gemv", action=argparse.BooleanOptionalAction,
                         default=CUDA_KERNELS["silu_in_down_gemv"],
                         help="engine.silu_in_down_gemv: the MLP's SiLU product of one token inside the down GEMV")
-    add_silu_in_gate_up_flag(parser)
-    parser.add_argument("--skinny-early-launch", default=CUDA_KERNELS["skinny_early_launch"],
-                        choices=["both", "target", "draft", "none"],
-                        help="engine.skinny_early_launch: whose skinny kernels (2-16 tokens) launch early")
+    add_skinny_kernel_flags(parser)
     parser.add_argument("--out", default="verify_cost.json")
     args = parser.parse_args()
     pairs = args.pairs.split(",")
