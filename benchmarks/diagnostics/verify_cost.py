@@ -15,7 +15,8 @@ time grows most from the k = 0 verify to each k's verify.
 
     python benchmarks/diagnostics/verify_cost.py --pairs lfm2-1.2b+lfm2-350m --ks 0,1,2,4 --out verify_cost.json
                                      [--linear-kernel triton_gemv|triton_skinny|cublas] [--no-silu-in-down-gemv]
-                                     [--[no-]silu-in-gate-up [target|draft]] [--skinny-early-launch both|target|draft|none]
+                                     [--[no-]silu-in-gate-up [target|draft]]
+                                     [--skinny-early-launch both|target|draft|none]
 
 Needs only torch, safetensors and tokenizers (and a CUDA GPU). Rewrites its JSON after every k.
 """

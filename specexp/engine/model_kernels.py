@@ -17,11 +17,12 @@ from specexp.models.short_conv_ops import CONV_KERNELS, use_conv_kernel
 def use_engine_kernels(models: tuple[nn.Module, ...], engine: EngineConfig) -> None:
     """Make every model of `models` (the target, then the draft if any) run `engine`'s kernels: the fused
     (compiled) pointwise ops or the eager ones (`compile_pointwise`), its linear-ops table (`linear_kernel`,
-    `silu_in_down_gemv`, `silu_in_gate_up` where it names the model), attention and short-conv kernels (their Triton kernels launched early
-    with `programmatic_launch`, a model's skinny kernels only where `skinny_early_launch` names it); with
-    `fold_norm_weights`, its pre-norm weights folded into the projections first (in place). Set on the modules:
-    a model shared by two engines follows the last one built. On a GPU, Triton's kernel cache is pointed at inductor's first
-    (`triton_support.share_inductor_kernel_cache`: the process environment's TRITON_CACHE_DIR, unless set).
+    `silu_in_down_gemv`, `silu_in_gate_up` where it names the model), attention and short-conv kernels (their
+    Triton kernels launched early with `programmatic_launch`, a model's skinny kernels only where
+    `skinny_early_launch` names it); with `fold_norm_weights`, its pre-norm weights folded into the projections
+    first (in place). Set on the modules: a model shared by two engines follows the last one built. On a GPU,
+    Triton's kernel cache is pointed at inductor's first (`triton_support.share_inductor_kernel_cache`: the
+    process environment's TRITON_CACHE_DIR, unless set).
 
     Raises EngineConfigError when `programmatic_launch` is true and the engine's GPU cannot launch that way
     (compute capability below 9.0); "auto" launches early only where it can (`EngineConfig.launches_early`)."""

@@ -312,9 +312,10 @@ def gate_up_silu(x: torch.Tensor, weight: torch.Tensor, *, rms_only: bool = Fals
     `weight`). pdl: as :func:`gemv`'s.
 
     The same products as :func:`gemv` over the whole [2I, K] weight (each program's tile of weight rows holds
-    BLOCK_N gate rows interleaved with the matching up rows), each rounded to x's dtype, then silu(gate) and its product with up each rounded, as eager's
-    SiLU and multiply round them (silu's exp is Triton's: a few elements may differ in the last bit). Saves the
-    SiLU product's kernel and the [M, 2I] round trip in each layer of a verify."""
+    BLOCK_N gate rows interleaved with the matching up rows), each rounded to x's dtype, then silu(gate) and its
+    product with up each rounded, as eager's SiLU and multiply round them (silu's exp is Triton's: a few elements
+    may differ in the last bit). Saves the SiLU product's kernel and the [M, 2I] round trip in each layer of a
+    verify."""
     m, k = x.shape
     if weight.shape[0] % 2 or weight.shape[1] != k or not 2 <= m <= MAX_TOKENS:
         raise ValueError(f"triton_gemv.gate_up_silu takes x [2..{MAX_TOKENS}, K] and weight [2I, K], got x "
