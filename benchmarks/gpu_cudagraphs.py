@@ -418,6 +418,9 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=None, help="end to end: prompts per run (default 8)")
     parser.add_argument("--no-plain-decode-lookahead", action="store_true",
                         help="engine.plain_decode_lookahead=false: k = 0 reads each step back before the next")
+    parser.add_argument("--steady-inputs-on-device", action=argparse.BooleanOptionalAction, default=True,
+                        help="engine.steady_inputs_on_device: a steady step's inputs advanced by one kernel from "
+                             "what the last step accepted (--no-...: staged on the host after the read-back)")
     parser.add_argument("--conv-kernel", default="triton", choices=["torch", "triton"],
                         help="engine.conv_kernel: LFM2's decode/verify short conv in torch or one Triton kernel")
     parser.add_argument("--argmax-kernel", default=CUDA_KERNELS["argmax_kernel"], choices=["torch", "triton"],
@@ -469,6 +472,7 @@ def main() -> None:
                "argmax_kernel": args.argmax_kernel, "sampler_kernel": args.sampler_kernel,
                "draft_step_kernel": args.draft_step_kernel, "programmatic_launch": args.programmatic_launch,
                "plain_decode_lookahead": not args.no_plain_decode_lookahead,
+               "steady_inputs_on_device": args.steady_inputs_on_device,
                "cudagraph_prefill_tokens": prefill_tokens, "cudagraph_shared_pool": args.shared_graph_pool}
     # the engine switches are recorded as run (JSON writes the tuple of token counts as a list)
     result = {"machine": {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,

@@ -188,6 +188,7 @@ SCHEMA: dict[str, dict[str, Any]] = {
         "programmatic_launch": Key("bool", words=("auto",), note="auto: on where the GPU can, sm_90+"),
         "skinny_early_launch": Key("str", choices=("both", "target", "draft", "none")),
         "plain_decode_lookahead": Key("bool"),
+        "steady_inputs_on_device": Key("bool"),
         "tensor_parallel_size": Key("int", minimum=1, note="GPUs the target is split over; > 1: backend vllm"),
     },
     "sampling": {

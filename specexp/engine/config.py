@@ -108,6 +108,10 @@ class EngineConfig:
     back (a step emits one token a row, so everything but the token's value is known; the device gathers it):
     the host's work for a step overlaps the device's previous step. A request that stops at EOS costs one
     discarded row. With speculation the host's work overlaps the draft instead (always on).
+    steady_inputs_on_device: a graph-replayed step over the same rows as the step before (each one step further,
+    no prompt row; attention-only targets) is staged by one kernel on the device from what the last step accepted
+    (`specexp.engine.verify_advance`) instead of from the host after the read-back: the host's staging, which the
+    device waits for when the draft is shorter, leaves the path between the read-back and the next verify.
     """
 
     device: str = "cpu"
@@ -136,6 +140,7 @@ class EngineConfig:
     programmatic_launch: bool | str = False
     skinny_early_launch: str = "both"
     plain_decode_lookahead: bool = True
+    steady_inputs_on_device: bool = True
     seed: int = 0
 
     def validate(self) -> None:
@@ -164,7 +169,7 @@ class EngineConfig:
             raise EngineConfigError(f"engine.cudagraph_mixed={self.cudagraph_mixed!r}: valid are "
                                     + ", ".join(repr(m) for m in MIXED_STEP_MODES))
         for name in ("compile_pointwise", "plain_decode_lookahead", "fold_norm_weights", "cudagraph_shared_pool",
-                     "silu_in_down_gemv"):
+                     "silu_in_down_gemv", "steady_inputs_on_device"):
             if not isinstance(getattr(self, name), bool):
                 raise EngineConfigError(f"engine.{name}={getattr(self, name)!r}: must be true or false")
         if not isinstance(self.programmatic_launch, bool) and self.programmatic_launch != "auto":

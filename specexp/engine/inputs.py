@@ -205,6 +205,8 @@ class InputBuffers:
         self.query_start_loc = torch.zeros(max_num_reqs + 1, dtype=torch.int32, device=device)
         self.seq_lens = torch.zeros(max_num_reqs, dtype=torch.int32, device=device)
         self.block_table = torch.zeros(max_num_reqs, max_blocks_per_req, dtype=torch.int32, device=device)
+        # Counts the loads: a step advanced on the device from the last one checks nothing loaded in between.
+        self.version = 0
 
     def nbytes(self) -> int:
         """Device bytes held (each storage once: the token fields are views of `tokens`)."""
@@ -215,6 +217,7 @@ class InputBuffers:
     def load(self, cpu: StepInputsCPU, num_reqs_padded: int | None = None,
              num_tokens_padded: int | None = None) -> None:
         """Copy a step's CPU inputs in, padding rows/tokens up to the given counts."""
+        self.version += 1
         num_reqs, num_tokens = cpu.num_reqs, cpu.num_tokens
         num_reqs_padded = num_reqs_padded or num_reqs
         num_tokens_padded = num_tokens_padded or num_tokens

@@ -128,6 +128,7 @@ class TargetMixedSteps(GraphedStepCounts):
         """Stage and replay every part (verify rows, if any, then each prompt chunk), leaving `step_out[:R]` and
         `row_inputs[:R]` in the batch's row order; returns what the speculator needs of the whole batch (None
         without a speculator)."""
+        self._staged = None  # the parts leave `row_inputs` and `step_out` as no single step staged them
         if parts.joined is not None:
             return self._verify_joined(batch, parts.num_verify, parts.joined)
         rows, k, nv = batch.rows, batch.num_speculative_tokens, parts.num_verify

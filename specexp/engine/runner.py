@@ -326,6 +326,7 @@ class NativeEngine(TargetGraphs, TargetStepInputs, TargetMixedSteps, TargetMixed
         max_new = max_new_tokens or self.sampling.max_new_tokens
         requests = [Request(i, list(p), max_new) for i, p in enumerate(prompts)]
         self.steps, self._pending, self._in_flight = [], None, None
+        self._staged = None  # the buffers' last step is not this run's
         self.depth.reset()
         for request in requests:
             self.scheduler.check(request)
@@ -405,7 +406,7 @@ class NativeEngine(TargetGraphs, TargetStepInputs, TargetMixedSteps, TargetMixed
         parts = self._mixed_parts(batch)  # a mixed batch whose parts have graphs (`mixed_steps`)
         if parts is None:
             desc, graphs = self._dispatch(batch)
-            prep = self._prepare_target_inputs(batch, desc)
+            prep = self._stage_step(batch, desc)  # None: a steady step, advanced on the device
         timer.mark("verify")
         num_reqs = batch.num_reqs
         if parts is not None:  # staged and replayed part by part; each graph samples its rows

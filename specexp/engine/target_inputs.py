@@ -5,21 +5,89 @@ attention metadata, the short-conv metadata (`ShortConvMetadataBuilder`), and pe
 that the rejection sampler reads (the logits rows it scores, where its drafts wait in the speculator's draft
 buffer, how many it may accept, whether it samples, its conv slot). The drafts themselves never leave the
 device: one gather copies them from the draft buffer into the input ids.
+
+A steady step (the rows of the step before, each one step further) is not staged from the host at all: one
+kernel advances the last step's inputs on the device from what it accepted (`specexp.engine.verify_advance`,
+`engine.steady_inputs_on_device`), and the rows' CPU facts are built after the verify is queued.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
+import torch
 
 from specexp.engine.cudagraph import FULL, BatchExecutionDescriptor
 from specexp.engine.inputs import InputBuffers, build_step_inputs, host_tensor, stride_rows
 from specexp.engine.scheduler import ScheduledBatch
 from specexp.engine.verified import VerifiedBatch
+from specexp.engine.verify_advance import advance_verify_rows_on_gpu
+
+
+@dataclass
+class StagedStep:
+    """What the input buffers hold after a step staged from the host: its steady key (`_steady_key`), the buffers'
+    `version` right after (any later load invalidates it) and each row's block count when its table was copied."""
+
+    key: tuple
+    version: int
+    block_counts: list[int]
 
 
 class TargetStepInputs:
     """The input half of `NativeEngine` (a mixin: it fills the engine's `buffers`, `row_inputs` and conv
     builder). `_prepare_target_inputs` stages one step; `_verified_batch` hands its facts to the speculator."""
+
+    _staged: StagedStep | None = None  # the last step staged from the host, while the buffers still hold it
+
+    def _stage_step(self, batch: ScheduledBatch, desc: BatchExecutionDescriptor) -> dict | None:
+        """Stage a step that runs alone (not in parts): on the device from the last step when it is steady (the
+        same rows, each one step further; returns None: `_verified_batch` then builds the rows' CPU facts), else
+        from the host (`_prepare_target_inputs`; returns its dict)."""
+        key = self._steady_key(batch, desc)
+        staged = self._staged
+        if key is not None and staged is not None and staged.key == key and staged.version == self.buffers.version:
+            self._advance_steady_rows(batch, staged)
+            return None
+        prep = self._prepare_target_inputs(batch, desc)
+        self._staged = (StagedStep(key, self.buffers.version, [len(r.request.block_ids) for r in batch.rows])
+                        if key is not None else None)
+        return prep
+
+    def _steady_key(self, batch: ScheduledBatch, desc: BatchExecutionDescriptor) -> tuple | None:
+        """What a step's staged inputs depend on besides its rows' positions and tokens: the padded shape, and per
+        row its request, query length, drafts it may accept, draft-buffer row, conv slot and pending-token row.
+        Equal keys on consecutive steps = a steady step. None when the step cannot be advanced on the device: the
+        setting off, no graph (an eager step reads metadata built on the host), a target with conv state (its
+        metadata follows the accepted counts on the host), a prompt row or a row that does not sample."""
+        if not self.cfg.steady_inputs_on_device or desc.cg_mode != FULL or self.conv_states:
+            return None
+        key = [desc.num_reqs, desc.num_tokens]
+        for row in batch.rows:
+            req = row.request
+            if row.is_prefill or not row.samples:
+                return None
+            key += (req.request_id, row.num_query_tokens, row.num_draft_tokens, req.draft_row, req.conv_slot,
+                    req.pending_token_row)
+        return tuple(key)
+
+    def _advance_steady_rows(self, batch: ScheduledBatch, staged: StagedStep) -> None:
+        """Advance the buffers from the last step, `staged`, to this one on the device (`verify_advance`); first
+        copy the block tables of the rows the scheduler has given a block since."""
+        buffers = self.buffers
+        counts = [len(r.request.block_ids) for r in batch.rows]
+        if counts != staged.block_counts:
+            table = torch.from_numpy(self._block_table_rows(batch))
+            buffers.block_table[: batch.num_reqs].copy_(table.pin_memory() if self.pin_memory else table,
+                                                        non_blocking=True)
+            staged.block_counts = counts
+        k = self.k
+        advance_verify_rows_on_gpu(
+            self.step_out, k + 1, batch.num_reqs, batch.num_tokens, buffers.query_start_loc,
+            buffers.token_req_indices, buffers.seq_lens, buffers.positions, buffers.slot_mapping, buffers.input_ids,
+            buffers.block_table, self.row_inputs[:, k + 1], self.speculator.draft_tokens if self.drafting else None,
+            self.cfg.block_size)
 
     def _prepare_target_inputs(self, batch: ScheduledBatch, desc: BatchExecutionDescriptor,
                                buffers: InputBuffers | None = None, row_offset: int = 0, token_offset: int = 0,
@@ -64,17 +132,7 @@ class TargetStepInputs:
         # even without speculation: its conv window then sits at num_accepted - 1, and the spec path is the one
         # full graphs replay. The conv builder's draft count is the drafts in each row's query (scored, not
         # capped).
-        query_lens = starts_t = is_spec = samples_cpu = slots = num_accepted = None
-        if self.drafting:
-            query_lens, starts_t = host_tensor(
-                [r.num_query_tokens for r in rows] + starts, np.int64).view(2, num_reqs).unbind(0)
-            is_spec, samples_cpu = host_tensor(
-                [not r.is_prefill for r in rows] + [r.samples for r in rows], np.bool_).view(2, num_reqs).unbind(0)
-        if self.drafting or self.conv_states:
-            slots, num_accepted, starts_32, query_drafts = host_tensor(
-                [r.request.conv_slot for r in rows] + [r.request.num_accepted_tokens for r in rows] + starts
-                + [r.num_query_tokens - 1 if not r.is_prefill else -1 for r in rows],
-                np.int32).view(4, num_reqs).unbind(0)
+        facts = self._row_facts(batch, starts)
         conv = None
         if self.conv_states and row_stride is not None:  # a joined graph's chunk segment: its persistent buffers
             self.conv_builder.load_prompt_rows(query_lens=[r.num_query_tokens for r in rows],
@@ -88,10 +146,10 @@ class TargetStepInputs:
         elif self.conv_states:
             conv = self.conv_builder.build(
                 query_start_loc_cpu=cpu.query_start_loc,
-                num_computed_tokens_cpu=starts_32,
-                num_decode_draft_tokens_cpu=query_drafts,
-                num_accepted_tokens_cpu=num_accepted,
-                state_indices_cpu=slots,
+                num_computed_tokens_cpu=facts["starts_32"],
+                num_decode_draft_tokens_cpu=facts["query_drafts"],
+                num_accepted_tokens_cpu=facts["num_accepted"],
+                state_indices_cpu=facts["slots"],
                 num_reqs_padded=desc.num_reqs if desc.cg_mode == FULL else None,
             )
         # Per row, its line of `row_inputs` (verify rows score every query token, others their last one,
@@ -126,15 +184,49 @@ class TargetStepInputs:
             source = self.speculator.draft_tokens.view(-1) if self.drafting else self.step_out[:, 0]
             fill = packed[rows_padded * width :].to(dev, non_blocking=True).view(2, -1)
             buffers.input_ids[fill[0]] = source[fill[1]]
-        return {
-            "cpu": cpu, "attn": attn, "conv": conv, "query_lens": query_lens, "is_spec": is_spec,
-            "slots": slots, "num_accepted": num_accepted, "samples_cpu": samples_cpu, "starts": starts_t,
-            "real_input_ids": None if flat is None else flat.input_ids,
-        }
+        return {"cpu": cpu, "attn": attn, "conv": conv, "block_table": cpu.block_table,
+                "real_input_ids": None if flat is None else flat.input_ids, **facts}
 
-    def _verified_batch(self, batch: ScheduledBatch, prep: dict) -> VerifiedBatch:
-        """What the speculator needs of a verified step: the rows' CPU facts and the device's sampled tokens."""
-        cpu = prep["cpu"]
+    def _row_facts(self, batch: ScheduledBatch, starts: list[int]) -> dict:
+        """Per-row CPU facts, one tensor per dtype, for the speculator (VerifiedBatch) and the conv builder; plain
+        decoding of an attention-only target needs none (None each). starts: each row's first position.
+
+        Every decode row is a spec row (0..k drafts), even without speculation: its conv window then sits at
+        num_accepted - 1, and the spec path is the one full graphs replay. The conv builder's draft count
+        (`query_drafts`) is the drafts in each row's query (scored, not capped); -1 for a prompt row."""
+        rows, num_reqs = batch.rows, batch.num_reqs
+        facts = dict.fromkeys(("query_lens", "starts", "is_spec", "samples_cpu", "slots", "num_accepted",
+                               "starts_32", "query_drafts"))
+        if self.drafting:
+            facts["query_lens"], facts["starts"] = host_tensor(
+                [r.num_query_tokens for r in rows] + starts, np.int64).view(2, num_reqs).unbind(0)
+            facts["is_spec"], facts["samples_cpu"] = host_tensor(
+                [not r.is_prefill for r in rows] + [r.samples for r in rows], np.bool_).view(2, num_reqs).unbind(0)
+        if self.drafting or self.conv_states:
+            facts["slots"], facts["num_accepted"], facts["starts_32"], facts["query_drafts"] = host_tensor(
+                [r.request.conv_slot for r in rows] + [r.request.num_accepted_tokens for r in rows] + starts
+                + [r.num_query_tokens - 1 if not r.is_prefill else -1 for r in rows],
+                np.int32).view(4, num_reqs).unbind(0)
+        return facts
+
+    def _block_table_rows(self, batch: ScheduledBatch) -> np.ndarray:
+        """int32[R, max_blocks_per_req]: each row's block ids, then NULL (0) blocks, as `build_step_inputs` lays
+        them."""
+        width = self.max_blocks_per_req
+        table = np.zeros((batch.num_reqs, width), dtype=np.int32)
+        for r, row in enumerate(batch.rows):
+            blocks = row.request.block_ids[:width]
+            table[r, : len(blocks)] = blocks
+        return table
+
+    def _verified_batch(self, batch: ScheduledBatch, prep: dict | None) -> VerifiedBatch:
+        """What the speculator needs of a verified step: the rows' CPU facts and the device's sampled tokens. prep:
+        `_prepare_target_inputs`'s, or None for a step advanced on the device (the facts are built here, after the
+        verify was queued)."""
+        if prep is None:
+            rows = batch.rows
+            prep = self._row_facts(batch, [r.request.num_computed_tokens for r in rows])
+            prep["block_table"] = torch.from_numpy(self._block_table_rows(batch))
         return VerifiedBatch(
             query_lens=prep["query_lens"],
             start_positions=prep["starts"],
@@ -142,8 +234,8 @@ class TargetStepInputs:
             samples=prep["samples_cpu"],
             conv_slots=prep["slots"],
             num_accepted_prev=prep["num_accepted"],
-            block_table=cpu.block_table,
-            target_input_ids=self.buffers.input_ids[: cpu.num_tokens],
+            block_table=prep["block_table"],
+            target_input_ids=self.buffers.input_ids[: batch.num_tokens],
             sampled=self.step_out[: batch.num_reqs, : self.k + 1],
             num_sampled=self.step_out[: batch.num_reqs, self.k + 1],
         )

@@ -1,0 +1,140 @@
+"""A steady step's inputs advanced on the device (`engine.steady_inputs_on_device`, `specexp.engine.verify_advance`):
+after every step the engine advances instead of staging from the host, its buffers hold exactly what the host
+would have staged (tokens, positions, KV slots, token rows, query layout, sequence lengths, block tables, the
+sampler's row inputs, padding included), whatever the batch does: requests stopping at EOS or max_new_tokens,
+new ones joining, prompts in chunks, rows crossing into new KV blocks, depths changing, plain decoding with
+lookahead; and the tokens are those of the engine that stages every step on the host (CPU emulation of graphs)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pairs import VOCAB, random_prompts
+
+from specexp.engine.config import EngineConfig, SamplingConfig, SpeculatorConfig
+from specexp.engine.runner import NativeEngine
+from specexp.models import load_model
+
+
+@pytest.fixture(scope="module")
+def models(pair_dirs):
+    return {name: (load_model(t), load_model(d)) for name, (t, d) in pair_dirs.items()}
+
+
+def _engine(models, pair, k, steady, *, max_num_seqs=3, budget=None, temperature=0.0, max_new=12, eos=(2,),
+            lookahead=True, spec=None):
+    """An engine replaying full graphs (emulated on a CPU; captured on a GPU, with the Triton kernels) on the
+    models' device."""
+    target, draft = models[pair]
+    device = next(target.parameters()).device.type
+    kernels = {} if device == "cpu" else {"sampler_kernel": "triton", "draft_step_kernel": "triton"}
+    return NativeEngine(
+        target, draft if k else None,
+        EngineConfig(device=device, max_num_seqs=max_num_seqs, max_model_len=64, block_size=4,
+                     max_num_batched_tokens=budget, cudagraph_mode="full", cudagraph_capture_sizes=(1, 2, 4),
+                     steady_inputs_on_device=steady, plain_decode_lookahead=lookahead, **kernels),
+        SpeculatorConfig(num_speculative_tokens=k, cudagraph_mode="full", **(spec or {})),
+        SamplingConfig(temperature=temperature, max_new_tokens=max_new, ignore_eos=False),
+        eos_token_ids=list(eos), emulate_graphs_on_cpu=device == "cpu",
+    )
+
+
+def _snapshot(engine: NativeEngine, num_reqs: int, num_tokens: int) -> dict[str, torch.Tensor]:
+    """What a graph replay of num_reqs rows / num_tokens tokens (padded) reads of the staged inputs."""
+    b = engine.buffers
+    return {"tokens": b.tokens[:, :num_tokens].clone(), "query_start_loc": b.query_start_loc[: num_reqs + 1].clone(),
+            "seq_lens": b.seq_lens[:num_reqs].clone(), "block_table": b.block_table[:num_reqs].clone(),
+            "row_inputs": engine.row_inputs[:num_reqs].clone()}
+
+
+def checked_against_the_host(engine: NativeEngine) -> list[int]:
+    """Wrap the engine's staging: after each step it advances on the device, stage the same step from the host and
+    require identical buffers (then carry on as if the step had been advanced). Returns a list that counts the
+    advanced steps (its length)."""
+    advanced = []
+    stage = engine._stage_step
+
+    def stage_and_check(batch, desc):
+        prep = stage(batch, desc)
+        if prep is None:
+            advanced.append(batch.num_reqs)
+            on_device = _snapshot(engine, desc.num_reqs, desc.num_tokens)
+            engine._prepare_target_inputs(batch, desc)
+            from_host = _snapshot(engine, desc.num_reqs, desc.num_tokens)
+            for name, tensor in from_host.items():
+                assert torch.equal(on_device[name], tensor), (name, on_device[name], tensor)
+            engine._staged.version = engine.buffers.version
+        return prep
+
+    engine._stage_step = stage_and_check
+    return advanced
+
+
+def _outputs(out) -> list[tuple]:
+    return [(r.output_token_ids, r.finish_reason, r.verifies, r.emitted_per_step) for r in out.requests]
+
+
+def _check(models, pair, k, prompts, *, expect_advanced=True, **kw):
+    host = _engine(models, pair, k, False, **kw).generate(prompts)
+    engine = _engine(models, pair, k, True, **kw)
+    advanced = checked_against_the_host(engine)
+    out = engine.generate(prompts)
+    assert _outputs(out) == _outputs(host)
+    if expect_advanced:
+        assert advanced, "no step was advanced on the device"
+    return advanced
+
+
+@pytest.mark.parametrize("k", [0, 1, 3])
+@pytest.mark.parametrize("max_num_seqs", [1, 3])
+def test_advanced_steps_equal_host_staging(models, k, max_num_seqs):
+    """Requests of different lengths stopping at EOS or max_new_tokens, a batch that shrinks and refills."""
+    prompts = random_prompts([5, 11, 2, 9, 14], seed=3)
+    _check(models, "llama+llama", k, prompts, max_num_seqs=max_num_seqs, max_new=16, eos=(2, 19))
+    advanced = _check(models, "llama+llama", k, prompts, max_num_seqs=max_num_seqs, max_new=16, eos=())
+    assert max(advanced) == min(max_num_seqs, 2)  # batches of several rows advanced too
+
+
+def test_advanced_with_prompt_chunks_and_plain_read_back(models):
+    """A token budget that splits prompts into chunks beside verify rows; k = 0 read back every step."""
+    prompts = random_prompts([15, 3, 12, 7], seed=8)
+    _check(models, "llama+llama", 2, prompts, max_num_seqs=3, budget=6)
+    _check(models, "llama+llama", 0, prompts, max_num_seqs=3, budget=6, lookahead=False)
+
+
+def test_advanced_with_sampling_and_changing_depth(models):
+    """Temperature sampling (the same draws either way) and a depth that follows the batch size."""
+    prompts = random_prompts([4, 9, 6, 13, 2], seed=4)
+    _check(models, "llama+llama", 3, prompts, temperature=1.0)
+    spec = {"num_speculative_tokens_per_batch_size": ((1, 1, 3), (2, 2, 1), (3, 4, 2))}
+    _check(models, "llama+llama", 3, prompts, spec=spec)
+
+
+def test_targets_with_conv_state_stage_every_step_on_the_host(models):
+    """LFM2's conv metadata follows the accepted counts on the host: no step is advanced on the device."""
+    prompts = random_prompts([6, 3], seed=1)
+    assert not _check(models, "lfm2+lfm2", 2, prompts, expect_advanced=False)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_advanced_steps_property(models, data):
+    lens = data.draw(st.lists(st.integers(1, 16), min_size=1, max_size=5))
+    prompts = [data.draw(st.lists(st.integers(3, VOCAB - 1), min_size=n, max_size=n)) for n in lens]
+    _check(models, "llama+llama", data.draw(st.integers(0, 4)), prompts, expect_advanced=False,
+           max_num_seqs=data.draw(st.integers(1, 4)), budget=data.draw(st.sampled_from([None, 5, 9])),
+           max_new=data.draw(st.integers(1, 14)),
+           eos=data.draw(st.lists(st.integers(0, VOCAB - 1), max_size=3, unique=True)))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("k", [0, 1, 4])
+def test_advanced_steps_equal_host_staging_on_gpu(pair_dirs, k):
+    """Captured graphs and the Triton kernel (`advance_verify_rows_triton`): the same buffers and tokens."""
+    models = {"llama+llama": tuple(load_model(path, device="cuda") for path in pair_dirs["llama+llama"])}
+    prompts = random_prompts([5, 11, 2, 9, 14], seed=3)
+    for max_num_seqs in (1, 3):
+        _check(models, "llama+llama", k, prompts, max_num_seqs=max_num_seqs, max_new=16, eos=(2, 19))

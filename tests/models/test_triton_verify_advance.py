@@ -1,0 +1,89 @@
+"""A steady verify batch's inputs advanced in one Triton kernel (`verify_advance.advance_verify_rows_triton`) against
+the torch path (`advance_verify_rows`): the same buffers for random batches (query lengths 1..K + 1, rows that
+accepted 0..q tokens, positions crossing KV blocks, draft rows out of order, with and without drafts; tokens and
+rows past the batch untouched), under Triton's CPU interpreter, on a GPU, and compiled for a Hopper GPU without
+one. Whole engines (which take the kernel on a GPU) are checked against host staging in
+tests/engine/test_steady_inputs.py and the GPU twin tests/engine/test_cuda_graphs.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from triton_interpreter import (
+    HOPPER_SHARED_BYTES,
+    hopper_shared_bytes,
+    on_triton_gpu,
+    run_in_triton_interpreter,
+)
+
+from specexp.engine import verify_advance
+
+
+def _batch(gen: torch.Generator, num_reqs: int, k: int, block_size: int, max_blocks: int, drafts: bool) -> dict:
+    """Buffers of a batch of num_reqs rows (8 rows and 64 tokens of room) as the last step left them."""
+    max_rows, max_tokens = 8, 64
+    q = torch.randint(1, k + 2, (num_reqs,), generator=gen) if drafts else torch.ones(num_reqs, dtype=torch.int64)
+    qsl = torch.zeros(max_rows + 1, dtype=torch.int32)
+    qsl[1 : num_reqs + 1] = q.cumsum(0).to(torch.int32)
+    qsl[num_reqs + 1 :] = qsl[num_reqs]
+    num_tokens = int(qsl[num_reqs])
+    token_rows = torch.zeros(max_tokens, dtype=torch.int64)
+    token_rows[:num_tokens] = torch.repeat_interleave(torch.arange(num_reqs), q)
+    step_out = torch.randint(0, 1000, (max_rows, k + 3), generator=gen)
+    # the last step emitted 1..q tokens a row (its accepted drafts + 1); room to grow within the block table
+    step_out[:num_reqs, k + 1] = (torch.rand(num_reqs, generator=gen) * q).long() + 1
+    # each row's last query (q tokens) started at 0 or later; its next one ends inside the block table
+    seq_lens = torch.randint(k + 1 + block_size, block_size * (max_blocks // 2), (max_rows,), generator=gen)
+    return {"step_out": step_out, "query_start_loc": qsl, "token_req_indices": token_rows,
+            "seq_lens": seq_lens.to(torch.int32),
+            "positions": torch.randint(0, 99, (max_tokens,), generator=gen),
+            "slot_mapping": torch.randint(0, 99, (max_tokens,), generator=gen),
+            "input_ids": torch.randint(0, 99, (max_tokens,), generator=gen),
+            "block_table": torch.randint(1, 500, (max_rows, max_blocks), generator=gen, dtype=torch.int32),
+            "draft_rows": torch.randperm(max_rows, generator=gen),
+            "draft_tokens": torch.randint(0, 1000, (max_rows, k), generator=gen),
+            "num_tokens": num_tokens}
+
+
+def check_advance(device: str) -> None:
+    """The kernel leaves every buffer as the torch path does; rows past R and tokens past T untouched."""
+    gen = torch.Generator().manual_seed(0)
+    for num_reqs in (1, 2, 5, 8):
+        for k, block_size, drafts in ((4, 4, True), (1, 16, True), (7, 1, True), (0, 4, False), (3, 16, False)):
+            start = _batch(gen, num_reqs, k, block_size, 24, drafts)
+            num_tokens = start.pop("num_tokens")
+            results = []
+            for advance in (verify_advance.advance_verify_rows, verify_advance.advance_verify_rows_triton):
+                b = {name: t.clone().to(device) for name, t in start.items()}
+                advance(b["step_out"], k + 1, num_reqs, num_tokens, b["query_start_loc"], b["token_req_indices"],
+                        b["seq_lens"], b["positions"], b["slot_mapping"], b["input_ids"], b["block_table"],
+                        b["draft_rows"], b["draft_tokens"] if drafts else None, block_size)
+                results.append({name: t.cpu() for name, t in b.items()})
+            where = f"R={num_reqs} k={k} B={block_size} drafts={drafts}"
+            for name in start:
+                assert torch.equal(results[0][name], results[1][name]), f"{name}: {where}"
+            for name in ("positions", "slot_mapping", "input_ids"):
+                assert torch.equal(results[1][name][num_tokens:], start[name][num_tokens:]), f"{name} past T: {where}"
+            assert torch.equal(results[1]["seq_lens"][num_reqs:], start["seq_lens"][num_reqs:]), where
+            assert not torch.equal(results[1]["positions"][:num_tokens], start["positions"][:num_tokens]), where
+
+
+def test_advance_matches_torch_in_triton_interpreter():
+    run_in_triton_interpreter("test_triton_verify_advance", "check_advance")
+
+
+@on_triton_gpu
+def test_advance_matches_torch_on_gpu():
+    check_advance("cuda")
+
+
+def test_the_kernel_compiles_for_a_hopper_block():
+    if not verify_advance.AVAILABLE:
+        pytest.skip("triton is not installed")
+    signature = {"step_out_ptr": "*i64", "qsl_ptr": "*i32", "seq_lens_ptr": "*i32", "positions_ptr": "*i64",
+                 "slot_mapping_ptr": "*i64", "input_ids_ptr": "*i64", "block_table_ptr": "*i32",
+                 "draft_rows_ptr": "*i64", "draft_tokens_ptr": "*i64", "stride_out": "i32", "num_sampled_col": "i32",
+                 "stride_table": "i32", "stride_draft_rows": "i32", "stride_drafts": "i32", "block_size": "i32"}
+    shared = hopper_shared_bytes(verify_advance._advance_verify_kernel, signature,
+                                 {"HAS_DRAFTS": True, "BLOCK": 32}, 1)
+    assert shared <= HOPPER_SHARED_BYTES
