@@ -50,6 +50,7 @@ import torch
 
 from specexp.engine.cudagraph import FULL, NONE, BatchExecutionDescriptor, CudaGraphManager, PromptGraphs, graph_key
 from specexp.engine.draft_advance import advance_draft_rows, fill_prefill_ids, prefill_regions
+from specexp.engine.draft_steady import StagedPrefill, advance_prefill, prefill_layout_key
 from specexp.engine.inputs import InputBuffers, StepInputsCPU, build_step_inputs, stride_rows, uniform_dummy_inputs
 from specexp.engine.mixed_graphs import DraftMixedGraphs
 from specexp.engine.mixed_steps import DraftMixedSteps
@@ -85,6 +86,8 @@ class AutoRegressiveSpeculator(DraftMixedSteps, DraftMixedGraphs):
     pool every draft graph captures into (the engine's shared pool, `cudagraph` module docstring); None = a pool
     per manager. confidence_threshold: the confidence rule's threshold (0 = off).
     """
+
+    _staged_prefill: StagedPrefill | None = None  # the prefill staged last from the host (`draft_steady`)
 
     def __init__(
         self,
@@ -314,6 +317,13 @@ class AutoRegressiveSpeculator(DraftMixedSteps, DraftMixedGraphs):
         joined forward (`specexp.engine.mixed_graphs`): where its rows' lines of `last_token_indices` start
         and where its first slot sits in the forward; row_stride: prompt regions laid out in rows of that many
         slots (a joined graph's chunk segment)."""
+        main = buffers is None and row_offset == token_offset == 0 and row_stride is None
+        key = prefill_layout_key(batch, desc, bool(self.conv_states)) if main else None
+        last = self._staged_prefill  # a steady step's regions follow from the target's (`draft_steady`)
+        if (key is not None and batch.target_buffers is not None and last is not None and last.key == key
+                and last.version == self.prefill_buffers.version):
+            self._prefill_ctx = self._prefill_graph_ctx.get(graph_key(desc))
+            return advance_prefill(self, batch, desc, last)
         num_reqs = batch.query_lens.numel()
         query_lens = batch.query_lens.tolist()
         # Region r: q_r + 1 slots at positions start_r .. start_r + q_r (input ids filled on the device below).
@@ -361,6 +371,7 @@ class AutoRegressiveSpeculator(DraftMixedSteps, DraftMixedGraphs):
             self._prefill_ctx = self._prefill_graph_ctx.get(graph_key(desc))  # joined: unused
             if self.conv_states:  # refresh the persistent conv buffers the graph reads
                 self._build_prefill_conv(batch, cpu, desc.num_reqs)
+            self._staged_prefill = StagedPrefill(key, buffers.version, staged, n) if key is not None else None
             return staged_rows
         attn = buffers.attention_metadata(
             num_reqs, cpu.num_tokens, max_seq_len=desc.max_seq_len, max_query_len=cpu.max_query_len,

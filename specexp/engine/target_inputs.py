@@ -223,10 +223,14 @@ class TargetStepInputs:
         """What the speculator needs of a verified step: the rows' CPU facts and the device's sampled tokens. prep:
         `_prepare_target_inputs`'s, or None for a step advanced on the device (the facts are built here, after the
         verify was queued)."""
-        if prep is None:
+        advanced = prep is None
+        if advanced:
             rows = batch.rows
             prep = self._row_facts(batch, [r.request.num_computed_tokens for r in rows])
-            prep["block_table"] = torch.from_numpy(self._block_table_rows(batch))
+            # page-locked: the draft copies it to the device after its prefill, and a copy from pageable memory
+            # would first wait for the stream to drain
+            table = torch.from_numpy(self._block_table_rows(batch))
+            prep["block_table"] = table.pin_memory() if self.pin_memory else table
         return VerifiedBatch(
             query_lens=prep["query_lens"],
             start_positions=prep["starts"],
@@ -238,4 +242,5 @@ class TargetStepInputs:
             target_input_ids=self.buffers.input_ids[: batch.num_tokens],
             sampled=self.step_out[: batch.num_reqs, : self.k + 1],
             num_sampled=self.step_out[: batch.num_reqs, self.k + 1],
+            target_buffers=self.buffers if advanced else None,
         )

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
+from specexp.engine.inputs import InputBuffers
+
 
 @dataclass(frozen=True)
 class StagedRows:
@@ -26,7 +28,8 @@ class VerifiedBatch:
     query_lens, start_positions: int64[R] (CPU); is_spec: bool[R] (CPU; decode/verify rows);
     samples: bool[R] (CPU; rows that emitted tokens); conv_slots, num_accepted_prev: int32[R] (CPU);
     block_table: int32[R, B] (CPU). target_input_ids: int64[T] (device); sampled: int64[R, k+1] and
-    num_sampled: int64[R] (device, from the rejection sampler).
+    num_sampled: int64[R] (device, from the rejection sampler). target_buffers: the target's input buffers when the
+    step was advanced on the device (`verify_advance`; the draft's prefill follows from them), else None.
     """
 
     query_lens: torch.Tensor
@@ -39,3 +42,5 @@ class VerifiedBatch:
     target_input_ids: torch.Tensor
     sampled: torch.Tensor
     num_sampled: torch.Tensor
+    # The target's input buffers when the step was advanced on the device (a steady step), else None.
+    target_buffers: InputBuffers | None = None

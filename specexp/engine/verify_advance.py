@@ -19,6 +19,11 @@ The step before may be a plain decode step (no drafts, q = 1) or a verify of any
 rows have its query lengths. Tokens past qsl[R] and rows past R (padding) are left alone. The host still decides
 which steps are steady (`TargetStepInputs._stage_step`) and copies a row's block table when the scheduler has
 given it a block.
+
+The draft's prefill of such a step (`advance_prefill_regions`) follows from the target's advanced buffers: row r's
+region holds q[r] + 1 slots at positions start[r] .. start[r] + q[r] (its verify's tokens and the new one), with
+start[r] = target seq_lens[r] - q[r]; its block table is the target's row. The region's input ids come from the
+verify as before (`draft_advance.fill_prefill_ids`).
 """
 
 from __future__ import annotations
@@ -115,3 +120,82 @@ def advance_verify_rows_on_gpu(step_out: torch.Tensor, *rest) -> None:
         advance_verify_rows_triton(step_out, *rest)
     else:
         advance_verify_rows(step_out, *rest)
+
+
+if AVAILABLE:
+
+    @triton.jit
+    def _prefill_regions_kernel(target_qsl_ptr, target_seq_lens_ptr, target_table_ptr, region_qsl_ptr, seq_lens_ptr,
+                                positions_ptr, slot_mapping_ptr, block_table_ptr, start_ptr, stride_target_table,
+                                stride_table, num_blocks, block_size, BLOCK: tl.constexpr, BLOCK_B: tl.constexpr):
+        r = tl.program_id(0)
+        q = (tl.load(target_qsl_ptr + r + 1) - tl.load(target_qsl_ptr + r)).to(tl.int64)
+        start = tl.load(target_seq_lens_ptr + r).to(tl.int64) - q
+        tl.store(start_ptr + r, start)
+        tl.store(seq_lens_ptr + r, (start + q + 1).to(tl.int32))
+        b = tl.arange(0, BLOCK_B)
+        b_ok = b < num_blocks
+        tl.store(block_table_ptr + r * stride_table + b,
+                 tl.load(target_table_ptr + r * stride_target_table + b, mask=b_ok), mask=b_ok)
+        i = tl.arange(0, BLOCK)
+        ok = i <= q
+        first = tl.load(region_qsl_ptr + r).to(tl.int64)
+        position = start + i
+        tl.store(positions_ptr + first + i, position, mask=ok)
+        block = tl.load(target_table_ptr + r * stride_target_table + position // block_size, mask=ok, other=0)
+        tl.store(slot_mapping_ptr + first + i, block.to(tl.int64) * block_size + position % block_size, mask=ok)
+
+
+def advance_prefill_regions(target_qsl: torch.Tensor, target_seq_lens: torch.Tensor, target_block_table: torch.Tensor,
+                            num_reqs: int, num_slots: int, region_qsl: torch.Tensor, region_rows: torch.Tensor,
+                            seq_lens: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
+                            block_table: torch.Tensor, start: torch.Tensor, block_size: int,
+                            max_region_slots: int) -> None:
+    """The draft prefill's buffers for rows [0, R) of a steady step from the target's advanced ones, in place (see
+    the module doc), in torch. max_region_slots: the longest region's slots (max q[r] + 1; the kernel's tile).
+
+    target_qsl: int32[>=R + 1]; target_seq_lens: int32[>=R]; target_block_table: int32[>=R, B]; region_qsl:
+    int32[>=R + 1] (each region's first slot; S = num_slots = the regions' slots, sum of q[r] + 1); region_rows:
+    int64[>=S] (each slot's row); seq_lens: int32[>=R]; positions, slot_mapping: int64[>=S]; block_table:
+    int32[>=R, B]; start: int64[>=R] (each row's first position, written)."""
+    if num_reqs == 0:
+        return
+    tq = target_qsl[: num_reqs + 1].to(torch.int64)
+    q = tq[1:] - tq[:-1]
+    row_start = target_seq_lens[:num_reqs].to(torch.int64) - q
+    start[:num_reqs] = row_start
+    seq_lens[:num_reqs] = (row_start + q + 1).to(torch.int32)
+    block_table[:num_reqs] = target_block_table[:num_reqs]
+    row = region_rows[:num_slots]
+    position = row_start[row] + torch.arange(num_slots, device=row.device) - region_qsl[row].to(torch.int64)
+    positions[:num_slots] = position
+    block = target_block_table[row, position // block_size]
+    slot_mapping[:num_slots] = block.to(torch.int64) * block_size + position % block_size
+
+
+def advance_prefill_regions_triton(target_qsl: torch.Tensor, target_seq_lens: torch.Tensor,
+                                   target_block_table: torch.Tensor, num_reqs: int, num_slots: int,
+                                   region_qsl: torch.Tensor, region_rows: torch.Tensor, seq_lens: torch.Tensor,
+                                   positions: torch.Tensor, slot_mapping: torch.Tensor, block_table: torch.Tensor,
+                                   start: torch.Tensor, block_size: int, max_region_slots: int) -> None:
+    """:func:`advance_prefill_regions` in one Triton kernel, one program a row (the same arguments, the same results;
+    region_rows is not read; both block tables with contiguous rows)."""
+    if num_reqs == 0:
+        return
+    if target_block_table.stride(1) != 1 or block_table.stride(1) != 1:
+        raise ValueError("verify_advance.advance_prefill_regions_triton: the block tables' rows must be contiguous")
+    num_blocks = block_table.shape[1]
+    _prefill_regions_kernel[(num_reqs,)](
+        target_qsl, target_seq_lens, target_block_table, region_qsl, seq_lens, positions, slot_mapping, block_table,
+        start, target_block_table.stride(0), block_table.stride(0), num_blocks, block_size,
+        BLOCK=max(triton.next_power_of_2(max_region_slots), 2), BLOCK_B=max(triton.next_power_of_2(num_blocks), 2),
+        num_warps=1)
+
+
+def advance_prefill_regions_on_gpu(target_qsl: torch.Tensor, *rest) -> None:
+    """:func:`advance_prefill_regions_triton` for CUDA tensors where Triton is installed; :func:`advance_prefill_regions`
+    (torch) elsewhere."""
+    if target_qsl.is_cuda and AVAILABLE:
+        advance_prefill_regions_triton(target_qsl, *rest)
+    else:
+        advance_prefill_regions(target_qsl, *rest)

@@ -7,6 +7,8 @@ lookahead; and the tokens are those of the engine that stages every step on the 
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -20,7 +22,9 @@ from specexp.models import load_model
 
 @pytest.fixture(scope="module")
 def models(pair_dirs):
-    return {name: (load_model(t), load_model(d)) for name, (t, d) in pair_dirs.items()}
+    models = {name: (load_model(t), load_model(d)) for name, (t, d) in pair_dirs.items()}
+    models["llama+lfm2"] = (models["llama+llama"][0], models["lfm2+lfm2"][1])  # an attention target, a hybrid draft
+    return models
 
 
 def _engine(models, pair, k, steady, *, max_num_seqs=3, budget=None, temperature=0.0, max_new=12, eos=(2,),
@@ -69,7 +73,42 @@ def checked_against_the_host(engine: NativeEngine) -> list[int]:
         return prep
 
     engine._stage_step = stage_and_check
+    if engine.speculator is not None:
+        _check_draft_prefill_against_the_host(engine.speculator, advanced)
     return advanced
+
+
+def _check_draft_prefill_against_the_host(spec, advanced: list) -> None:
+    """As checked_against_the_host, for the draft's prefill (`draft_steady.advance_prefill`): its buffers, the rows'
+    last-token indices and the device facts it hands the decode steps. Counts the draft's advances in `advanced`
+    as -R."""
+    prepare = spec._prepare_prefill_inputs
+
+    def prepare_and_check(batch, desc, *args, **kwargs):
+        last = spec._staged_prefill
+        version = spec.prefill_buffers.version
+        rows = prepare(batch, desc, *args, **kwargs)
+        if last is None or spec._staged_prefill is not last or spec.prefill_buffers.version != version:
+            return rows  # staged from the host
+        assert batch.target_buffers is not None and not args and not kwargs
+        advanced.append(-batch.query_lens.numel())
+        b = spec.prefill_buffers
+        on_device = {"tokens": b.tokens[:, : desc.num_tokens].clone(), "seq_lens": b.seq_lens[: desc.num_reqs].clone(),
+                     "query_start_loc": b.query_start_loc[: desc.num_reqs + 1].clone(),
+                     "block_table": b.block_table[: desc.num_reqs].clone(),
+                     "last_token_indices": spec.last_token_indices[: desc.num_reqs].clone()}
+        facts = {name: getattr(rows, name).clone() for name in ("num_valid", "start", "samples")}
+        from_host = prepare(dataclasses.replace(batch, target_buffers=None), desc)
+        for name, tensor in facts.items():
+            assert torch.equal(tensor, getattr(from_host, name)), name
+        now = {"tokens": b.tokens[:, : desc.num_tokens], "seq_lens": b.seq_lens[: desc.num_reqs],
+               "query_start_loc": b.query_start_loc[: desc.num_reqs + 1], "block_table": b.block_table[: desc.num_reqs],
+               "last_token_indices": spec.last_token_indices[: desc.num_reqs]}
+        for name, tensor in on_device.items():
+            assert torch.equal(tensor, now[name]), (name, tensor, now[name])
+        return rows
+
+    spec._prepare_prefill_inputs = prepare_and_check
 
 
 def _outputs(out) -> list[tuple]:
@@ -83,7 +122,9 @@ def _check(models, pair, k, prompts, *, expect_advanced=True, **kw):
     out = engine.generate(prompts)
     assert _outputs(out) == _outputs(host)
     if expect_advanced:
-        assert advanced, "no step was advanced on the device"
+        assert any(n > 0 for n in advanced), "no step was advanced on the device"
+        if k > 0:
+            assert any(n < 0 for n in advanced), "no draft prefill was advanced on the device"
     return advanced
 
 
@@ -95,6 +136,8 @@ def test_advanced_steps_equal_host_staging(models, k, max_num_seqs):
     _check(models, "llama+llama", k, prompts, max_num_seqs=max_num_seqs, max_new=16, eos=(2, 19))
     advanced = _check(models, "llama+llama", k, prompts, max_num_seqs=max_num_seqs, max_new=16, eos=())
     assert max(advanced) == min(max_num_seqs, 2)  # batches of several rows advanced too
+    if k:
+        assert -min(advanced) == min(max_num_seqs, 2)
 
 
 def test_advanced_with_prompt_chunks_and_plain_read_back(models):
@@ -112,10 +155,13 @@ def test_advanced_with_sampling_and_changing_depth(models):
     _check(models, "llama+llama", 3, prompts, spec=spec)
 
 
-def test_targets_with_conv_state_stage_every_step_on_the_host(models):
-    """LFM2's conv metadata follows the accepted counts on the host: no step is advanced on the device."""
+def test_models_with_conv_state_stage_on_the_host(models):
+    """LFM2's conv metadata follows the accepted counts on the host: no step of an LFM2 target is advanced on the
+    device, and no prefill of an LFM2 draft (its target's steps are)."""
     prompts = random_prompts([6, 3], seed=1)
     assert not _check(models, "lfm2+lfm2", 2, prompts, expect_advanced=False)
+    advanced = _check(models, "llama+lfm2", 2, prompts, expect_advanced=False)
+    assert [n for n in advanced if n > 0] and not [n for n in advanced if n < 0]  # a hybrid draft: its prefill too
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -68,13 +68,56 @@ def check_advance(device: str) -> None:
             assert not torch.equal(results[1]["positions"][:num_tokens], start["positions"][:num_tokens]), where
 
 
+def check_prefill_regions(device: str) -> None:
+    """`advance_prefill_regions_triton`'s kernel leaves the draft prefill's buffers as the torch path does, from a
+    target batch of uniform queries; rows past R and slots past S untouched."""
+    gen = torch.Generator().manual_seed(1)
+    for num_reqs in (1, 3, 8):
+        for q, block_size in ((2, 4), (5, 16), (9, 1), (1, 4)):
+            target = _batch(gen, num_reqs, q - 1, block_size, 24, True)
+            qsl = torch.zeros(9, dtype=torch.int32)
+            qsl[: num_reqs + 1] = torch.arange(num_reqs + 1, dtype=torch.int32) * q
+            qsl[num_reqs + 1 :] = num_reqs * q
+            num_slots = num_reqs * (q + 1)
+            start = {"region_qsl": torch.arange(9, dtype=torch.int32) * (q + 1),
+                     "region_rows": torch.arange(80) // (q + 1), "seq_lens": torch.randint(0, 99, (8,), generator=gen,
+                                                                                          dtype=torch.int32),
+                     "positions": torch.randint(0, 99, (80,), generator=gen),
+                     "slot_mapping": torch.randint(0, 99, (80,), generator=gen),
+                     "block_table": torch.randint(1, 500, (8, 24), generator=gen, dtype=torch.int32),
+                     "start": torch.randint(0, 99, (8,), generator=gen)}
+            results = []
+            for advance in (verify_advance.advance_prefill_regions, verify_advance.advance_prefill_regions_triton):
+                t = {name: target[name].to(device) for name in ("seq_lens", "block_table")}
+                b = {name: x.clone().to(device) for name, x in start.items()}
+                advance(qsl.to(device), t["seq_lens"], t["block_table"], num_reqs, num_slots, b["region_qsl"],
+                        b["region_rows"], b["seq_lens"], b["positions"], b["slot_mapping"], b["block_table"],
+                        b["start"], block_size, q + 1)
+                results.append({name: x.cpu() for name, x in b.items()})
+            where = f"R={num_reqs} q={q} B={block_size}"
+            for name in start:
+                assert torch.equal(results[0][name], results[1][name]), f"{name}: {where}"
+            assert torch.equal(results[1]["positions"][num_slots:], start["positions"][num_slots:]), where
+            assert torch.equal(results[1]["block_table"][num_reqs:], start["block_table"][num_reqs:]), where
+            assert torch.equal(results[1]["block_table"][:num_reqs], target["block_table"][:num_reqs]), where
+
+
 def test_advance_matches_torch_in_triton_interpreter():
     run_in_triton_interpreter("test_triton_verify_advance", "check_advance")
+
+
+def test_prefill_regions_match_torch_in_triton_interpreter():
+    run_in_triton_interpreter("test_triton_verify_advance", "check_prefill_regions")
 
 
 @on_triton_gpu
 def test_advance_matches_torch_on_gpu():
     check_advance("cuda")
+
+
+@on_triton_gpu
+def test_prefill_regions_match_torch_on_gpu():
+    check_prefill_regions("cuda")
 
 
 def test_the_kernel_compiles_for_a_hopper_block():
