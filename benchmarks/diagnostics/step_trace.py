@@ -37,9 +37,22 @@ DEVICE_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 STEP_LABEL = "specexp::step"  # the record_function range `record` puts around each engine step
 
 
+def busy_us(device: list[dict], start: float, end: float) -> float:
+    """µs in [start, end) during which the device runs at least one of `device`'s spans (ts, dur in µs): the union
+    of their intervals, not the sum of their durations: a kernel launched early (programmatic dependent launch)
+    overlaps the one before it."""
+    total, covered_to = 0.0, start
+    for e in sorted(device, key=lambda e: e["ts"]):
+        lo, hi = max(e["ts"], covered_to), min(e["ts"] + e["dur"], end)
+        if hi > lo:
+            total += hi - lo
+            covered_to = hi
+    return total
+
+
 def summarize_trace(events: list[dict], skip_steps: int = 3) -> dict:
     """A chrome-trace event list -> step period and device busy time (µs, medians over the steady-state steps
-    between consecutive device-to-host read-backs, after `skip_steps`), the device's idle fraction, and the
+    between consecutive device-to-host read-backs, after `skip_steps`; busy: `busy_us`), the device's idle fraction, and the
     host's median µs per cudaMemcpyAsync by copy kind."""
     spans = [e for e in events if e.get("ph") == "X"]
     device = sorted((e for e in spans if e.get("cat") in DEVICE_CATEGORIES), key=lambda e: e["ts"])
@@ -48,7 +61,7 @@ def summarize_trace(events: list[dict], skip_steps: int = 3) -> dict:
     for a, b in zip(read_backs[skip_steps:-1], read_backs[skip_steps + 1:], strict=False):
         start, end = a["ts"] + a["dur"], b["ts"] + b["dur"]
         periods.append(end - start)
-        busy.append(sum(e["dur"] for e in device if start <= e["ts"] < end))
+        busy.append(busy_us(device, start, end))
     if not periods:
         raise ValueError(f"the trace holds {len(read_backs)} device-to-host copies: too few steps to summarize "
                          f"(need more than {skip_steps + 1})")
@@ -57,9 +70,9 @@ def summarize_trace(events: list[dict], skip_steps: int = 3) -> dict:
     for e in spans:
         if e.get("cat") == "cuda_runtime" and e["name"] == "cudaMemcpyAsync":
             host_us[copy_kind.get(e["args"].get("correlation"), "unknown")].append(e["dur"])
-    period, busy_us = statistics.median(periods), statistics.median(busy)
-    return {"steps": len(periods), "step_period_us_median": period, "device_busy_us_median": busy_us,
-            "device_idle_fraction": 1 - busy_us / period,
+    period, busy_median = statistics.median(periods), statistics.median(busy)
+    return {"steps": len(periods), "step_period_us_median": period, "device_busy_us_median": busy_median,
+            "device_idle_fraction": 1 - busy_median / period,
             "host_us_in_cudaMemcpyAsync_median": {kind: statistics.median(v) for kind, v in host_us.items()}}
 
 
@@ -108,7 +121,7 @@ def summarize_first_step(events: list[dict], top: int = 15) -> dict:
     self_us = sorted(_self_us(ops).items(), key=lambda kv: -kv[1])[:top]
     return {"first_step_host_us": first["dur"],
             "later_steps_host_us_median": statistics.median(e["dur"] for e in steps[1:]) if len(steps) > 1 else None,
-            "device_busy_us": sum(e["dur"] for e in device),
+            "device_busy_us": busy_us(device, start, device_end),
             "kernels": sum(e.get("cat") == "kernel" for e in device),
             "cuda_runtime": dict(sorted(runtime.items(), key=lambda kv: -kv[1]["host_us"])),
             "top_aten_self_us": dict(self_us)}

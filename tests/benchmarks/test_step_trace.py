@@ -11,7 +11,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "diagnostics"))
 
-from step_trace import STEP_LABEL, load_trace, summarize_first_step, summarize_trace
+from step_trace import STEP_LABEL, busy_us, load_trace, summarize_first_step, summarize_trace
 
 
 def _trace(num_steps: int, period_us: float, busy_us: float) -> list[dict]:
@@ -52,6 +52,16 @@ def test_summary_recovers_period_busy_time_and_copy_waits(tmp_path):
     with gzip.open(path, "wt") as f:
         json.dump({"traceEvents": events}, f)
     assert summarize_trace(load_trace(path), skip_steps=2) == summary
+
+
+def test_busy_time_counts_overlapping_kernels_once():
+    """Kernels launched early overlap the one before them: the device is busy for the union of their spans, clipped
+    to the window, never longer than the window."""
+    spans = [{"ts": 0.0, "dur": 10.0}, {"ts": 6.0, "dur": 10.0}, {"ts": 8.0, "dur": 2.0}, {"ts": 30.0, "dur": 5.0},
+             {"ts": 38.0, "dur": 10.0}]
+    assert busy_us(spans, 0.0, 100.0) == pytest.approx(16.0 + 5.0 + 10.0)
+    assert busy_us(spans, 5.0, 40.0) == pytest.approx(11.0 + 5.0 + 2.0)
+    assert busy_us([{"ts": 0.0, "dur": 50.0}] * 3, 0.0, 20.0) == pytest.approx(20.0)
 
 
 def test_too_short_a_trace_is_refused_with_its_count():
