@@ -109,7 +109,7 @@ class EngineConfig:
     the host's work for a step overlaps the device's previous step. A request that stops at EOS costs one
     discarded row. With speculation the host's work overlaps the draft instead (always on).
     steady_inputs_on_device: a graph-replayed step over the same rows as the step before (each one step further,
-    no prompt row; attention-only targets) is staged by one kernel on the device from what the last step accepted
+    no prompt row) is staged by one kernel on the device from what the last step accepted
     (`specexp.engine.verify_advance`) instead of from the host after the read-back: the host's staging, which the
     device waits for when the draft is shorter, leaves the path between the read-back and the next verify.
     """

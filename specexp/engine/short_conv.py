@@ -127,6 +127,11 @@ class ShortConvMetadataBuilder:
 
     # ------------------------------------------------------------------------------------------ public
 
+    @property
+    def spec_graph_buffers(self) -> SpecGraphBuffers:
+        """The persistent buffers a full graph of a pure-spec batch reads (`SpecGraphBuffers`)."""
+        return self._graph
+
     def build(
         self,
         *,

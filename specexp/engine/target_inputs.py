@@ -59,9 +59,10 @@ class TargetStepInputs:
         """What a step's staged inputs depend on besides its rows' positions and tokens: the padded shape, and per
         row its request, query length, drafts it may accept, draft-buffer row, conv slot and pending-token row.
         Equal keys on consecutive steps = a steady step. None when the step cannot be advanced on the device: the
-        setting off, no graph (an eager step reads metadata built on the host), a target with conv state (its
-        metadata follows the accepted counts on the host), a prompt row or a row that does not sample."""
-        if not self.cfg.steady_inputs_on_device or desc.cg_mode != FULL or self.conv_states:
+        setting off, no graph (an eager step reads metadata built on the host), a prompt row or a row that does
+        not sample. A target with conv state: its graph's conv metadata changes only in each row's accepted count.
+        """
+        if not self.cfg.steady_inputs_on_device or desc.cg_mode != FULL:
             return None
         key = [desc.num_reqs, desc.num_tokens]
         for row in batch.rows:
@@ -87,7 +88,8 @@ class TargetStepInputs:
             self.step_out, k + 1, batch.num_reqs, batch.num_tokens, buffers.query_start_loc,
             buffers.token_req_indices, buffers.seq_lens, buffers.positions, buffers.slot_mapping, buffers.input_ids,
             buffers.block_table, self.row_inputs[:, k + 1], self.speculator.draft_tokens if self.drafting else None,
-            self.cfg.block_size)
+            self.cfg.block_size,
+            self.conv_builder.spec_graph_buffers.num_accepted_tokens if self.conv_states else None)
 
     def _prepare_target_inputs(self, batch: ScheduledBatch, desc: BatchExecutionDescriptor,
                                buffers: InputBuffers | None = None, row_offset: int = 0, token_offset: int = 0,
@@ -127,11 +129,6 @@ class TargetStepInputs:
         if desc.cg_mode != FULL:
             attn = buffers.attention_metadata(num_reqs, num_tokens, max_seq_len=desc.max_seq_len,
                                               max_query_len=cpu.max_query_len, num_actual_tokens=num_tokens)
-        # Per-row CPU facts, one tensor per dtype, for the speculator (VerifiedBatch) and the conv builder:
-        # plain decoding of an attention-only target needs none. Every decode row is a spec row (0..k drafts),
-        # even without speculation: its conv window then sits at num_accepted - 1, and the spec path is the one
-        # full graphs replay. The conv builder's draft count is the drafts in each row's query (scored, not
-        # capped).
         facts = self._row_facts(batch, starts)
         conv = None
         if self.conv_states and row_stride is not None:  # a joined graph's chunk segment: its persistent buffers

@@ -14,11 +14,13 @@ when the draft is shorter), the host launches one kernel that moves the rows for
     positions[t]    = start[r] + i                                 t = qsl[r] + i, i < q[r]
     slot_mapping[t] = block_table[r, positions[t] // B] * B + positions[t] % B
     input_ids[t]    = sampled[r, num_sampled[r] - 1] if i == 0 else draft_tokens[draft_rows[r], i - 1]
+    num_accepted[r] = num_sampled[r]          a target with short-conv layers: the window its next verify reads
 
 The step before may be a plain decode step (no drafts, q = 1) or a verify of any depth, as long as this step's
 rows have its query lengths. Tokens past qsl[R] and rows past R (padding) are left alone. The host still decides
 which steps are steady (`TargetStepInputs._stage_step`) and copies a row's block table when the scheduler has
-given it a block.
+given it a block. A target with short-conv layers reads, of its graph's conv metadata, only each row's accepted
+count anew (its conv window), so that is written too.
 
 The draft's prefill of such a step (`advance_prefill_regions`) follows from the target's advanced buffers: row r's
 region holds q[r] + 1 slots at positions start[r] .. start[r] + q[r] (its verify's tokens and the new one), with
@@ -36,15 +38,17 @@ if AVAILABLE:
 
     @triton.jit
     def _advance_verify_kernel(step_out_ptr, qsl_ptr, seq_lens_ptr, positions_ptr, slot_mapping_ptr, input_ids_ptr,
-                               block_table_ptr, draft_rows_ptr, draft_tokens_ptr, stride_out, num_sampled_col,
-                               stride_table, stride_draft_rows, stride_drafts, block_size,
-                               HAS_DRAFTS: tl.constexpr, BLOCK: tl.constexpr):
+                               block_table_ptr, draft_rows_ptr, draft_tokens_ptr, num_accepted_ptr, stride_out,
+                               num_sampled_col, stride_table, stride_draft_rows, stride_drafts, block_size,
+                               HAS_DRAFTS: tl.constexpr, HAS_CONV: tl.constexpr, BLOCK: tl.constexpr):
         r = tl.program_id(0)
         first = tl.load(qsl_ptr + r).to(tl.int64)
         q = tl.load(qsl_ptr + r + 1).to(tl.int64) - first
         num_sampled = tl.load(step_out_ptr + r * stride_out + num_sampled_col)
         start = tl.load(seq_lens_ptr + r).to(tl.int64) - q + num_sampled
         tl.store(seq_lens_ptr + r, (start + q).to(tl.int32))
+        if HAS_CONV:
+            tl.store(num_accepted_ptr + r, num_sampled.to(tl.int32))
         i = tl.arange(0, BLOCK)
         ok = i < q
         position = start + i
@@ -65,18 +69,21 @@ def advance_verify_rows(step_out: torch.Tensor, num_sampled_col: int, num_reqs: 
                         query_start_loc: torch.Tensor, token_req_indices: torch.Tensor, seq_lens: torch.Tensor,
                         positions: torch.Tensor, slot_mapping: torch.Tensor, input_ids: torch.Tensor,
                         block_table: torch.Tensor, draft_rows: torch.Tensor, draft_tokens: torch.Tensor | None,
-                        block_size: int) -> None:
+                        block_size: int, num_accepted: torch.Tensor | None = None) -> None:
     """Rows [0, R) (R = num_reqs) of a steady verify batch one step further, in place (see the module doc), in torch.
 
     step_out: int64[>=R, K + 3] (the last step's sampled tokens in columns 0..K, their count in num_sampled_col);
     query_start_loc: int32[>=R + 1], with T = num_tokens = query_start_loc[R]; token_req_indices: int64[>=T] (each
     token's row); seq_lens: int32[>=R]; positions, slot_mapping, input_ids: int64[>=T]; block_table:
     int32[>=R, max_blocks]; draft_rows: int64[>=R] (where each row's drafts wait in draft_tokens); draft_tokens:
-    int64[rows, K] (None: every query is one token, no drafts)."""
+    int64[rows, K] (None: every query is one token, no drafts); num_accepted: int32[>=R], a target's short-conv
+    graph buffer (`SpecGraphBuffers.num_accepted_tokens`), set to each row's num_sampled (None: no conv state)."""
     if num_reqs == 0:
         return
     qsl = query_start_loc[: num_reqs + 1].to(torch.int64)
     num_sampled = step_out[:num_reqs, num_sampled_col]
+    if num_accepted is not None:
+        num_accepted[:num_reqs] = num_sampled.to(torch.int32)
     start = seq_lens[:num_reqs].to(torch.int64) - (qsl[1:] - qsl[:-1]) + num_sampled
     seq_lens[:num_reqs] = (start + qsl[1:] - qsl[:-1]).to(torch.int32)
     row = token_req_indices[:num_tokens]
@@ -97,7 +104,8 @@ def advance_verify_rows_triton(step_out: torch.Tensor, num_sampled_col: int, num
                                query_start_loc: torch.Tensor, token_req_indices: torch.Tensor,
                                seq_lens: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
                                input_ids: torch.Tensor, block_table: torch.Tensor, draft_rows: torch.Tensor,
-                               draft_tokens: torch.Tensor | None, block_size: int) -> None:
+                               draft_tokens: torch.Tensor | None, block_size: int,
+                               num_accepted: torch.Tensor | None = None) -> None:
     """:func:`advance_verify_rows` in one Triton kernel, one program a row (the same arguments, the same results;
     step_out, the block table and the draft buffer with contiguous rows; token_req_indices is not read)."""
     if num_reqs == 0:
@@ -109,8 +117,10 @@ def advance_verify_rows_triton(step_out: torch.Tensor, num_sampled_col: int, num
     width = step_out.shape[1] - 2  # K + 1: the longest query
     _advance_verify_kernel[(num_reqs,)](
         step_out, query_start_loc, seq_lens, positions, slot_mapping, input_ids, block_table, draft_rows, drafts,
-        step_out.stride(0), num_sampled_col, block_table.stride(0), draft_rows.stride(0), drafts.stride(0),
-        block_size, HAS_DRAFTS=draft_tokens is not None, BLOCK=max(triton.next_power_of_2(width), 2), num_warps=1)
+        num_accepted if num_accepted is not None else seq_lens, step_out.stride(0), num_sampled_col,
+        block_table.stride(0), draft_rows.stride(0), drafts.stride(0), block_size,
+        HAS_DRAFTS=draft_tokens is not None, HAS_CONV=num_accepted is not None,
+        BLOCK=max(triton.next_power_of_2(width), 2), num_warps=1)
 
 
 def advance_verify_rows_on_gpu(step_out: torch.Tensor, *rest) -> None:

@@ -50,7 +50,9 @@ def _snapshot(engine: NativeEngine, num_reqs: int, num_tokens: int) -> dict[str,
     b = engine.buffers
     return {"tokens": b.tokens[:, :num_tokens].clone(), "query_start_loc": b.query_start_loc[: num_reqs + 1].clone(),
             "seq_lens": b.seq_lens[:num_reqs].clone(), "block_table": b.block_table[:num_reqs].clone(),
-            "row_inputs": engine.row_inputs[:num_reqs].clone()}
+            "row_inputs": engine.row_inputs[:num_reqs].clone(),
+            # a target with conv state: the conv metadata its graphs read, padding included
+            "conv": engine.conv_builder.spec_graph_buffers.buffer.clone() if engine.conv_states else None}
 
 
 def checked_against_the_host(engine: NativeEngine) -> list[int]:
@@ -68,7 +70,8 @@ def checked_against_the_host(engine: NativeEngine) -> list[int]:
             engine._prepare_target_inputs(batch, desc)
             from_host = _snapshot(engine, desc.num_reqs, desc.num_tokens)
             for name, tensor in from_host.items():
-                assert torch.equal(on_device[name], tensor), (name, on_device[name], tensor)
+                assert (tensor is None and on_device[name] is None) or torch.equal(on_device[name], tensor), (
+                    name, on_device[name], tensor)
             engine._staged.version = engine.buffers.version
         return prep
 
@@ -155,21 +158,30 @@ def test_advanced_with_sampling_and_changing_depth(models):
     _check(models, "llama+llama", 3, prompts, spec=spec)
 
 
-def test_models_with_conv_state_stage_on_the_host(models):
-    """LFM2's conv metadata follows the accepted counts on the host: no step of an LFM2 target is advanced on the
-    device, and no prefill of an LFM2 draft (its target's steps are)."""
+@pytest.mark.parametrize("k", [0, 2])
+def test_targets_with_conv_state_advance_too(models, k):
+    """An LFM2 target: its graphs' conv metadata (accepted counts) advanced with the rest; an unrelated Llama draft's
+    prefill too."""
+    prompts = random_prompts([6, 3, 10], seed=1)
+    _check(models, "lfm2+llama", k, prompts, max_num_seqs=2, max_new=14, eos=(2,))
+
+
+def test_hybrid_drafts_stage_their_prefill_on_the_host(models):
+    """A draft with conv state builds its prefill's conv metadata on the host: its target's steps advance on the
+    device, its prefills do not."""
     prompts = random_prompts([6, 3], seed=1)
-    assert not _check(models, "lfm2+lfm2", 2, prompts, expect_advanced=False)
-    advanced = _check(models, "llama+lfm2", 2, prompts, expect_advanced=False)
-    assert [n for n in advanced if n > 0] and not [n for n in advanced if n < 0]  # a hybrid draft: its prefill too
+    for pair in ("lfm2+lfm2", "llama+lfm2"):
+        advanced = _check(models, pair, 2, prompts, expect_advanced=False)
+        assert [n for n in advanced if n > 0] and not [n for n in advanced if n < 0], pair
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_advanced_steps_property(models, data):
     lens = data.draw(st.lists(st.integers(1, 16), min_size=1, max_size=5))
     prompts = [data.draw(st.lists(st.integers(3, VOCAB - 1), min_size=n, max_size=n)) for n in lens]
-    _check(models, "llama+llama", data.draw(st.integers(0, 4)), prompts, expect_advanced=False,
+    _check(models, data.draw(st.sampled_from(["llama+llama", "lfm2+llama"])), data.draw(st.integers(0, 4)), prompts,
+           expect_advanced=False,
            max_num_seqs=data.draw(st.integers(1, 4)), budget=data.draw(st.sampled_from([None, 5, 9])),
            max_new=data.draw(st.integers(1, 14)),
            eos=data.draw(st.lists(st.integers(0, VOCAB - 1), max_size=3, unique=True)))
@@ -179,8 +191,10 @@ def test_advanced_steps_property(models, data):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("k", [0, 1, 4])
 def test_advanced_steps_equal_host_staging_on_gpu(pair_dirs, k):
-    """Captured graphs and the Triton kernel (`advance_verify_rows_triton`): the same buffers and tokens."""
-    models = {"llama+llama": tuple(load_model(path, device="cuda") for path in pair_dirs["llama+llama"])}
+    """Captured graphs and the Triton kernels (`verify_advance`): the same buffers and tokens, an attention-only
+    and a hybrid target."""
     prompts = random_prompts([5, 11, 2, 9, 14], seed=3)
-    for max_num_seqs in (1, 3):
-        _check(models, "llama+llama", k, prompts, max_num_seqs=max_num_seqs, max_new=16, eos=(2, 19))
+    for pair in ("llama+llama", "lfm2+llama"):
+        models = {pair: tuple(load_model(path, device="cuda") for path in pair_dirs[pair])}
+        for max_num_seqs in (1, 3):
+            _check(models, pair, k, prompts, max_num_seqs=max_num_seqs, max_new=16, eos=(2, 19))

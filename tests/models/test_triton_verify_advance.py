@@ -42,11 +42,13 @@ def _batch(gen: torch.Generator, num_reqs: int, k: int, block_size: int, max_blo
             "block_table": torch.randint(1, 500, (max_rows, max_blocks), generator=gen, dtype=torch.int32),
             "draft_rows": torch.randperm(max_rows, generator=gen),
             "draft_tokens": torch.randint(0, 1000, (max_rows, k), generator=gen),
+            "num_accepted": torch.randint(0, 9, (max_rows,), generator=gen, dtype=torch.int32),
             "num_tokens": num_tokens}
 
 
 def check_advance(device: str) -> None:
-    """The kernel leaves every buffer as the torch path does; rows past R and tokens past T untouched."""
+    """The kernel leaves every buffer as the torch path does (the conv graphs' accepted counts where given); rows
+    past R and tokens past T untouched."""
     gen = torch.Generator().manual_seed(0)
     for num_reqs in (1, 2, 5, 8):
         for k, block_size, drafts in ((4, 4, True), (1, 16, True), (7, 1, True), (0, 4, False), (3, 16, False)):
@@ -57,7 +59,8 @@ def check_advance(device: str) -> None:
                 b = {name: t.clone().to(device) for name, t in start.items()}
                 advance(b["step_out"], k + 1, num_reqs, num_tokens, b["query_start_loc"], b["token_req_indices"],
                         b["seq_lens"], b["positions"], b["slot_mapping"], b["input_ids"], b["block_table"],
-                        b["draft_rows"], b["draft_tokens"] if drafts else None, block_size)
+                        b["draft_rows"], b["draft_tokens"] if drafts else None, block_size,
+                        b["num_accepted"] if block_size != 16 else None)  # a target with conv state, or not
                 results.append({name: t.cpu() for name, t in b.items()})
             where = f"R={num_reqs} k={k} B={block_size} drafts={drafts}"
             for name in start:
@@ -65,6 +68,7 @@ def check_advance(device: str) -> None:
             for name in ("positions", "slot_mapping", "input_ids"):
                 assert torch.equal(results[1][name][num_tokens:], start[name][num_tokens:]), f"{name} past T: {where}"
             assert torch.equal(results[1]["seq_lens"][num_reqs:], start["seq_lens"][num_reqs:]), where
+            assert torch.equal(results[1]["num_accepted"][num_reqs:], start["num_accepted"][num_reqs:]), where
             assert not torch.equal(results[1]["positions"][:num_tokens], start["positions"][:num_tokens]), where
 
 
@@ -125,8 +129,9 @@ def test_the_kernel_compiles_for_a_hopper_block():
         pytest.skip("triton is not installed")
     signature = {"step_out_ptr": "*i64", "qsl_ptr": "*i32", "seq_lens_ptr": "*i32", "positions_ptr": "*i64",
                  "slot_mapping_ptr": "*i64", "input_ids_ptr": "*i64", "block_table_ptr": "*i32",
-                 "draft_rows_ptr": "*i64", "draft_tokens_ptr": "*i64", "stride_out": "i32", "num_sampled_col": "i32",
+                 "draft_rows_ptr": "*i64", "draft_tokens_ptr": "*i64", "num_accepted_ptr": "*i32", "stride_out": "i32",
+                 "num_sampled_col": "i32",
                  "stride_table": "i32", "stride_draft_rows": "i32", "stride_drafts": "i32", "block_size": "i32"}
     shared = hopper_shared_bytes(verify_advance._advance_verify_kernel, signature,
-                                 {"HAS_DRAFTS": True, "BLOCK": 32}, 1)
+                                 {"HAS_DRAFTS": True, "HAS_CONV": True, "BLOCK": 32}, 1)
     assert shared <= HOPPER_SHARED_BYTES
