@@ -119,7 +119,10 @@ def _outputs(out) -> list[tuple]:
 
 
 def _check(models, pair, k, prompts, *, expect_advanced=True, **kw):
+    """Host staging against device advances: checked step by step (each advanced step also staged from the host,
+    which the next step then advances from), and unchecked (advance after advance); the same outputs all three."""
     host = _engine(models, pair, k, False, **kw).generate(prompts)
+    assert _outputs(_engine(models, pair, k, True, **kw).generate(prompts)) == _outputs(host)
     engine = _engine(models, pair, k, True, **kw)
     advanced = checked_against_the_host(engine)
     out = engine.generate(prompts)
