@@ -28,11 +28,12 @@ from specexp.engine.verify_advance import advance_verify_rows_on_gpu
 @dataclass
 class StagedStep:
     """What the input buffers hold after a step staged from the host: its steady key (`_steady_key`), the buffers'
-    `version` right after (any later load invalidates it) and each row's block count when its table was copied."""
+    `version` right after (any later load invalidates it) and the rows' block table on the host (int32[R,
+    max_blocks], page-locked on a GPU; the speculator reads it on every step advanced from this one)."""
 
     key: tuple
     version: int
-    block_counts: list[int]
+    block_table: torch.Tensor
 
 
 class TargetStepInputs:
@@ -48,16 +49,16 @@ class TargetStepInputs:
         key = self._steady_key(batch, desc)
         staged = self._staged
         if key is not None and staged is not None and staged.key == key and staged.version == self.buffers.version:
-            self._advance_steady_rows(batch, staged)
+            self._advance_steady_rows(batch)
             return None
         prep = self._prepare_target_inputs(batch, desc)
-        self._staged = (StagedStep(key, self.buffers.version, [len(r.request.block_ids) for r in batch.rows])
-                        if key is not None else None)
+        self._staged = StagedStep(key, self.buffers.version, prep["block_table"]) if key is not None else None
         return prep
 
     def _steady_key(self, batch: ScheduledBatch, desc: BatchExecutionDescriptor) -> tuple | None:
         """What a step's staged inputs depend on besides its rows' positions and tokens: the padded shape, and per
-        row its request, query length, drafts it may accept, draft-buffer row, conv slot and pending-token row.
+        row its request, query length, drafts it may accept, draft-buffer row, conv slot, pending-token row and block
+        count (a running request keeps the blocks it was admitted with; were it given more, its table would differ).
         Equal keys on consecutive steps = a steady step. None when the step cannot be advanced on the device: the
         setting off, no graph (an eager step reads metadata built on the host), a prompt row or a row that does
         not sample. A target with conv state: its graph's conv metadata changes only in each row's accepted count.
@@ -70,19 +71,12 @@ class TargetStepInputs:
             if row.is_prefill or not row.samples:
                 return None
             key += (req.request_id, row.num_query_tokens, row.num_draft_tokens, req.draft_row, req.conv_slot,
-                    req.pending_token_row)
+                    req.pending_token_row, len(req.block_ids))
         return tuple(key)
 
-    def _advance_steady_rows(self, batch: ScheduledBatch, staged: StagedStep) -> None:
-        """Advance the buffers from the last step, `staged`, to this one on the device (`verify_advance`); first
-        copy the block tables of the rows the scheduler has given a block since."""
+    def _advance_steady_rows(self, batch: ScheduledBatch) -> None:
+        """Advance the buffers from the last step to this one on the device (`verify_advance`)."""
         buffers = self.buffers
-        counts = [len(r.request.block_ids) for r in batch.rows]
-        if counts != staged.block_counts:
-            table = torch.from_numpy(self._block_table_rows(batch))
-            buffers.block_table[: batch.num_reqs].copy_(table.pin_memory() if self.pin_memory else table,
-                                                        non_blocking=True)
-            staged.block_counts = counts
         k = self.k
         advance_verify_rows_on_gpu(
             self.step_out, k + 1, batch.num_reqs, batch.num_tokens, buffers.query_start_loc,
@@ -206,16 +200,6 @@ class TargetStepInputs:
                 np.int32).view(4, num_reqs).unbind(0)
         return facts
 
-    def _block_table_rows(self, batch: ScheduledBatch) -> np.ndarray:
-        """int32[R, max_blocks_per_req]: each row's block ids, then NULL (0) blocks, as `build_step_inputs` lays
-        them."""
-        width = self.max_blocks_per_req
-        table = np.zeros((batch.num_reqs, width), dtype=np.int32)
-        for r, row in enumerate(batch.rows):
-            blocks = row.request.block_ids[:width]
-            table[r, : len(blocks)] = blocks
-        return table
-
     def _verified_batch(self, batch: ScheduledBatch, prep: dict | None) -> VerifiedBatch:
         """What the speculator needs of a verified step: the rows' CPU facts and the device's sampled tokens. prep:
         `_prepare_target_inputs`'s, or None for a step advanced on the device (the facts are built here, after the
@@ -224,10 +208,8 @@ class TargetStepInputs:
         if advanced:
             rows = batch.rows
             prep = self._row_facts(batch, [r.request.num_computed_tokens for r in rows])
-            # page-locked: the draft copies it to the device after its prefill, and a copy from pageable memory
-            # would first wait for the stream to drain
-            table = torch.from_numpy(self._block_table_rows(batch))
-            prep["block_table"] = table.pin_memory() if self.pin_memory else table
+            # the table the step's buffers hold, page-locked: the draft copies it to the device after its prefill
+            prep["block_table"] = self._staged.block_table
         return VerifiedBatch(
             query_lens=prep["query_lens"],
             start_positions=prep["starts"],

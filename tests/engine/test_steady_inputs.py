@@ -67,7 +67,9 @@ def checked_against_the_host(engine: NativeEngine) -> list[int]:
         if prep is None:
             advanced.append(batch.num_reqs)
             on_device = _snapshot(engine, desc.num_reqs, desc.num_tokens)
-            engine._prepare_target_inputs(batch, desc)
+            table_for_the_draft = engine._staged.block_table  # what _verified_batch hands the speculator
+            host_prep = engine._prepare_target_inputs(batch, desc)
+            assert torch.equal(table_for_the_draft, host_prep["block_table"])
             from_host = _snapshot(engine, desc.num_reqs, desc.num_tokens)
             for name, tensor in from_host.items():
                 assert (tensor is None and on_device[name] is None) or torch.equal(on_device[name], tensor), (
