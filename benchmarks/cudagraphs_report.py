@@ -23,7 +23,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from leviathan import add_theory, count_within, within_tolerance
+from leviathan import add_theory, count_within, realized_speedup, within_tolerance
 
 ENGINE_DEFAULTS_YAML = Path(__file__).resolve().parents[1] / "conf" / "engine" / "cuda.yaml"
 # The engine switches gpu_cudagraphs.py records in its result, compared with conf/engine/cuda.yaml's values
@@ -320,23 +320,35 @@ def speedup_columns(results: list[dict]) -> list[tuple[str, float, float, dict[i
     return columns
 
 
-def render_speedups(results: list[dict], tolerance: float = 0.15) -> str:
+def render_speedups(results: list[dict], tolerance: float = 0.15, realized: bool = False) -> str:
     """Speedup over k = 0, measured / Leviathan's formula (`*`: more than `tolerance` from it, a fraction), one
-    column per (pair, rate); under a tolerance other than 0.15, a last row counts the points within it."""
+    column per (pair, rate); under a tolerance other than 0.15, a last row counts the points within it. With
+    `realized`, the formula takes each row's measured acceptance length (`leviathan.realized_speedup`) and each
+    cell ends with that length over the expected one."""
     columns = speedup_columns(results)
     ks = sorted({k for *_, rows in columns for k in rows if k > 0})
     labels = [f"{_pair_name(name)}, a = {rate} (c = {c:.3f})" for name, rate, c, _ in columns]
     lines = ["| k | " + " | ".join(labels) + " |", "|---|" + "---|" * len(columns)]
+
+    def predicted(r: dict, c: float) -> float:
+        return realized_speedup(r["acceptance_length"], r["k"], c) if realized else r["theory_speedup"]
+
     for k in ks:
         cells = []
-        for *_, rows in columns:
+        for _, _, c, rows in columns:
             r = rows.get(k)
-            cells.append("-" if r is None else f"{r['speedup']:.2f} / {r['theory_speedup']:.2f}"
-                         f"{'' if within_tolerance(r['speedup'], r['theory_speedup'], tolerance) else ' *'}")
+            if r is None:
+                cells.append("-")
+                continue
+            cell = (f"{r['speedup']:.2f} / {predicted(r, c):.2f}"
+                    f"{'' if within_tolerance(r['speedup'], predicted(r, c), tolerance) else ' *'}")
+            if realized:
+                cell += f" ({r['acceptance_length'] / r['theory_acceptance_length']:.2f})"
+            cells.append(cell)
         lines.append(f"| {k} | " + " | ".join(cells) + " |")
     if tolerance != 0.15:  # the committed tables at 15% predate this row
-        counts = [sum(within_tolerance(r["speedup"], r["theory_speedup"], tolerance) for k, r in rows.items() if k > 0)
-                  for *_, rows in columns]
+        counts = [sum(within_tolerance(r["speedup"], predicted(r, c), tolerance) for k, r in rows.items() if k > 0)
+                  for _, _, c, rows in columns]
         totals = [sum(1 for k in rows if k > 0) for *_, rows in columns]
         lines.append(f"| within {100 * tolerance:g}% | "
                      + " | ".join(f"{n} of {t}" for n, t in zip(counts, totals)) + " |")
@@ -402,6 +414,8 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("results", nargs="+", help="result JSON files")
     parser.add_argument("--tolerance", type=float, default=0.15,
                         help="speedups: how far from the formula a point may lie, a fraction (default 0.15)")
+    parser.add_argument("--realized", action="store_true",
+                        help="speedups: the formula at each run's measured acceptance length, not the expected one")
     parser.add_argument("--ks", default=None, help="verify-kernels: comma-separated depths to show (default all)")
     args = parser.parse_args(argv)
     if not 0 < args.tolerance < 1:
@@ -415,7 +429,7 @@ def main(argv: list[str] | None = None) -> str:
             parser.error(f"full renders one result, got {len(results)}")
         return render_full(results[0])
     if args.table == "speedups":
-        return render_speedups(results, args.tolerance)
+        return render_speedups(results, args.tolerance, args.realized)
     if args.table == "verify-kernels":
         try:
             ks = None if args.ks is None else {int(k) for k in args.ks.split(",")}

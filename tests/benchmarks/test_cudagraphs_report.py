@@ -12,7 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import cudagraphs_figures
 import cudagraphs_report
-from leviathan import leviathan_speedup
+from leviathan import expected_acceptance_length, leviathan_speedup
 
 MiB = 2**20
 
@@ -133,3 +133,17 @@ def test_verify_kernels_refuses_depths_that_are_not_integers(tmp_path, capsys):
         cudagraphs_report.main(["verify-kernels", str(path), "--ks", "one"])
     assert exit_info.value.code == 2
     assert "--ks='one': comma-separated integers expected" in capsys.readouterr().err
+
+
+def test_realized_speedups_take_each_rows_acceptance_length():
+    """Rows whose shortfall from the formula is all in their acceptance draws sit on the formula at the length they
+    realized; each cell names that length over the expected one."""
+    result = _result()
+    rows = result["pairs"]["llama-3.2-1b+llama-100m"]["end_to_end"]
+    for r in rows[1:]:
+        r["acceptance_length"] = expected_acceptance_length(0.8, r["k"]) * {1: 0.8, 2: 0.9, 3: 1.0}[r["k"]]
+    table = cudagraphs_report.render_speedups([result], tolerance=0.05, realized=True).splitlines()
+    k1, k2, k3, count = table[2:6]
+    assert [row.endswith(f"({f})" + " |") for row, f in ((k1, "0.80"), (k2, "0.90"), (k3, "1.00"))] == [True] * 3
+    assert not any("*" in row for row in (k1, k2, k3))
+    assert count == "| within 5% | 3 of 3 |"
