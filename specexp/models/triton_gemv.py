@@ -85,28 +85,23 @@ SKINNY_CONFIGS_BY_N = ((2048, (16, 512, 4, 4)), (4096, (32, 512, 4, 4)), (None, 
 # tuned (16-bit) configurations need at most 192 KiB; 4-byte products drop stages to stay under this (the H200
 # gives a block 227 KiB).
 SKINNY_STAGE_BYTES = 192 * 1024
-# Pipeline stages of a skinny kernel launched early (programmatic dependent launch): its blocks wait beside the
-# kernel before it, holding their shared memory.
-EARLY_LAUNCH_STAGES = 2
 
 
-def skinny_config(n: int, k: int, element_bytes: int = 2, early: bool = False) -> tuple[int, int, int, int]:
+def skinny_config(n: int, k: int, element_bytes: int = 2) -> tuple[int, int, int, int]:
     """The skinny kernel's default (BLOCK_N, BLOCK_K, num_warps, num_stages) for a weight [n, k] of
     `element_bytes`-byte elements (SKINNY_CONFIGS_BY_N, its chunk no longer than k rounded up to a power of 2, and
-    at least 16; fewer stages where the tuned ones would need more than SKINNY_STAGE_BYTES of shared memory, and at
-    most EARLY_LAUNCH_STAGES for a kernel launched `early`)."""
+    at least 16; fewer stages where the tuned ones would need more than SKINNY_STAGE_BYTES of shared memory)."""
     block_n, block_k, warps, stages = next(c for bound, c in SKINNY_CONFIGS_BY_N if bound is None or n <= bound)
     block_k = max(16, min(block_k, triton.next_power_of_2(k)))
     stage_bytes = (TOKEN_TILE + block_n) * block_k * element_bytes
-    stages = min(stages, SKINNY_STAGE_BYTES // stage_bytes, EARLY_LAUNCH_STAGES if early else stages)
-    return block_n, block_k, warps, max(1, stages)
+    return block_n, block_k, warps, max(1, min(stages, SKINNY_STAGE_BYTES // stage_bytes))
 
 
-def gate_up_config(n: int, k: int, element_bytes: int = 2, early: bool = False) -> tuple[int, int, int, int]:
+def gate_up_config(n: int, k: int, element_bytes: int = 2) -> tuple[int, int, int, int]:
     """:func:`gate_up_silu`'s (gate rows a program takes, BLOCK_K, num_warps, num_stages) for a gate/up weight
-    [n = 2I, k]: :func:`skinny_config`'s for that weight (`early`: launched early), a program's tile of rows holding
-    half its rows from the gate and the matching ones from the up."""
-    block_n, block_k, warps, stages = skinny_config(n, k, element_bytes, early)
+    [n = 2I, k]: :func:`skinny_config`'s for that weight, a program's tile of rows holding half its rows from the
+    gate and the matching ones from the up."""
+    block_n, block_k, warps, stages = skinny_config(n, k, element_bytes)
     return block_n // 2, block_k, warps, stages
 
 
@@ -326,14 +321,13 @@ def gate_up_silu(x: torch.Tensor, weight: torch.Tensor, *, rms_only: bool = Fals
         raise ValueError(f"triton_gemv.gate_up_silu takes x [2..{MAX_TOKENS}, K] and weight [2I, K], got x "
                          f"{tuple(x.shape)} and weight {tuple(weight.shape)}")
     width = weight.shape[0] // 2
-    early = early_launch_flags(pdl, x.device)
-    block_n, block_k, warps, stages = gate_up_config(weight.shape[0], k, x.element_size(), early=early["GDC"])
+    block_n, block_k, warps, stages = gate_up_config(weight.shape[0], k, x.element_size())
     x = x.contiguous()
     out = torch.empty(m, width, device=x.device, dtype=x.dtype)
     _skinny_gate_up_kernel[(triton.cdiv(width, block_n),)](
         x, weight, out, m, width, k, x.stride(0), weight.stride(0), out.stride(0), eps, NORM=rms_only,
         IEEE=x.dtype == torch.float32, BLOCK_M=TOKEN_TILE, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps,
-        num_stages=stages, **early)
+        num_stages=stages, **early_launch_flags(pdl, x.device))
     return out
 
 
@@ -385,8 +379,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
                             NUM_WARPS)
         return _launch_gemv(x, norm_weight, weight, bias, residual, out, eps, config, normalize=normalize,
                             pdl=pdl)
-    early = early_launch_flags(pdl, x.device)
-    block_n, block_k, warps, *stages = config or skinny_config(n, k, x.element_size(), early=early["GDC"])
+    block_n, block_k, warps, *stages = config or skinny_config(n, k, x.element_size())
     flags = {"HAS_BIAS": bias is not None, "HAS_RESIDUAL": residual is not None, "NORM": normalize,
              "SCALE": norm_weight is not None, "BLOCK_N": block_n, "BLOCK_K": block_k, "num_warps": warps}
     if stages:
@@ -394,5 +387,5 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     _skinny_kernel[(triton.cdiv(n, block_n),)](
         x, norm_weight if norm_weight is not None else x, weight, bias if bias is not None else x, out, out, m, n, k,
         x.stride(0), weight.stride(0), out.stride(0), eps, IEEE=x.dtype == torch.float32, BLOCK_M=TOKEN_TILE,
-        **flags, **early)  # its loads are pipelined by the compiler: no prefetch
+        **flags, **early_launch_flags(pdl, x.device))  # its loads are pipelined by the compiler: no prefetch
     return out

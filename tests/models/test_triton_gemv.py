@@ -116,18 +116,6 @@ def test_skinny_config_fits_its_stages_in_shared_memory():
             assert stages * stage_bytes <= triton_gemv.SKINNY_STAGE_BYTES
 
 
-def test_an_early_launched_skinny_kernel_takes_fewer_stages():
-    """Launched early, the skinny and gate/up kernels keep the tuned tile and take at most EARLY_LAUNCH_STAGES
-    stages; in stream order, the tuned ones."""
-    pytest.importorskip("triton")
-    for n, k in [(2048, 2048), (3072, 2048), (2048, 8192), (16384, 2048), (128256, 2048), (1536, 768)]:
-        plain, early = skinny_config(n, k), skinny_config(n, k, early=True)
-        assert early[:3] == plain[:3]
-        assert early[3] == min(plain[3], triton_gemv.EARLY_LAUNCH_STAGES)
-        assert triton_gemv.gate_up_config(n, k, early=True)[3] == early[3]
-        assert triton_gemv.gate_up_config(n, k)[3] == plain[3]
-
-
 POINTERS = ("x_ptr", "norm_w_ptr", "w_ptr", "bias_ptr", "res_ptr", "y_ptr")
 
 
