@@ -91,7 +91,7 @@ if AVAILABLE:
         if tl.atomic_add(count_ptr + tile, 1, sem="acq_rel") == SPLIT - 1:  # the tile's last split: reduce
             y = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
             total = tl.zeros([BLOCK_M], dtype=tl.float32)
-            for s in tl.static_range(SPLIT):  # in split order, whichever finished first
+            for s in tl.static_range(SPLIT):  # in split order, whatever order the splits finished in
                 y += tl.load(part_ptr + (s * BLOCK_M + tokens[:, None]) * N + rows[None, :], mask=row_ok[None, :],
                              other=0.0, cache_modifier=".cg")
                 if NORM:

@@ -59,21 +59,7 @@ from specexp.engine.short_conv import ShortConvMetadataBuilder
 from specexp.engine.verified import StagedRows, VerifiedBatch
 from specexp.models.caches import allocate_conv_state_stack, allocate_kv_caches
 from specexp.models.metadata import ForwardContext
-from specexp.models.short_conv_ops import window_columns
-
-
-def seed_scratch_windows(conv_states: torch.Tensor, slots: torch.Tensor, scratch_slots: torch.Tensor,
-                         offsets: torch.Tensor, width: int) -> None:
-    """conv_states[:, scratch, :, 0:W-1] = conv_states[:, slot, :, o : o+W-1] per row, for every conv layer at
-    once (device, no sync).
-
-    conv_states: [L, num_slots, D, S] (all layers' states, stacked); slots, scratch_slots: int64[R];
-    offsets: int64[R] (the window start in the real slot)."""
-    num_layers, _, dim, state_len = conv_states.shape
-    cols = window_columns(offsets, width, state_len)
-    src = conv_states[:, slots]  # [L, R, D, S]
-    index = cols.view(1, -1, 1, width - 1).expand(num_layers, -1, dim, -1)
-    conv_states[:, scratch_slots, :, : width - 1] = torch.gather(src, 3, index)
+from specexp.models.short_conv_ops import seed_scratch_windows
 
 
 class AutoRegressiveSpeculator(DraftMixedSteps, DraftMixedGraphs):

@@ -85,6 +85,20 @@ class VarlenIndices:
     write_mask: torch.Tensor
 
 
+def seed_scratch_windows(conv_states: torch.Tensor, slots: torch.Tensor, scratch_slots: torch.Tensor,
+                         offsets: torch.Tensor, width: int) -> None:
+    """conv_states[:, scratch, :, 0:W-1] = conv_states[:, slot, :, o : o+W-1] per row, for every conv layer at
+    once (device, no sync).
+
+    conv_states: [L, num_slots, D, S] (all layers' states, stacked); slots, scratch_slots: int64[R];
+    offsets: int64[R] (the window start in the real slot)."""
+    num_layers, _, dim, state_len = conv_states.shape
+    cols = window_columns(offsets, width, state_len)
+    src = conv_states[:, slots]  # [L, R, D, S]
+    index = cols.view(1, -1, 1, width - 1).expand(num_layers, -1, dim, -1)
+    conv_states[:, scratch_slots, :, : width - 1] = torch.gather(src, 3, index)
+
+
 def varlen_indices(query_start_loc: torch.Tensor, state_indices: torch.Tensor, window_offsets: torch.Tensor,
                    first_ext_index: torch.Tensor, num_cols: torch.Tensor, num_tokens: int, width: int,
                    state_len: int) -> VarlenIndices:
