@@ -43,6 +43,8 @@ def busy_us(device: list[dict], start: float, end: float) -> float:
     overlaps the one before it."""
     total, covered_to = 0.0, start
     for e in sorted(device, key=lambda e: e["ts"]):
+        if e["ts"] >= end:  # this span and every later one start past the window
+            break
         lo, hi = max(e["ts"], covered_to), min(e["ts"] + e["dur"], end)
         if hi > lo:
             total += hi - lo
@@ -52,8 +54,8 @@ def busy_us(device: list[dict], start: float, end: float) -> float:
 
 def summarize_trace(events: list[dict], skip_steps: int = 3) -> dict:
     """A chrome-trace event list -> step period and device busy time (µs, medians over the steady-state steps
-    between consecutive device-to-host read-backs, after `skip_steps`; busy: `busy_us`), the device's idle fraction, and the
-    host's median µs per cudaMemcpyAsync by copy kind."""
+    between consecutive device-to-host read-backs, after `skip_steps`; busy: `busy_us`), the device's idle fraction,
+    and the host's median µs per cudaMemcpyAsync by copy kind."""
     spans = [e for e in events if e.get("ph") == "X"]
     device = sorted((e for e in spans if e.get("cat") in DEVICE_CATEGORIES), key=lambda e: e["ts"])
     read_backs = [e for e in device if "DtoH" in e["name"]]

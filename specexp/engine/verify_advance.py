@@ -19,8 +19,8 @@ when the draft is shorter), the host launches one kernel that moves the rows for
 The step before may be a plain decode step (no drafts, q = 1) or a verify of any depth, as long as this step's
 rows have its query lengths. Tokens past qsl[R] and rows past R (padding) are left alone. The host still decides
 which steps are steady (`TargetStepInputs._stage_step`); a running request keeps the blocks it was admitted with,
-so the block table stays in place too. A target with short-conv layers reads, of its graph's conv metadata, only each row's accepted
-count anew (its conv window), so that is written too.
+so the block table stays in place too. Of its graph's conv metadata, a target with short-conv layers reads only each
+row's accepted count anew (its conv window), so that is written too.
 
 The draft's prefill of such a step (`advance_prefill_regions`) follows from the target's advanced buffers: row r's
 region holds q[r] + 1 slots at positions start[r] .. start[r] + q[r] (its verify's tokens and the new one), with
