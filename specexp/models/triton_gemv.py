@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import torch
 
+from specexp.models import skinny_configs
 from specexp.models.triton_support import AVAILABLE, early_launch_flags, tl, triton, wait_for_earlier_kernels
 
 # Tuned on the H200 over (BLOCK_N, BLOCK_K, warps) in {4, 8, 16, 32} x {256, 512, 1024} x {4, 8} and (2, 1024, 4)
@@ -351,8 +352,8 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     M = 1 runs the GEMV kernel, M >= 2 the skinny kernel. With `residual` ([M, N], contiguous) the sum is added to
     it in place and residual is returned: one rounding of (residual + product + bias), as `residual.addmm_` rounds.
     config: (BLOCK_N, BLOCK_K, num_warps[, num_stages]), for tuning (None: for M = 1, BLOCK_N rows per program,
-    NORM_BLOCK_N with a norm, min(MAX_BLOCK_K, K rounded up to a power of 2) and NUM_WARPS; for M >= 2,
-    :func:`skinny_config`).
+    NORM_BLOCK_N with a norm, min(MAX_BLOCK_K, K rounded up to a power of 2) and NUM_WARPS; for M >= 2, the
+    device's tuned tile for this weight shape (:mod:`specexp.models.skinny_configs`), else :func:`skinny_config`).
 
     pdl (`engine.programmatic_launch`): on a GPU of compute capability 9.0 or later, the kernel is launched with
     programmatic dependent launch. It may then start while the kernel before it on the stream is finishing: the
@@ -379,7 +380,8 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
                             NUM_WARPS)
         return _launch_gemv(x, norm_weight, weight, bias, residual, out, eps, config, normalize=normalize,
                             pdl=pdl)
-    block_n, block_k, warps, *stages = config or skinny_config(n, k, x.element_size())
+    block_n, block_k, warps, *stages = (config or skinny_configs.tuned_config(x.device, n, k, x.element_size())
+                                        or skinny_config(n, k, x.element_size()))
     flags = {"HAS_BIAS": bias is not None, "HAS_RESIDUAL": residual is not None, "NORM": normalize,
              "SCALE": norm_weight is not None, "BLOCK_N": block_n, "BLOCK_K": block_k, "num_warps": warps}
     if stages:

@@ -1,0 +1,80 @@
+"""The skinny kernel's block shapes tuned for one GPU model, per weight shape.
+
+:func:`specexp.models.triton_gemv.skinny_config` picks a (BLOCK_N, BLOCK_K, num_warps, num_stages) from the output
+width alone, a rule tuned on an H200. Other cards prefer other tiles for some shapes, so a GPU model may ship a
+table of its own: `kernel_configs/skinny_<device>.json` beside this module, `<device>` the CUDA device's name in
+lower case with every run of other characters than letters and digits as one `_` ("NVIDIA H100 80GB HBM3" ->
+`skinny_nvidia_h100_80gb_hbm3.json`). `benchmarks/diagnostics/tune_skinny.py` measures and writes one; a weight
+shape it does not list keeps the rule's tile.
+
+A table holds `{"device": name, "element_bytes": 2, "configs": [{"n": N, "k": K, "config": [BLOCK_N, BLOCK_K,
+num_warps, num_stages]}, ...], ...}` (other keys record how it was measured). Its tiles apply to products of that
+element size only.
+
+`SPECEXP_SKINNY_CONFIGS` overrides where tables come from: `default` ignores every table (the rule alone), a
+directory path is searched instead of `kernel_configs/`. It is read when a device's table is first looked up.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+from pathlib import Path
+
+import torch
+
+TABLE_DIR = Path(__file__).with_name("kernel_configs")
+ENV_VAR = "SPECEXP_SKINNY_CONFIGS"
+
+
+def device_slug(device_name: str) -> str:
+    """A GPU model's name as a file-name part: lower case, each run of non-alphanumerics one `_`, none at the ends
+    ("NVIDIA H100 80GB HBM3" -> "nvidia_h100_80gb_hbm3")."""
+    return re.sub(r"[^a-z0-9]+", "_", device_name.lower()).strip("_")
+
+
+def table_path(device_name: str, directory: Path = TABLE_DIR) -> Path:
+    """Where the table of GPU model `device_name` lives in `directory`."""
+    return directory / f"skinny_{device_slug(device_name)}.json"
+
+
+def parse_table(data: dict, source: str) -> dict[tuple[int, int, int], tuple[int, int, int, int]]:
+    """{(N, K, element bytes): (BLOCK_N, BLOCK_K, num_warps, num_stages)} from a table's JSON object; ValueError
+    naming `source` and the bad entry where one is not four positive powers of two (num_stages: any positive int)."""
+    element_bytes = data.get("element_bytes", 2)
+    table = {}
+    for entry in data.get("configs", []):
+        config = tuple(entry.get("config", ()))
+        ok = (len(config) == 4 and all(isinstance(v, int) and v > 0 for v in config)
+              and all(v & (v - 1) == 0 for v in config[:3]) and config[0] >= 16 and config[1] >= 16)
+        if not ok or not isinstance(entry.get("n"), int) or not isinstance(entry.get("k"), int):
+            raise ValueError(f"{source}: skinny config entry {entry} is not {{'n': int, 'k': int, 'config': "
+                             "[BLOCK_N >= 16, BLOCK_K >= 16, num_warps (powers of 2), num_stages >= 1]}")
+        table[(entry["n"], entry["k"], element_bytes)] = config
+    return table
+
+
+@functools.cache
+def _table(device_name: str, source: str) -> dict:
+    if source == "default":
+        return {}
+    path = table_path(device_name, Path(source) if source else TABLE_DIR)
+    if not path.is_file():
+        return {}
+    return parse_table(json.loads(path.read_text()), str(path))
+
+
+def tuned_config(device: torch.device, n: int, k: int, element_bytes: int) -> tuple[int, int, int, int] | None:
+    """The tuned (BLOCK_N, BLOCK_K, num_warps, num_stages) for a weight [n, k] of `element_bytes`-byte elements on
+    CUDA device `device`, or None: a CPU device, no table for its GPU model, or no entry for this shape."""
+    if device.type != "cuda":
+        return None
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _table(_device_name(index), os.environ.get(ENV_VAR, "")).get((n, k, element_bytes))
+
+
+@functools.cache
+def _device_name(index: int) -> str:
+    return torch.cuda.get_device_name(index)
