@@ -7,7 +7,8 @@ each checked against F.linear first. The targets' kernels launch in stream order
 `engine.skinny_early_launch=draft` launches them; q/k/v and the LM head take the fused norm, the o and down
 projections add into a residual, as in the engine.
 
-A shape's tile is the one with the least time summed over the M measured; it enters the table only when that sum
+A target's gate/up stack is tuned on `gate_up_silu` (`engine.silu_in_gate_up=target`), a draft's on the skinny
+product. A shape's tile is the one with the least time summed over the M measured; it enters the table only when that sum
 beats the default rule's (:func:`specexp.models.triton_gemv.skinny_config`) by more than --min-gain, so a table
 lists only what tuning changed. The table goes to `specexp/models/kernel_configs/skinny_<device>.json`
 (:mod:`specexp.models.skinny_configs`), which the engine's skinny kernels read on that GPU model.
@@ -37,6 +38,40 @@ from specexp.models import skinny_configs, triton_gemv
 SHARED_MEMORY_BYTES = 200 * 1024  # the stages' x tiles and weight chunks, under a Hopper block's 227 KiB
 GRID = [c for c in itertools.product((16, 32, 64), (128, 256, 512, 1024), (4, 8), (1, 2, 3, 4))
         if (triton_gemv.TOKEN_TILE + c[0]) * c[1] * 2 * c[3] <= SHARED_MEMORY_BYTES and not (c[2] == 8 and c[0] == 16)]
+# gate_up_silu's: BLOCK_N gate rows, a tile of twice as many weight rows
+GATE_UP_GRID = [(c[0] // 2, *c[1:]) for c in GRID]
+
+
+def check_gate_up(x: torch.Tensor, w: torch.Tensor, config: tuple[int, ...], label: str) -> None:
+    """gate_up_silu(x [M, K], w [2I, K], rms_only) at `config` within 2% (of the largest output) of its fp32
+    reference."""
+    normed = x.float() / x.float().pow(2).mean(-1, keepdim=True).add(1e-5).sqrt()
+    gate, up = torch.nn.functional.linear(normed, w.float()).chunk(2, dim=-1)
+    reference = torch.nn.functional.silu(gate) * up
+    got = triton_gemv.gate_up_silu(x, w, rms_only=True, eps=1e-5, config=config).float()
+    if (got - reference).abs().max().item() > 2e-2 * reference.abs().max().item():
+        raise AssertionError(f"{label}: gate_up_silu differs from its reference")
+
+
+def gate_up_chain(weights: list[torch.Tensor], config: tuple[int, ...] | None, num_tokens: int, pdl: bool):
+    """A body running gate_up_silu at `config` (None: its default) on each weight, `num_tokens` rows of x."""
+    xs = [torch.randn(num_tokens, w.shape[1], device=w.device, dtype=w.dtype) for w in weights]
+
+    def body():
+        for w, x in zip(weights, xs, strict=True):
+            triton_gemv.gate_up_silu(x, w, rms_only=True, eps=1e-5, config=config, pdl=pdl)
+
+    return body
+
+
+def product_kind(shape: tuple[int, int], count: int, early: bool) -> tuple[str, str]:
+    """(kernel, chain) a weight [N, K] that `count` layers hold runs: a target's gate/up stack (N >= 4K) on
+    gate_up_silu (`engine.silu_in_gate_up=target`), a draft's on the skinny product with the norm; o and down
+    (N <= K) add into a residual; q/k/v, a conv's input projection and the LM head take the fused norm."""
+    n, k = shape
+    if count > 1 and n >= 4 * k:
+        return ("skinny", "triton_norm") if early else ("gate_up_silu", "gate_up_silu")
+    return "skinny", "triton" if count > 1 and n <= k else "triton_norm"
 
 
 def measure_model(name: str, early: bool, tokens: tuple[int, ...], t0: float) -> dict:
@@ -52,23 +87,30 @@ def measure_model(name: str, early: bool, tokens: tuple[int, ...], t0: float) ->
     for shape in sorted({tuple(w.shape) for w in weights}):
         n, k = shape
         same = [w for w in weights if tuple(w.shape) == shape]
-        if len(same) > 1 and n >= 4 * k:  # a gate/up stack: gate_up_silu's
-            continue
-        impl = "triton" if len(same) > 1 and n <= k else "triton_norm"  # o, down: residual; q/k/v, head: norm
-        row = {"count": len(same), "impl": impl}
+        kernel, impl = product_kind(shape, len(same), early)
+        gated = kernel == "gate_up_silu"
+        row = {"count": len(same), "impl": impl, "kernel": kernel}
         for m in tokens:
             x = torch.randn(m, k, device="cuda", dtype=same[0].dtype)
             times = {}
-            for config in GRID:
+            for config in GATE_UP_GRID if gated else GRID:
                 if config[1] > max(16, triton_gemv.triton.next_power_of_2(k)):
                     continue
                 try:
-                    check_gemv(x, same[0], config, f"{name} {shape} {config}")
-                    times[str(config)] = graph_ms(chain(same, impl, {shape: config}, m, pdl=early))
+                    if gated:
+                        check_gate_up(x, same[0], config, f"{name} {shape} {config}")
+                        times[str(config)] = graph_ms(gate_up_chain(same, config, m, early))
+                    else:
+                        check_gemv(x, same[0], config, f"{name} {shape} {config}")
+                        times[str(config)] = graph_ms(chain(same, impl, {shape: config}, m, pdl=early))
                 except RuntimeError:  # out of resources on this device
                     times[str(config)] = None
-            default = triton_gemv.skinny_config(n, k)
-            one_row = graph_ms(chain(same, "triton_norm" if impl == "triton_norm" else "triton_gemv", None, 1,
+            default = triton_gemv.gate_up_config(n, k) if gated else triton_gemv.skinny_config(n, k)
+            if str(default) not in times:  # a rule's tile outside the grid
+                times[str(default)] = graph_ms(gate_up_chain(same, default, m, early) if gated
+                                               else chain(same, impl, {shape: default}, m, pdl=early))
+            # the one-row GEMV of the same weights (a gate/up stack: its product alone, the SiLU left out)
+            one_row = graph_ms(chain(same, "triton_norm" if impl != "triton" else "triton_gemv", None, 1,
                                      pdl=early))
             row[str(m)] = {"default": str(default), "default_ms": times.get(str(default)),
                            "one_row_gemv_ms": one_row, "all": times}
@@ -81,14 +123,14 @@ def measure_model(name: str, early: bool, tokens: tuple[int, ...], t0: float) ->
 
 
 def choose(raw: dict, min_gain: float) -> list[dict]:
-    """The table's entries from a measurement: per weight shape (over every model that has it), the config with
-    the least summed ms over every (model, M) measured, where it beats the default's sum by more than min_gain
-    (a fraction). Each entry: n, k, config, and the two sums in ms."""
+    """The table's entries from a measurement: per kernel and weight shape (over every model that has it), the
+    config with the least summed ms over every (model, M) measured, where it beats the default's sum by more than
+    min_gain (a fraction). Each entry: kernel (gate_up_silu's only), n, k, config, and the two sums in ms."""
     sums: dict[tuple, dict] = {}
     defaults: dict[tuple, tuple] = {}
     for model in raw["models"].values():
         for shape_text, row in model.items():
-            shape = ast.literal_eval(shape_text)
+            shape = (row.get("kernel", "skinny"), *ast.literal_eval(shape_text))
             for m_text, timing in row.items():
                 if not m_text.isdigit():
                     continue
@@ -103,8 +145,9 @@ def choose(raw: dict, min_gain: float) -> list[dict]:
         default_ms = ok.get(defaults[shape])
         best = min(ok, key=ok.get)
         if default_ms is not None and ok[best] < default_ms * (1 - min_gain):
-            entries.append({"n": shape[0], "k": shape[1], "config": list(best),
-                            "summed_ms": round(ok[best], 5), "default_summed_ms": round(default_ms, 5)})
+            entries.append({**({"kernel": shape[0]} if shape[0] != "skinny" else {}), "n": shape[1], "k": shape[2],
+                            "config": list(best), "summed_ms": round(ok[best], 5),
+                            "default_summed_ms": round(default_ms, 5)})
     return entries
 
 
@@ -125,14 +168,15 @@ def merge(raws: list[dict]) -> dict:
 
 def table_markdown(raw: dict) -> str:
     """Per (model, shape, M): the one-row GEMV, the default tile and the best tile measured, ms per replay."""
-    lines = ["| model | weight [N, K] x count | M | one-row GEMV ms | default tile ms | best tile ms (tile) |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| model | kernel | weight [N, K] x count | M | one-row GEMV ms | default tile ms | best tile ms (tile) |",
+             "|---|---|---|---|---|---|---|"]
     for name, model in raw["models"].items():
         for shape, row in model.items():
             for m, t in ((m, t) for m, t in row.items() if m.isdigit()):
                 ok = {c: ms for c, ms in t["all"].items() if ms is not None}
                 best = min(ok, key=ok.get)
-                lines.append(f"| {name} | {list(ast.literal_eval(shape))} x {row['count']} | {m} | "
+                lines.append(f"| {name} | {row.get('kernel', 'skinny')} | {list(ast.literal_eval(shape))} x "
+                             f"{row['count']} | {m} | "
                              f"{t['one_row_gemv_ms']:.4f} | {t['default_ms']:.4f} {t['default']} | "
                              f"{ok[best]:.4f} {best} |")
     return "\n".join(lines)

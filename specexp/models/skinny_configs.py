@@ -9,7 +9,8 @@ shape it does not list keeps the rule's tile.
 
 A table holds `{"device": name, "element_bytes": 2, "configs": [{"n": N, "k": K, "config": [BLOCK_N, BLOCK_K,
 num_warps, num_stages]}, ...], ...}` (other keys record how it was measured). Its tiles apply to products of that
-element size only.
+element size only. An entry with `"kernel": "gate_up_silu"` is that kernel's ([2I, K] weight; BLOCK_N counts gate
+rows, each tile holding as many up rows); others are the skinny product's (`"kernel": "skinny"`).
 
 `SPECEXP_SKINNY_CONFIGS` overrides where tables come from: `default` ignores every table (the rule alone), a
 directory path is searched instead of `kernel_configs/`. It is read when a device's table is first looked up.
@@ -40,19 +41,25 @@ def table_path(device_name: str, directory: Path = TABLE_DIR) -> Path:
     return directory / f"skinny_{device_slug(device_name)}.json"
 
 
-def parse_table(data: dict, source: str) -> dict[tuple[int, int, int], tuple[int, int, int, int]]:
-    """{(N, K, element bytes): (BLOCK_N, BLOCK_K, num_warps, num_stages)} from a table's JSON object; ValueError
-    naming `source` and the bad entry where one is not four positive powers of two (num_stages: any positive int)."""
+KERNELS = {"skinny": 16, "gate_up_silu": 8}  # kernel -> its least BLOCK_N (a tensor-core tile of 16 weight rows)
+
+
+def parse_table(data: dict, source: str) -> dict[tuple[str, int, int, int], tuple[int, int, int, int]]:
+    """{(kernel, N, K, element bytes): (BLOCK_N, BLOCK_K, num_warps, num_stages)} from a table's JSON object;
+    ValueError naming `source` and the bad entry where its kernel is unknown or its config is not three powers of
+    two (BLOCK_N at least the kernel's KERNELS entry, BLOCK_K >= 16) and a positive num_stages."""
     element_bytes = data.get("element_bytes", 2)
     table = {}
     for entry in data.get("configs", []):
+        kernel = entry.get("kernel", "skinny")
         config = tuple(entry.get("config", ()))
-        ok = (len(config) == 4 and all(isinstance(v, int) and v > 0 for v in config)
-              and all(v & (v - 1) == 0 for v in config[:3]) and config[0] >= 16 and config[1] >= 16)
+        ok = (kernel in KERNELS and len(config) == 4 and all(isinstance(v, int) and v > 0 for v in config)
+              and all(v & (v - 1) == 0 for v in config[:3]) and config[0] >= KERNELS[kernel] and config[1] >= 16)
         if not ok or not isinstance(entry.get("n"), int) or not isinstance(entry.get("k"), int):
-            raise ValueError(f"{source}: skinny config entry {entry} is not {{'n': int, 'k': int, 'config': "
-                             "[BLOCK_N >= 16, BLOCK_K >= 16, num_warps (powers of 2), num_stages >= 1]}")
-        table[(entry["n"], entry["k"], element_bytes)] = config
+            raise ValueError(f"{source}: skinny config entry {entry} is not {{'kernel': one of {sorted(KERNELS)}, "
+                             "'n': int, 'k': int, 'config': [BLOCK_N, BLOCK_K >= 16, num_warps (powers of 2), "
+                             "num_stages >= 1]}")
+        table[(kernel, entry["n"], entry["k"], element_bytes)] = config
     return table
 
 
@@ -66,13 +73,15 @@ def _table(device_name: str, source: str) -> dict:
     return parse_table(json.loads(path.read_text()), str(path))
 
 
-def tuned_config(device: torch.device, n: int, k: int, element_bytes: int) -> tuple[int, int, int, int] | None:
-    """The tuned (BLOCK_N, BLOCK_K, num_warps, num_stages) for a weight [n, k] of `element_bytes`-byte elements on
-    CUDA device `device`, or None: a CPU device, no table for its GPU model, or no entry for this shape."""
+def tuned_config(device: torch.device, n: int, k: int, element_bytes: int,
+                 kernel: str = "skinny") -> tuple[int, int, int, int] | None:
+    """`kernel`'s tuned (BLOCK_N, BLOCK_K, num_warps, num_stages) for a weight [n, k] of `element_bytes`-byte
+    elements on CUDA device `device`, or None: a CPU device, no table for its GPU model, or no entry for this
+    shape."""
     if device.type != "cuda":
         return None
     index = device.index if device.index is not None else torch.cuda.current_device()
-    return _table(_device_name(index), os.environ.get(ENV_VAR, "")).get((n, k, element_bytes))
+    return _table(_device_name(index), os.environ.get(ENV_VAR, "")).get((kernel, n, k, element_bytes))
 
 
 @functools.cache

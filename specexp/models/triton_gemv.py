@@ -306,7 +306,7 @@ def gated_gemv(gate_up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
 
 
 def gate_up_silu(x: torch.Tensor, weight: torch.Tensor, *, rms_only: bool = False, eps: float = 0.0,
-                 pdl: bool = False) -> torch.Tensor:
+                 pdl: bool = False, config: tuple[int, int, int, int] | None = None) -> torch.Tensor:
     """A SiLU-gated MLP's gate and up projections and their SiLU product in one skinny kernel: x [M, K]
     (2 <= M <= MAX_TOKENS), weight [2I, K] (the gate's I rows, then the up's; rows contiguous) -> silu(x W_gate^T)
     * (x W_up^T), [M, I] in x's dtype; with `rms_only`, x is first RMS-normalised (a norm whose weight is folded into
@@ -316,13 +316,16 @@ def gate_up_silu(x: torch.Tensor, weight: torch.Tensor, *, rms_only: bool = Fals
     BLOCK_N gate rows interleaved with the matching up rows), each rounded to x's dtype, then silu(gate) and its
     product with up each rounded, as eager's SiLU and multiply round them (silu's exp is Triton's: a few elements
     may differ in the last bit). Saves the SiLU product's kernel and the [M, 2I] round trip in each layer of a
-    verify."""
+    verify. config: (gate rows a program takes, BLOCK_K, num_warps, num_stages), for tuning (None: the device's
+    tuned tile for this weight shape, :mod:`specexp.models.skinny_configs`, else :func:`gate_up_config`)."""
     m, k = x.shape
     if weight.shape[0] % 2 or weight.shape[1] != k or not 2 <= m <= MAX_TOKENS:
         raise ValueError(f"triton_gemv.gate_up_silu takes x [2..{MAX_TOKENS}, K] and weight [2I, K], got x "
                          f"{tuple(x.shape)} and weight {tuple(weight.shape)}")
     width = weight.shape[0] // 2
-    block_n, block_k, warps, stages = gate_up_config(weight.shape[0], k, x.element_size())
+    block_n, block_k, warps, stages = (
+        config or skinny_configs.tuned_config(x.device, weight.shape[0], k, x.element_size(), "gate_up_silu")
+        or gate_up_config(weight.shape[0], k, x.element_size()))
     x = x.contiguous()
     out = torch.empty(m, width, device=x.device, dtype=x.dtype)
     _skinny_gate_up_kernel[(triton.cdiv(width, block_n),)](

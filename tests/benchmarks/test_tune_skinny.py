@@ -28,21 +28,26 @@ def timing(default_ms: float, **others: float | None) -> dict:
 
 
 def measurement(device: str = "Some GPU") -> dict:
-    """Two models sharing the shape (512, 512); (3072, 2048) only in the first."""
+    """Two models sharing the shape (512, 512); (3072, 2048) only in the first; a gate_up_silu shape."""
     return {"device": device, "measured": "2026-12-06", "tokens": [2, 5], "models": {
         "target": {
             "(512, 512)": {"count": 8, "impl": "triton", "2": timing(1.0, c16_512_4_1=0.9, c32_256_4_3=None),
                            "5": timing(1.0, c16_512_4_1=0.9, c32_256_4_3=0.1)},
             "(3072, 2048)": {"count": 16, "impl": "triton_norm", "2": timing(1.0, c32_512_4_3=0.995),
                              "5": timing(1.0, c32_512_4_3=0.995)}},
-        "draft": {"(512, 512)": {"count": 4, "impl": "triton", "2": timing(2.0, c16_512_4_1=1.9)}}}}
+        "draft": {"(512, 512)": {"count": 4, "impl": "triton", "2": timing(2.0, c16_512_4_1=1.9)}},
+        "gated": {"(4096, 512)": {"count": 8, "impl": "gate_up_silu", "kernel": "gate_up_silu",
+                                  "2": timing(1.0, c8_512_4_2=0.8)}}}}
 
 
 def test_choose_sums_every_model_and_row_count_and_keeps_real_gains():
     entries = tune_skinny.choose(measurement(), min_gain=0.01)
     # (512, 512): 0.9 + 0.9 + 1.9 against 4.0; the config that failed once is out; (3072, 2048) gains 0.5% only
-    assert entries == [{"n": 512, "k": 512, "config": [16, 512, 4, 1], "summed_ms": 3.7, "default_summed_ms": 4.0}]
-    assert [e["n"] for e in tune_skinny.choose(measurement(), min_gain=0.001)] == [512, 3072]
+    assert entries == [
+        {"kernel": "gate_up_silu", "n": 4096, "k": 512, "config": [8, 512, 4, 2], "summed_ms": 0.8,
+         "default_summed_ms": 1.0},
+        {"n": 512, "k": 512, "config": [16, 512, 4, 1], "summed_ms": 3.7, "default_summed_ms": 4.0}]
+    assert [e["n"] for e in tune_skinny.choose(measurement(), min_gain=0.001)] == [4096, 512, 3072]
 
 
 def test_written_table_is_what_the_engine_reads(tmp_path):
@@ -50,15 +55,16 @@ def test_written_table_is_what_the_engine_reads(tmp_path):
     tune_skinny.write_table(measurement(), tune_skinny.choose(measurement(), 0.01), path, 0.01)
     data = json.loads(path.read_text())
     assert data["device"] == "Some GPU" and data["tokens"] == [2, 5]
-    assert skinny_configs._table("Some GPU", str(tmp_path)) == {(512, 512, 2): (16, 512, 4, 1)}
+    assert skinny_configs._table("Some GPU", str(tmp_path)) == {("skinny", 512, 512, 2): (16, 512, 4, 1),
+                                                                ("gate_up_silu", 4096, 512, 2): (8, 512, 4, 2)}
 
 
 def test_merge_joins_models_of_one_device_only():
     other = measurement()
-    other["models"] = {"lfm2": other["models"].pop("draft")}
+    other["models"] = {"lfm2": other["models"].pop("gated")}
     other["tokens"] = [9]
     merged = tune_skinny.merge([measurement(), other])
-    assert sorted(merged["models"]) == ["draft", "lfm2", "target"] and merged["tokens"] == [2, 5, 9]
+    assert sorted(merged["models"]) == ["draft", "gated", "lfm2", "target"] and merged["tokens"] == [2, 5, 9]
     with pytest.raises(ValueError, match="different GPU models"):
         tune_skinny.merge([measurement(), measurement("Other GPU")])
 
@@ -74,10 +80,10 @@ def test_cli_prints_tables_writes_from_files_and_rejects_bad_input(tmp_path):
     second.write_text(json.dumps(measurement("Other GPU")))
     proc = run("--table", str(first))
     assert proc.returncode == 0, proc.stderr
-    assert "| target | [512, 512] x 8 | 5 | 0.5000 | 1.0000 (16, 512, 4, 4) | 0.1000 (32, 256, 4, 3) |" in proc.stdout
+    assert "| target | skinny | [512, 512] x 8 | 5 | 0.5000 | 1.0000 (16, 512, 4, 4) | 0.1000 (32, 256, 4, 3) |" in proc.stdout
     out = tmp_path / "table.json"
     proc = run("--from", str(first), "--table-out", str(out))
-    assert proc.returncode == 0 and json.loads(out.read_text())["configs"][0]["config"] == [16, 512, 4, 1]
+    assert proc.returncode == 0 and json.loads(out.read_text())["configs"][1]["config"] == [16, 512, 4, 1]
     for args, message in [(("--tokens", "1,2"), "--tokens '1,2': give rows between 2 and 16"),
                           (("--targets", "nope"), "unknown model 'nope'"),
                           (("--from", str(first), str(second), "--write"), "--from: measurements of different")]:

@@ -26,9 +26,11 @@ def test_device_slug_names_a_gpu_model_as_a_file():
 
 def test_parse_table_keys_entries_by_shape_and_element_size():
     data = {"element_bytes": 2, "configs": [{"n": 3072, "k": 2048, "config": [32, 512, 4, 3]},
-                                            {"n": 512, "k": 512, "config": [16, 512, 4, 1]}]}
-    assert skinny_configs.parse_table(data, "t.json") == {(3072, 2048, 2): (32, 512, 4, 3),
-                                                          (512, 512, 2): (16, 512, 4, 1)}
+                                            {"n": 512, "k": 512, "config": [16, 512, 4, 1]},
+                                            {"kernel": "gate_up_silu", "n": 512, "k": 512, "config": [8, 512, 4, 2]}]}
+    assert skinny_configs.parse_table(data, "t.json") == {("skinny", 3072, 2048, 2): (32, 512, 4, 3),
+                                                          ("skinny", 512, 512, 2): (16, 512, 4, 1),
+                                                          ("gate_up_silu", 512, 512, 2): (8, 512, 4, 2)}
     assert skinny_configs.parse_table({"configs": []}, "t.json") == {}
 
 
@@ -40,12 +42,15 @@ def test_parse_table_names_the_file_and_entry_it_rejects(config):
         skinny_configs.parse_table({"configs": [entry]}, "bad.json")
     with pytest.raises(ValueError, match="bad.json"):
         skinny_configs.parse_table({"configs": [{"n": "64", "k": 64, "config": [32, 512, 4, 3]}]}, "bad.json")
+    for kernel, entry_config in [("gemm", [32, 512, 4, 3]), ("skinny", [8, 512, 4, 2]), ("gate_up_silu", [4, 512, 4, 2])]:
+        with pytest.raises(ValueError, match="'kernel': one of \\['gate_up_silu', 'skinny'\\]"):
+            skinny_configs.parse_table({"configs": [{"kernel": kernel, "n": 64, "k": 64, "config": entry_config}]}, "b")
 
 
 def test_tables_come_from_the_package_a_directory_or_nowhere(tmp_path, monkeypatch):
     data = {"device": "Some GPU", "configs": [{"n": 96, "k": 64, "config": [32, 64, 4, 2]}]}
     (tmp_path / "skinny_some_gpu.json").write_text(json.dumps(data))
-    assert skinny_configs._table("Some GPU", str(tmp_path)) == {(96, 64, 2): (32, 64, 4, 2)}
+    assert skinny_configs._table("Some GPU", str(tmp_path)) == {("skinny", 96, 64, 2): (32, 64, 4, 2)}
     assert skinny_configs._table("Other GPU", str(tmp_path)) == {}
     assert skinny_configs._table("NVIDIA H100 80GB HBM3", "default") == {}
     if (skinny_configs.TABLE_DIR / "skinny_nvidia_h100_80gb_hbm3.json").is_file():
@@ -60,9 +65,9 @@ def test_gemv_launches_the_tuned_tile(monkeypatch):
     pytest.importorskip("triton")
     asked, launched = [], []
 
-    def tuned(device, n, k, element_bytes):
-        asked.append((device.type, n, k, element_bytes))
-        return (16, 64, 4, 2)
+    def tuned(device, n, k, element_bytes, kernel="skinny"):
+        asked.append((kernel, device.type, n, k, element_bytes))
+        return (16, 64, 4, 2) if kernel == "skinny" else (8, 32, 4, 1)
 
     class Kernel:
         def __getitem__(self, grid):
@@ -72,31 +77,43 @@ def test_gemv_launches_the_tuned_tile(monkeypatch):
 
     monkeypatch.setattr(skinny_configs, "tuned_config", tuned)
     monkeypatch.setattr(triton_gemv, "_skinny_kernel", Kernel())
+    monkeypatch.setattr(triton_gemv, "_skinny_gate_up_kernel", Kernel())
     x, w = torch.randn(3, 64), torch.randn(96, 64)
     triton_gemv.gemv(x, w)
     triton_gemv.gemv(x, w, config=(32, 32, 4, 1))
-    assert asked == [("cpu", 96, 64, 4)]
-    assert launched == [((6,), 16, 64, 4, 2), ((3,), 32, 32, 4, 1)]
+    triton_gemv.gate_up_silu(x, w)  # 48 gate rows, 8 a program
+    triton_gemv.gate_up_silu(x, w, config=(16, 64, 4, 3))
+    assert asked == [("skinny", "cpu", 96, 64, 4), ("gate_up_silu", "cpu", 96, 64, 4)]
+    assert launched == [((6,), 16, 64, 4, 2), ((3,), 32, 32, 4, 1), ((6,), 8, 32, 4, 1), ((3,), 16, 64, 4, 3)]
 
 
 def check_shipped_tiles(device: str) -> None:
-    """Each shipped table's tile (BLOCK_K capped at 128 to keep the interpreter quick) gives F.linear's product at
-    2 and 9 rows, with a residual and with a folded norm, on a weight of its BLOCK_N times 3 rows."""
+    """Each shipped table's tile (BLOCK_K capped at 128 to keep the interpreter quick) gives its fp32 reference at 2
+    and 9 rows on a weight of 3 tiles less 5 rows: a skinny tile F.linear's product with a residual and with a
+    folded norm, a gate_up_silu tile silu(gate) * up of the normalised x."""
     gen = torch.Generator().manual_seed(0)
     for path in sorted(skinny_configs.TABLE_DIR.glob("skinny_*.json")):
         table = skinny_configs.parse_table(json.loads(path.read_text()), str(path))
-        for block_n, block_k, warps, stages in set(table.values()):
+        for kernel, (block_n, block_k, warps, stages) in {(key[0], c) for key, c in table.items()}:
             config = (block_n, min(block_k, 128), warps, stages)
             n, k = 3 * block_n - 5, 300
             for rows in (2, 9):
-                w = torch.randn(n, k, generator=gen) / k**0.5
                 x = torch.randn(rows, k, generator=gen)
+                normed = x / x.pow(2).mean(-1, keepdim=True).add(1e-5).sqrt()
+                if kernel == "gate_up_silu":
+                    w = torch.randn(2 * n, k, generator=gen) / k**0.5
+                    gate, up = torch.nn.functional.linear(normed, w).chunk(2, dim=-1)
+                    got = triton_gemv.gate_up_silu(x.to(device), w.to(device), rms_only=True, eps=1e-5,
+                                                   config=config).cpu()
+                    expected = torch.nn.functional.silu(gate) * up
+                    assert torch.allclose(got, expected, atol=1e-4, rtol=1e-4), f"{path.name} {kernel} {config}"
+                    continue
+                w = torch.randn(n, k, generator=gen) / k**0.5
                 residual = torch.randn(rows, n, generator=gen)
                 expected = torch.nn.functional.linear(x, w) + residual
                 got = triton_gemv.gemv(x.to(device), w.to(device), residual=residual.clone().to(device),
                                        config=config).cpu()
                 assert torch.allclose(got, expected, atol=1e-4, rtol=1e-4), f"{path.name} {config} M={rows}"
-                normed = x / x.pow(2).mean(-1, keepdim=True).add(1e-5).sqrt()
                 got = triton_gemv.gemv(x.to(device), w.to(device), rms_only=True, eps=1e-5, config=config).cpu()
                 assert torch.allclose(got, torch.nn.functional.linear(normed, w), atol=1e-4, rtol=1e-4), path.name
 
@@ -119,9 +136,17 @@ def test_shipped_tiles_fit_a_hopper_block(path):
     pointers = {name: "*bf16" for name in ("x_ptr", "norm_w_ptr", "w_ptr", "bias_ptr", "res_ptr", "y_ptr")}
     sizes = {"M": "i32", "N": "i32", "K": "i32", "stride_x": "i32", "stride_w": "i32", "stride_y": "i32",
              "eps": "fp32"}
-    for block_n, block_k, warps, stages in set(table.values()):
-        for norm in (False, True):
-            flags = {"HAS_BIAS": False, "HAS_RESIDUAL": not norm, "NORM": norm, "SCALE": False, "IEEE": False,
-                     "BLOCK_M": triton_gemv.TOKEN_TILE, "BLOCK_N": block_n, "BLOCK_K": block_k}
-            shared = hopper_shared_bytes(triton_gemv._skinny_kernel, {**pointers, **sizes}, flags, warps, stages)
-            assert shared <= HOPPER_SHARED_BYTES, f"{(block_n, block_k, warps, stages)}: {shared} bytes"
+    gate_up_sizes = {"M": "i32", "I": "i32", "K": "i32", "stride_x": "i32", "stride_w": "i32", "stride_y": "i32",
+                     "eps": "fp32"}
+    for kernel, (block_n, block_k, warps, stages) in {(key[0], c) for key, c in table.items()}:
+        tile = {"IEEE": False, "BLOCK_M": triton_gemv.TOKEN_TILE, "BLOCK_N": block_n, "BLOCK_K": block_k}
+        if kernel == "gate_up_silu":
+            launches = [(triton_gemv._skinny_gate_up_kernel,
+                         {"x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", **gate_up_sizes}, {"NORM": True})]
+        else:
+            launches = [(triton_gemv._skinny_kernel, {**pointers, **sizes},
+                         {"HAS_BIAS": False, "HAS_RESIDUAL": not norm, "NORM": norm, "SCALE": False})
+                        for norm in (False, True)]
+        for fn, signature, flags in launches:
+            shared = hopper_shared_bytes(fn, signature, {**flags, **tile}, warps, stages)
+            assert shared <= HOPPER_SHARED_BYTES, f"{kernel} {(block_n, block_k, warps, stages)}: {shared} bytes"
