@@ -320,11 +320,22 @@ def speedup_columns(results: list[dict]) -> list[tuple[str, float, float, dict[i
     return columns
 
 
-def render_speedups(results: list[dict], tolerance: float = 0.15, realized: bool = False) -> str:
+def round_speedups(rows: dict[int, dict], k: int) -> list[float]:
+    """Row k's speedup in each round: its tokens/s over k = 0's in the same round (the runs of one file alternate
+    the depths round by round, so run i of every k shares round i); [] where the rows hold no runs."""
+    runs, base = rows[k].get("output_tokens_per_s_runs"), (rows.get(0) or {}).get("output_tokens_per_s_runs")
+    if not runs or not base or len(runs) != len(base):
+        return []
+    return [tokens / baseline for tokens, baseline in zip(runs, base, strict=True)]
+
+
+def render_speedups(results: list[dict], tolerance: float = 0.15, realized: bool = False,
+                    spread: bool = False) -> str:
     """Speedup over k = 0, measured / Leviathan's formula (`*`: more than `tolerance` from it, a fraction), one
     column per (pair, rate); under a tolerance other than 0.15, a last row counts the points within it. With
     `realized`, the formula takes each row's measured acceptance length (`leviathan.realized_speedup`) and each
-    cell ends with that length over the expected one."""
+    cell ends with that length over the expected one. With `spread`, each measured speedup (the median runs'
+    ratio) is followed by the range of its rounds' speedups and their count (:func:`round_speedups`)."""
     columns = speedup_columns(results)
     ks = sorted({k for *_, rows in columns for k in rows if k > 0})
     labels = [f"{_pair_name(name)}, a = {rate} (c = {c:.3f})" for name, rate, c, _ in columns]
@@ -340,7 +351,9 @@ def render_speedups(results: list[dict], tolerance: float = 0.15, realized: bool
             if r is None:
                 cells.append("-")
                 continue
-            cell = (f"{r['speedup']:.2f} / {predicted(r, c):.2f}"
+            by_round = round_speedups(rows, k) if spread else []
+            span = f" [{min(by_round):.2f}, {max(by_round):.2f}] (n = {len(by_round)})" if by_round else ""
+            cell = (f"{r['speedup']:.2f}{span} / {predicted(r, c):.2f}"
                     f"{'' if within_tolerance(r['speedup'], predicted(r, c), tolerance) else ' *'}")
             if realized:
                 cell += f" ({r['acceptance_length'] / r['theory_acceptance_length']:.2f})"
@@ -416,6 +429,8 @@ def main(argv: list[str] | None = None) -> str:
                         help="speedups: how far from the formula a point may lie, a fraction (default 0.15)")
     parser.add_argument("--realized", action="store_true",
                         help="speedups: the formula at each run's measured acceptance length, not the expected one")
+    parser.add_argument("--spread", action="store_true",
+                        help="speedups: each measured speedup's range over its rounds, and their count")
     parser.add_argument("--ks", default=None, help="verify-kernels: comma-separated depths to show (default all)")
     args = parser.parse_args(argv)
     if not 0 < args.tolerance < 1:
@@ -429,7 +444,7 @@ def main(argv: list[str] | None = None) -> str:
             parser.error(f"full renders one result, got {len(results)}")
         return render_full(results[0])
     if args.table == "speedups":
-        return render_speedups(results, args.tolerance, args.realized)
+        return render_speedups(results, args.tolerance, args.realized, args.spread)
     if args.table == "verify-kernels":
         try:
             ks = None if args.ks is None else {int(k) for k in args.ks.split(",")}

@@ -147,3 +147,19 @@ def test_realized_speedups_take_each_rows_acceptance_length():
     assert [row.endswith(f"({f})" + " |") for row, f in ((k1, "0.80"), (k2, "0.90"), (k3, "1.00"))] == [True] * 3
     assert not any("*" in row for row in (k1, k2, k3))
     assert count == "| within 5% | 3 of 3 |"
+
+
+def test_spread_gives_each_speedup_its_rounds_range_and_count():
+    """Round i of every k shares its k = 0 run: the speedups by round are the ratios of runs i."""
+    result = _result()
+    rows = {r["k"]: r for r in result["pairs"]["llama-3.2-1b+llama-100m"]["end_to_end"]}
+    rows[0]["output_tokens_per_s_runs"] = [100.0, 110.0, 90.0]
+    rows[1]["output_tokens_per_s_runs"] = [120.0, 121.0, 126.0]
+    assert cudagraphs_report.round_speedups(rows, 1) == pytest.approx([1.2, 1.1, 1.4])
+    del rows[2]["output_tokens_per_s_runs"]
+    assert cudagraphs_report.round_speedups(rows, 2) == []  # no runs recorded: no range
+    table = cudagraphs_report.render_speedups([result], spread=True).splitlines()
+    assert f"| 1 | {rows[1]['speedup']:.2f} [1.10, 1.40] (n = 3) / " in table[2]
+    assert "[" not in table[3]
+    rows[2]["output_tokens_per_s_runs"] = [1.0, 2.0]  # not one per round of k = 0: no range
+    assert cudagraphs_report.round_speedups(rows, 2) == []
