@@ -53,7 +53,7 @@ from leviathan import add_theory
 from specexp.engine.config import SKINNY_EARLY_LAUNCH, EngineConfig, SamplingConfig, SpeculatorConfig
 from specexp.engine.cudagraph import FULL, BatchExecutionDescriptor
 from specexp.engine.runner import NativeEngine
-from specexp.models import load_model
+from specexp.models import load_model, skinny_configs
 
 ZOO = Path(__file__).resolve().parents[1] / "specexp" / "zoo"
 RANDOM_PAIRS = {
@@ -477,6 +477,7 @@ def main() -> None:
     # the engine switches are recorded as run (JSON writes the tuple of token counts as a list)
     result = {"machine": {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
                           "python": platform.python_version()}, "pairs": {}, "errors": {}, **kernels,
+              "skinny_tiles": skinny_configs.table_in_use(torch.device("cuda")),
               "end_to_end_grid": e2e}
     result["copy_bandwidth_bytes_per_s"] = copy_bandwidth_bytes_per_s()
     print(f"copy bandwidth {result['copy_bandwidth_bytes_per_s'] / 1e12:.2f} TB/s", flush=True)

@@ -23,7 +23,7 @@ from specexp.engine.stats import AcceptanceStats, request_latency
 from specexp.engine_settings import engine_configs
 from specexp.errors import ConfigError
 from specexp.load_metrics import LoadSettings
-from specexp.models import load_model
+from specexp.models import load_model, skinny_configs
 from specexp.result import RequestOutput, RunResult, StepRecord, TraceRow, prompt_fields, run_metrics
 from specexp.specs import RunSpec
 from specexp.startup import PhaseClock, process_age_s, startup_record
@@ -154,6 +154,8 @@ class NativeServer(BackendServer):
         captured_s = result.metrics.get("graph_capture_s") if not self.reused_by else 0.0  # built by an earlier point
         result.metrics["startup_s"] = startup_record(self.clock.phases_s, self.import_s, captured_s)
         result.env["kernels_launched_early"] = self.engine.cfg.launches_early()  # engine.programmatic_launch
+        if self.engine.cfg.linear_kernel == "triton_skinny":  # where its tiles came from
+            result.env["skinny_tiles"] = skinny_configs.table_in_use(torch.device(self.engine.cfg.device))
         if self.engine.serve_depths:
             result.metrics["engine_reuse"] = {"engine_k": self.engine.k, "engine_max_model_len":
                                               self.engine.cfg.max_model_len, "served_before": self.reused_by,

@@ -87,3 +87,16 @@ def tuned_config(device: torch.device, n: int, k: int, element_bytes: int,
 @functools.cache
 def _device_name(index: int) -> str:
     return torch.cuda.get_device_name(index)
+
+
+def table_in_use(device: torch.device) -> str:
+    """What the skinny kernels on `device` take their tiles from, for a run's record: the table's file name, or
+    "rule" (no table for this GPU model, `SPECEXP_SKINNY_CONFIGS=default`, or not a CUDA device)."""
+    if device.type != "cuda":
+        return "rule"
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    source = os.environ.get(ENV_VAR, "")
+    name = _device_name(index)
+    if not _table(name, source):
+        return "rule"
+    return table_path(name, Path(source) if source else TABLE_DIR).name

@@ -150,3 +150,17 @@ def test_shipped_tiles_fit_a_hopper_block(path):
         for fn, signature, flags in launches:
             shared = hopper_shared_bytes(fn, signature, {**flags, **tile}, warps, stages)
             assert shared <= HOPPER_SHARED_BYTES, f"{kernel} {(block_n, block_k, warps, stages)}: {shared} bytes"
+
+
+def test_a_run_records_where_its_tiles_came_from(tmp_path, monkeypatch):
+    assert skinny_configs.table_in_use(torch.device("cpu")) == "rule"
+    monkeypatch.setattr(skinny_configs, "_device_name", lambda index: "Some GPU")
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    (tmp_path / "skinny_some_gpu.json").write_text(json.dumps(
+        {"device": "Some GPU", "configs": [{"n": 96, "k": 64, "config": [32, 64, 4, 2]}]}))
+    monkeypatch.setenv(skinny_configs.ENV_VAR, str(tmp_path))
+    assert skinny_configs.table_in_use(torch.device("cuda", 0)) == "skinny_some_gpu.json"
+    assert skinny_configs.tuned_config(torch.device("cuda"), 96, 64, 2) == (32, 64, 4, 2)
+    monkeypatch.setenv(skinny_configs.ENV_VAR, "default")
+    assert skinny_configs.table_in_use(torch.device("cuda", 0)) == "rule"
+    assert skinny_configs.tuned_config(torch.device("cuda"), 96, 64, 2) is None
