@@ -9,7 +9,7 @@ import torch
 from specexp.engine.draft_advance import DRAFT_STEP_KERNELS
 from specexp.engine.goodput import GoodputSettings
 from specexp.engine.sampling import ARGMAX_KERNELS
-from specexp.models import triton_support
+from specexp.models import skinny_configs, triton_support
 from specexp.models.attention import ATTENTION_KERNELS
 from specexp.models.linear_ops import LINEAR_KERNELS
 from specexp.models.short_conv_ops import CONV_KERNELS
@@ -182,6 +182,11 @@ class EngineConfig:
             raise EngineConfigError(f"engine.skinny_early_launch={self.skinny_early_launch!r}: valid are "
                                     + ", ".join(repr(m) for m in SKINNY_EARLY_LAUNCH))
         self._check_kernel("linear_kernel", LINEAR_KERNELS, ("triton_gemv", "triton_skinny"), "cublas")
+        if self.linear_kernel == "triton_skinny":
+            try:
+                skinny_configs.check_source()
+            except ValueError as exc:
+                raise EngineConfigError(f"engine.linear_kernel=triton_skinny: {exc}") from None
         self._check_kernel("attention_kernel", ATTENTION_KERNELS, ("triton",), "sdpa")
         self._check_kernel("conv_kernel", CONV_KERNELS, ("triton",), "torch")
         self._check_kernel("argmax_kernel", ARGMAX_KERNELS, ("triton",), "torch")

@@ -13,7 +13,8 @@ element size only. An entry with `"kernel": "gate_up_silu"` is that kernel's ([2
 rows, each tile holding as many up rows); others are the skinny product's (`"kernel": "skinny"`).
 
 `SPECEXP_SKINNY_CONFIGS` overrides where tables come from: `default` ignores every table (the rule alone), a
-directory path is searched instead of `kernel_configs/`. It is read when a device's table is first looked up.
+directory path is searched instead of `kernel_configs/`. It is read at each lookup (a launch outside a graph); each
+table file once per process.
 """
 
 from __future__ import annotations
@@ -61,6 +62,24 @@ def parse_table(data: dict, source: str) -> dict[tuple[str, int, int, int], tupl
                              "num_stages >= 1]}")
         table[(kernel, entry["n"], entry["k"], element_bytes)] = config
     return table
+
+
+def check_source() -> None:
+    """ValueError naming `SPECEXP_SKINNY_CONFIGS` when it is set to neither `default` nor a directory holding only
+    valid tables (each `skinny_*.json` parsed), so a bad setting fails when an engine is configured, not in a
+    kernel launch."""
+    source = os.environ.get(ENV_VAR, "")
+    if source in ("", "default"):
+        return
+    directory = Path(source)
+    if not directory.is_dir():
+        raise ValueError(f"{ENV_VAR}={source!r} is not a directory: give one holding skinny_<device>.json tables, "
+                         "or 'default' for the output-width rule alone")
+    for path in sorted(directory.glob("skinny_*.json")):
+        try:
+            parse_table(json.loads(path.read_text()), str(path))
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}: not JSON ({exc})") from None
 
 
 @functools.cache

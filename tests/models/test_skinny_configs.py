@@ -164,3 +164,26 @@ def test_a_run_records_where_its_tiles_came_from(tmp_path, monkeypatch):
     monkeypatch.setenv(skinny_configs.ENV_VAR, "default")
     assert skinny_configs.table_in_use(torch.device("cuda", 0)) == "rule"
     assert skinny_configs.tuned_config(torch.device("cuda"), 96, 64, 2) is None
+
+
+def test_a_bad_source_fails_when_the_engine_is_configured(tmp_path, monkeypatch):
+    from specexp.engine.config import EngineConfig, EngineConfigError
+
+    monkeypatch.setenv(skinny_configs.ENV_VAR, str(tmp_path / "absent"))
+    with pytest.raises(ValueError, match=r"SPECEXP_SKINNY_CONFIGS='.*absent' is not a directory: .*'default'"):
+        skinny_configs.check_source()
+    (tmp_path / "skinny_some_gpu.json").write_text('{"configs": [{"n": 1, "k": 1, "config": [1, 1, 1, 1]}]}')
+    monkeypatch.setenv(skinny_configs.ENV_VAR, str(tmp_path))
+    with pytest.raises(ValueError, match="skinny_some_gpu.json: skinny config entry"):
+        skinny_configs.check_source()
+    (tmp_path / "skinny_some_gpu.json").write_text("{")
+    with pytest.raises(ValueError, match="skinny_some_gpu.json: not JSON"):
+        skinny_configs.check_source()
+    # the engine's check (its kernel checks, which want CUDA for triton_skinny, passed over on this CPU)
+    monkeypatch.setattr(EngineConfig, "_check_kernel", lambda *args: None)
+    with pytest.raises(EngineConfigError, match="engine.linear_kernel=triton_skinny: .*skinny_some_gpu.json: not JSON"):
+        EngineConfig(device="cpu", linear_kernel="triton_skinny").validate()
+    EngineConfig(device="cpu", linear_kernel="cublas").validate()  # not the skinny kernel: no check
+    for source in ("default", ""):
+        monkeypatch.setenv(skinny_configs.ENV_VAR, source)
+        skinny_configs.check_source()
