@@ -74,9 +74,11 @@ def product_kind(shape: tuple[int, int], count: int, early: bool) -> tuple[str, 
     return "skinny", "triton" if count > 1 and n <= k else "triton_norm"
 
 
-def measure_model(name: str, early: bool, tokens: tuple[int, ...], t0: float) -> dict:
+def measure_model(name: str, early: bool, tokens: tuple[int, ...], t0: float,
+                  shapes: set[tuple[int, int]] | None = None) -> dict:
     """{str(shape): {"count", "impl", str(M): {"default", "default_ms", "one_row_gemv_ms", "all": {str(config):
-    ms or None}}}} for model `name`'s products (ms: one graph replay of every weight of that shape)."""
+    ms or None}}}} for model `name`'s products (ms: one graph replay of every weight of that shape); only `shapes`
+    where given."""
     from gemv_bandwidth import MODELS, ZOO, chain, check_gemv, gemm_weights, graph_ms
 
     from specexp.models import load_model
@@ -84,7 +86,7 @@ def measure_model(name: str, early: bool, tokens: tuple[int, ...], t0: float) ->
     model = load_model(ZOO / MODELS[name], dtype=torch.bfloat16, device="cuda", weights="random", seed=0)
     weights = gemm_weights(model)
     out = {}
-    for shape in sorted({tuple(w.shape) for w in weights}):
+    for shape in sorted({tuple(w.shape) for w in weights} & (shapes or {tuple(w.shape) for w in weights})):
         n, k = shape
         same = [w for w in weights if tuple(w.shape) == shape]
         kernel, impl = product_kind(shape, len(same), early)
@@ -152,8 +154,8 @@ def choose(raw: dict, min_gain: float) -> list[dict]:
 
 
 def merge(raws: list[dict]) -> dict:
-    """One measurement from several of one GPU model (their models together; a later file's model replaces an
-    earlier one's); ValueError when they name different devices."""
+    """One measurement from several of one GPU model (their models' shapes together; a later file's shape replaces
+    an earlier one's); ValueError when they name different devices."""
     devices = {raw["device"] for raw in raws}
     if len(devices) != 1:
         raise ValueError(f"measurements of different GPU models: {sorted(devices)}")
@@ -161,7 +163,8 @@ def merge(raws: list[dict]) -> dict:
               "measured": max(raw.get("measured", "") for raw in raws),
               "tokens": sorted({t for raw in raws for t in raw.get("tokens", [])})}
     for raw in raws:
-        merged["models"].update(raw["models"])
+        for name, shapes in raw["models"].items():
+            merged["models"].setdefault(name, {}).update(shapes)
         merged["early_launch"].update(raw.get("early_launch", {}))
     return merged
 
@@ -200,6 +203,8 @@ def main() -> None:
     parser.add_argument("--targets", default="llama-3.2-1b", help="models whose skinny kernels launch in order")
     parser.add_argument("--drafts", default="llama-100m", help="models whose skinny kernels launch early")
     parser.add_argument("--tokens", default="2,5,9", help="rows of x to tune at, comma-separated (2..16)")
+    parser.add_argument("--shapes", default="", help="only these weight shapes, NxK comma-separated (e.g. "
+                        "16384x2048,4096x512; default every shape)")
     parser.add_argument("--out", help="the measurement's JSON")
     parser.add_argument("--from", dest="source", nargs="+", help="earlier measurements (one GPU model), merged")
     parser.add_argument("--table", nargs="+", help="print these measurements' tables and exit")
@@ -218,6 +223,12 @@ def main() -> None:
             raise ValueError
     except ValueError:
         parser.exit(2, f"--tokens {args.tokens!r}: give rows between 2 and {triton_gemv.MAX_TOKENS}, e.g. 2,5,9\n")
+    try:
+        shapes = {tuple(int(v) for v in shape.split("x", 1)) for shape in filter(None, args.shapes.split(","))}
+        if any(len(shape) != 2 for shape in shapes):
+            raise ValueError
+    except ValueError:
+        parser.exit(2, f"--shapes {args.shapes!r}: give weight shapes as NxK, comma-separated, e.g. 16384x2048\n")
     from gemv_bandwidth import MODELS
 
     unknown = [n for n in filter(None, f"{args.targets},{args.drafts}".split(",")) if n not in MODELS]
@@ -236,7 +247,7 @@ def main() -> None:
         t0 = time.time()
         for names, early in ((args.targets, False), (args.drafts, True)):
             for name in filter(None, names.split(",")):
-                raw["models"][name] = measure_model(name, early, tokens, t0)
+                raw["models"][name] = measure_model(name, early, tokens, t0, shapes or None)
                 raw.setdefault("early_launch", {})[name] = early
                 if args.out:
                     Path(args.out).write_text(json.dumps(raw, indent=1))

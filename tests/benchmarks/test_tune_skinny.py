@@ -63,8 +63,10 @@ def test_merge_joins_models_of_one_device_only():
     other = measurement()
     other["models"] = {"lfm2": other["models"].pop("gated")}
     other["tokens"] = [9]
-    merged = tune_skinny.merge([measurement(), other])
+    more = {**measurement(), "models": {"target": {"(9, 9)": {"count": 1}}}}
+    merged = tune_skinny.merge([measurement(), other, more])
     assert sorted(merged["models"]) == ["draft", "gated", "lfm2", "target"] and merged["tokens"] == [2, 5, 9]
+    assert sorted(merged["models"]["target"]) == ["(3072, 2048)", "(512, 512)", "(9, 9)"]  # shapes joined
     with pytest.raises(ValueError, match="different GPU models"):
         tune_skinny.merge([measurement(), measurement("Other GPU")])
 
@@ -86,6 +88,7 @@ def test_cli_prints_tables_writes_from_files_and_rejects_bad_input(tmp_path):
     assert proc.returncode == 0 and json.loads(out.read_text())["configs"][1]["config"] == [16, 512, 4, 1]
     for args, message in [(("--tokens", "1,2"), "--tokens '1,2': give rows between 2 and 16"),
                           (("--targets", "nope"), "unknown model 'nope'"),
+                          (("--shapes", "16384-2048"), "--shapes '16384-2048': give weight shapes as NxK"),
                           (("--from", str(first), str(second), "--write"), "--from: measurements of different")]:
         proc = run(*args)
         assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
