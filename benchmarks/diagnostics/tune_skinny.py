@@ -1,21 +1,21 @@
 """Tune the skinny kernel's tile per weight shape on this GPU and write the table the engine reads. (GPU)
 
-For each weight shape of the named models (the gate/up stacks excepted: their products run `gate_up_silu`), a
-CUDA graph replays the skinny kernel over every weight of that shape at M rows of x (a verify of M = k + 1 tokens,
-a draft prefill region), once per (BLOCK_N, BLOCK_K, num_warps, num_stages) of GRID that fits the shared memory,
-each checked against F.linear first. The targets' kernels launch in stream order and the drafts' early, as
+For each weight shape of the named models (or of --shapes), a CUDA graph replays the skinny kernel over every
+weight of that shape at M rows of x (a verify of M = k + 1 tokens, a draft prefill region of k + 2), once per
+(BLOCK_N, BLOCK_K, num_warps, num_stages) of GRID that fits the shared memory, each checked against its fp32
+reference first. The targets' kernels launch in stream order and the drafts' early, as
 `engine.skinny_early_launch=draft` launches them; q/k/v and the LM head take the fused norm, the o and down
-projections add into a residual, as in the engine.
+projections add into a residual, and a target's gate/up stack runs `gate_up_silu` (`engine.silu_in_gate_up=target`)
+where a draft's runs the skinny product, as in the engine.
 
-A target's gate/up stack is tuned on `gate_up_silu` (`engine.silu_in_gate_up=target`), a draft's on the skinny
-product. A shape's tile is the one with the least time summed over the M measured; it enters the table only when that sum
-beats the default rule's (:func:`specexp.models.triton_gemv.skinny_config`) by more than --min-gain, so a table
-lists only what tuning changed. The table goes to `specexp/models/kernel_configs/skinny_<device>.json`
+A shape's tile is the one with the least time summed over the M measured; it enters the table only when that sum
+beats the default rule's (:func:`specexp.models.triton_gemv.skinny_config`, `gate_up_config`) by more than
+--min-gain, so a table lists only what tuning changed. The table goes to `specexp/models/kernel_configs/skinny_<device>.json`
 (:mod:`specexp.models.skinny_configs`), which the engine's skinny kernels read on that GPU model.
 
     python benchmarks/diagnostics/tune_skinny.py --targets llama-3.2-1b --drafts llama-100m --out tune.json --write
     python benchmarks/diagnostics/tune_skinny.py --table tune.json          # per shape: default, tuned, one-row
-    python benchmarks/diagnostics/tune_skinny.py --from tune.json --write   # the table from an earlier measurement
+    python benchmarks/diagnostics/tune_skinny.py --from tune.json more.json --write  # from earlier measurements
 """
 
 from __future__ import annotations
