@@ -169,13 +169,14 @@ def merge(raws: list[dict]) -> dict:
     return merged
 
 
-def table_markdown(raw: dict) -> str:
-    """Per (model, shape, M): the one-row GEMV, the default tile and the best tile measured, ms per replay."""
+def table_markdown(raw: dict, tokens: set[int] | None = None) -> str:
+    """Per (model, shape, M) (M in `tokens` where given): the one-row GEMV, the default tile and the best tile
+    measured, ms per replay."""
     lines = ["| model | kernel | weight [N, K] x count | M | one-row GEMV ms | default tile ms | best tile ms (tile) |",
              "|---|---|---|---|---|---|---|"]
     for name, model in raw["models"].items():
         for shape, row in model.items():
-            for m, t in ((m, t) for m, t in row.items() if m.isdigit()):
+            for m, t in ((m, t) for m, t in row.items() if m.isdigit() and (not tokens or int(m) in tokens)):
                 ok = {c: ms for c, ms in t["all"].items() if ms is not None}
                 best = min(ok, key=ok.get)
                 lines.append(f"| {name} | {row.get('kernel', 'skinny')} | {list(ast.literal_eval(shape))} x "
@@ -202,7 +203,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--targets", default="llama-3.2-1b", help="models whose skinny kernels launch in order")
     parser.add_argument("--drafts", default="llama-100m", help="models whose skinny kernels launch early")
-    parser.add_argument("--tokens", default="2,5,9", help="rows of x to tune at, comma-separated (2..16)")
+    parser.add_argument("--tokens", default="2,5,9", help="rows of x to tune at, comma-separated (2..16); with "
+                        "--table, the rows to print (default every row measured)")
     parser.add_argument("--shapes", default="", help="only these weight shapes, NxK comma-separated (e.g. "
                         "16384x2048,4096x512; default every shape)")
     parser.add_argument("--out", help="the measurement's JSON")
@@ -212,17 +214,18 @@ def main() -> None:
     parser.add_argument("--table-out", help="write the device's table here instead")
     parser.add_argument("--min-gain", type=float, default=0.01)
     args = parser.parse_args()
-    if args.table:
-        for path in args.table:
-            print(f"`{Path(path).name}` ({json.loads(Path(path).read_text())['device']}):\n")
-            print(table_markdown(json.loads(Path(path).read_text())) + "\n")
-        return
     try:
         tokens = tuple(int(t) for t in args.tokens.split(","))
         if not all(2 <= t <= triton_gemv.MAX_TOKENS for t in tokens):
             raise ValueError
     except ValueError:
         parser.exit(2, f"--tokens {args.tokens!r}: give rows between 2 and {triton_gemv.MAX_TOKENS}, e.g. 2,5,9\n")
+    if args.table:
+        shown = set(tokens) if args.tokens != parser.get_default("tokens") else None
+        for path in args.table:
+            print(f"`{Path(path).name}` ({json.loads(Path(path).read_text())['device']}):\n")
+            print(table_markdown(json.loads(Path(path).read_text()), shown) + "\n")
+        return
     try:
         shapes = {tuple(int(v) for v in shape.split("x", 1)) for shape in filter(None, args.shapes.split(","))}
         if any(len(shape) != 2 for shape in shapes):

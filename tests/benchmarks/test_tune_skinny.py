@@ -83,6 +83,8 @@ def test_cli_prints_tables_writes_from_files_and_rejects_bad_input(tmp_path):
     proc = run("--table", str(first))
     assert proc.returncode == 0, proc.stderr
     assert "| target | skinny | [512, 512] x 8 | 5 | 0.5000 | 1.0000 (16, 512, 4, 4) | 0.1000 (32, 256, 4, 3) |" in proc.stdout
+    only_two = run("--table", str(first), "--tokens", "2").stdout
+    assert "| 2 |" in only_two and "| 5 |" not in only_two
     out = tmp_path / "table.json"
     proc = run("--from", str(first), "--table-out", str(out))
     assert proc.returncode == 0 and json.loads(out.read_text())["configs"][1]["config"] == [16, 512, 4, 1]
