@@ -46,7 +46,7 @@ from gpu_cudagraphs import (
 )
 
 from specexp.engine.cudagraph import FULL, BatchExecutionDescriptor
-from specexp.models import load_model
+from specexp.models import load_model, skinny_configs
 from specexp.models.linear_ops import LINEAR_KERNELS
 
 
@@ -134,7 +134,8 @@ def main() -> None:
     kernels = dict(CUDA_KERNELS, linear_kernel=args.linear_kernel, fold_norm_weights=args.fold_norm_weights,
                    silu_in_down_gemv=args.silu_in_down_gemv, silu_in_gate_up=args.silu_in_gate_up,
                    skinny_early_launch=args.skinny_early_launch, cudagraph_prefill_tokens=())
-    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "kernels": kernels, "pairs": {}}
+    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "kernels": kernels, "pairs": {},
+              "skinny_tiles": skinny_configs.table_in_use(torch.device("cuda"))}
     out = Path(args.out)
     with torch.inference_mode():
         for pair in pairs:
