@@ -214,6 +214,11 @@ def main() -> None:
     parser.add_argument("--table-out", help="write the device's table here instead")
     parser.add_argument("--min-gain", type=float, default=0.01)
     args = parser.parse_args()
+    missing = [path for path in (args.table or []) + (args.source or []) if not Path(path).is_file()]
+    if missing:
+        parser.exit(2, f"no such measurement file: {missing[0]}\n")
+    if not 0 <= args.min_gain < 1:
+        parser.exit(2, f"--min-gain {args.min_gain}: give a fraction in [0, 1), e.g. 0.01\n")
     try:
         tokens = tuple(int(t) for t in args.tokens.split(","))
         if not all(2 <= t <= triton_gemv.MAX_TOKENS for t in tokens):

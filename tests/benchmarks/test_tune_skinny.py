@@ -91,6 +91,8 @@ def test_cli_prints_tables_writes_from_files_and_rejects_bad_input(tmp_path):
     for args, message in [(("--tokens", "1,2"), "--tokens '1,2': give rows between 2 and 16"),
                           (("--targets", "nope"), "unknown model 'nope'"),
                           (("--shapes", "16384-2048"), "--shapes '16384-2048': give weight shapes as NxK"),
+                          (("--table", str(tmp_path / "absent.json")), "no such measurement file: "),
+                          (("--from", str(first), "--min-gain", "5"), "--min-gain 5.0: give a fraction in [0, 1)"),
                           (("--from", str(first), str(second), "--write"), "--from: measurements of different")]:
         proc = run(*args)
         assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
