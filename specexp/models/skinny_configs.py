@@ -86,10 +86,23 @@ def check_source() -> None:
 def _table(device_name: str, source: str) -> dict:
     if source == "default":
         return {}
-    path = table_path(device_name, Path(source) if source else TABLE_DIR)
+    path = _table_file(device_name, source)
     if not path.is_file():
         return {}
     return parse_table(json.loads(path.read_text()), str(path))
+
+
+def _table_file(device_name: str, source: str) -> Path:
+    """The table file GPU model `device_name` reads under `SPECEXP_SKINNY_CONFIGS=source` (unset: the package's)."""
+    return table_path(device_name, Path(source) if source else TABLE_DIR)
+
+
+def _name_and_source(device: torch.device) -> tuple[str, str] | None:
+    """(GPU model name, SPECEXP_SKINNY_CONFIGS) for a CUDA device: what picks its table; None for other devices."""
+    if device.type != "cuda":
+        return None
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _device_name(index), os.environ.get(ENV_VAR, "")
 
 
 def tuned_config(device: torch.device, n: int, k: int, element_bytes: int,
@@ -97,10 +110,8 @@ def tuned_config(device: torch.device, n: int, k: int, element_bytes: int,
     """`kernel`'s tuned (BLOCK_N, BLOCK_K, num_warps, num_stages) for a weight [n, k] of `element_bytes`-byte
     elements on CUDA device `device`, or None: a CPU device, no table for its GPU model, or no entry for this
     shape."""
-    if device.type != "cuda":
-        return None
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return _table(_device_name(index), os.environ.get(ENV_VAR, "")).get((kernel, n, k, element_bytes))
+    key = _name_and_source(device)
+    return None if key is None else _table(*key).get((kernel, n, k, element_bytes))
 
 
 @functools.cache
@@ -111,11 +122,7 @@ def _device_name(index: int) -> str:
 def table_in_use(device: torch.device) -> str:
     """What the skinny kernels on `device` take their tiles from, for a run's record: the table's file name, or
     "rule" (no table for this GPU model, `SPECEXP_SKINNY_CONFIGS=default`, or not a CUDA device)."""
-    if device.type != "cuda":
+    key = _name_and_source(device)
+    if key is None or not _table(*key):
         return "rule"
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    source = os.environ.get(ENV_VAR, "")
-    name = _device_name(index)
-    if not _table(name, source):
-        return "rule"
-    return table_path(name, Path(source) if source else TABLE_DIR).name
+    return _table_file(*key).name
