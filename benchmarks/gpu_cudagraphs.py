@@ -6,11 +6,11 @@ Measures, per pair (trained demo pairs when present, and real-size random-weight
   3. target decode-step latency at batch 1 and the HBM bandwidth it achieves (weight bytes / step time)
      against the measured device copy bandwidth;
   4. end-to-end output tokens/s for k = 0..8 (batch 1, 8 prompts of 64 tokens, 128 new tokens; one engine per k,
-     every k once per round over 5 interleaved rounds), with synthetic acceptance rates (random pairs) or real
-     greedy acceptance (demo pairs), next to Leviathan's speedup (1 - a^(k+1)) / ((1 - a)(k c + 1)) with the
-     measured cost ratio c (batch-1 decode-step replays of draft and target, alternating over 7 rounds: the
-     median of the rounds' ratios). Each row also says where a request's wall time goes: steps and their
-     median / mean, prefill steps, and replays vs eager runs per graph manager.
+     every k once per round over 5 interleaved rounds after an untimed one), with synthetic acceptance rates
+     (random pairs) or real greedy acceptance (demo pairs), next to Leviathan's speedup
+     (1 - a^(k+1)) / ((1 - a)(k c + 1)) with the measured cost ratio c (batch-1 decode-step replays of draft and
+     target, alternating over 7 rounds: the median of the rounds' ratios). Each row also says where a request's
+     wall time goes: steps and their median / mean, prefill steps, and replays vs eager runs per graph manager.
 
     python benchmarks/gpu_cudagraphs.py --out results.json [--quick] [--pairs A,B] [--sections capture,step,e2e]
                                         [--no-compile-pointwise] [--linear-kernel triton_skinny|triton_gemv|cublas]
@@ -22,6 +22,7 @@ Measures, per pair (trained demo pairs when present, and real-size random-weight
                                         [--skinny-early-launch both|target|draft|none]
                                         [--no-shared-graph-pool]
                                         [--ks 0,1,4] [--rates 0.8] [--repeats 3] [--prompts 4]
+                                        [--warm-up-rounds 1]
                                         [--no-plain-decode-lookahead]
 
 The engine switches default to what `engine=cuda` runs (CUDA_KERNELS).
@@ -270,11 +271,13 @@ def timed_generate(engine, prompts, max_concurrency: int | None = None):
 
 
 def end_to_end(target, draft, ks, prompts, rates, synthetic: bool, repeats: int = 3,
-               kernels=None) -> list[dict]:
-    """Per rate: one engine per k (graphs captured once, then a warm-up), then `repeats` rounds that each run
-    every k once over the same prompts, in alternating order. A k's tokens/s is the median of its runs
-    (`output_tokens_per_s_runs` keeps each). Interleaving puts every k under the same drift of the machine
-    (clocks, other tenants of the host), which running all of one k's repeats back to back did not."""
+               kernels=None, warm_up_rounds: int = 1) -> list[dict]:
+    """Per rate: one engine per k (graphs captured once, then a short warm-up generate), `warm_up_rounds`
+    untimed rounds, then `repeats` rounds that each run every k once over the same prompts, in alternating
+    order. A k's tokens/s is the median of its runs (`output_tokens_per_s_runs` keeps each). Interleaving puts
+    every k under the same drift of the machine (clocks, other tenants of the host), which running all of one
+    k's repeats back to back did not; the untimed rounds take first-use costs (the allocator's and the driver's
+    first touches of a whole run's sizes and positions) out of the timed ones."""
     rows = []
     for rate in rates:
         engines, before = {}, {}
@@ -285,6 +288,9 @@ def end_to_end(target, draft, ks, prompts, rates, synthetic: bool, repeats: int 
             engine.generate(prompts[:1], max_new_tokens=8)
             engines[k] = engine
             before[k] = {m.name: (m.num_replays, m.num_eager) for m in engine.graph_managers()}
+        for _ in range(warm_up_rounds):
+            for k in ks:
+                timed_generate(engines[k], prompts)
         runs_by_k = {k: [] for k in ks}
         for round_index in range(repeats):
             for k in (ks if round_index % 2 == 0 else ks[::-1]):
@@ -335,7 +341,8 @@ SECTIONS = ("capture", "step", "e2e")
 
 def bench_pair(name, target_path, draft_path, weights, dtype, quick, copy_bw, sections=SECTIONS,
                kernels=None, e2e=None) -> dict:
-    """e2e: overrides of the end-to-end grid ({"ks", "rates", "repeats", "prompts"}; None = the defaults)."""
+    """e2e: overrides of the end-to-end grid ({"ks", "rates", "repeats", "prompts", "warm_up_rounds"}; None = the
+    defaults)."""
     e2e = e2e or {}
     print(f"== {name} ({weights}, {dtype})", flush=True)
     target = load_model(ZOO / target_path, dtype=dtype, device="cuda", weights=weights, seed=0)
@@ -378,8 +385,10 @@ def bench_pair(name, target_path, draft_path, weights, dtype, quick, copy_bw, se
     ks = e2e.get("ks") or ([0, 1, 2, 4, 8] if quick else list(range(9)))
     synthetic = weights == "random"
     rates = (e2e.get("rates") or [0.6, 0.8]) if synthetic else [None]
+    warm_up_rounds = e2e.get("warm_up_rounds")
     out["end_to_end"] = end_to_end(target, draft, ks, prompts, rates, synthetic,
-                                   repeats=e2e.get("repeats") or (1 if quick else 5), kernels=kernels)
+                                   repeats=e2e.get("repeats") or (1 if quick else 5), kernels=kernels,
+                                   warm_up_rounds=(0 if quick else 1) if warm_up_rounds is None else warm_up_rounds)
     add_theory(out["end_to_end"], c)
     del target, draft
     torch.cuda.empty_cache()
@@ -416,6 +425,8 @@ def main() -> None:
                                                       "(default 0.6,0.8)")
     parser.add_argument("--repeats", type=int, default=None, help="end to end: interleaved rounds (default 5)")
     parser.add_argument("--prompts", type=int, default=None, help="end to end: prompts per run (default 8)")
+    parser.add_argument("--warm-up-rounds", type=int, default=None,
+                        help="end to end: untimed rounds of every k before the timed ones (default 1, --quick 0)")
     parser.add_argument("--no-plain-decode-lookahead", action="store_true",
                         help="engine.plain_decode_lookahead=false: k = 0 reads each step back before the next")
     parser.add_argument("--steady-inputs-on-device", action=argparse.BooleanOptionalAction, default=True,
@@ -447,7 +458,7 @@ def main() -> None:
     try:
         e2e = {"ks": [int(k) for k in args.ks.split(",")] if args.ks else None,
                "rates": [float(a) for a in args.rates.split(",")] if args.rates else None,
-               "repeats": args.repeats, "prompts": args.prompts}
+               "repeats": args.repeats, "prompts": args.prompts, "warm_up_rounds": args.warm_up_rounds}
     except ValueError:
         parser.error(f"--ks / --rates: comma-separated numbers expected, got {args.ks!r} / {args.rates!r}")
     if e2e["ks"] is not None and (0 not in e2e["ks"] or min(e2e["ks"]) < 0):
@@ -457,6 +468,8 @@ def main() -> None:
     for name in ("repeats", "prompts"):
         if e2e[name] is not None and e2e[name] < 1:
             parser.error(f"--{name}={e2e[name]}: must be >= 1")
+    if args.warm_up_rounds is not None and args.warm_up_rounds < 0:
+        parser.error(f"--warm-up-rounds={args.warm_up_rounds}: must be >= 0")
     try:
         prefill_tokens = tuple(int(n) for n in args.prefill_graph_tokens.split(",") if n)
     except ValueError:
