@@ -20,7 +20,7 @@ Measures, per pair (trained demo pairs when present, and real-size random-weight
                                         [--silu-in-down-gemv] [--draft-step-kernel torch|triton]
                                         [--[no-]programmatic-launch] [--[no-]silu-in-gate-up [target|draft]]
                                         [--skinny-early-launch both|target|draft|none]
-                                        [--no-shared-graph-pool]
+                                        [--no-shared-graph-pool] [--attention-splits 16]
                                         [--ks 0,1,4] [--rates 0.8] [--repeats 3] [--prompts 4]
                                         [--warm-up-rounds 1]
                                         [--no-plain-decode-lookahead]
@@ -54,7 +54,7 @@ from leviathan import add_theory
 from specexp.engine.config import SKINNY_EARLY_LAUNCH, EngineConfig, SamplingConfig, SpeculatorConfig
 from specexp.engine.cudagraph import FULL, BatchExecutionDescriptor
 from specexp.engine.runner import NativeEngine
-from specexp.models import load_model, skinny_configs
+from specexp.models import load_model, skinny_configs, triton_attention
 
 ZOO = Path(__file__).resolve().parents[1] / "specexp" / "zoo"
 RANDOM_PAIRS = {
@@ -450,6 +450,9 @@ def main() -> None:
     parser.add_argument("--prefill-graph-tokens", default=",".join(map(str, CUDA_KERNELS["cudagraph_prefill_tokens"])),
                         help="engine.cudagraph_prefill_tokens: lone prompt chunks replay a captured prefill graph, "
                              "in the target and the draft ('' = none)")
+    parser.add_argument("--attention-splits", type=int, default=None,
+                        help="most programs the attention kernel splits a row's keys over "
+                             "(triton_attention.MAX_SPLITS; 1: one program walks them all)")
     parser.add_argument("--shared-graph-pool", action=argparse.BooleanOptionalAction, default=True,
                         help="engine.cudagraph_shared_pool: every graph, target and draft, in one memory pool "
                              "(--no-shared-graph-pool: a pool per manager)")
@@ -477,7 +480,11 @@ def main() -> None:
     unknown = sorted(set(sections) - set(SECTIONS))
     if unknown:
         parser.error(f"--sections: unknown {unknown}; valid: {', '.join(SECTIONS)}")
+    if args.attention_splits is not None and args.attention_splits < 1:
+        parser.error(f"--attention-splits={args.attention_splits}: must be >= 1")
     assert torch.cuda.is_available(), "needs a CUDA GPU"
+    if args.attention_splits is not None:
+        triton_attention.MAX_SPLITS = args.attention_splits
     kernels = {"compile_pointwise": args.compile_pointwise, "linear_kernel": args.linear_kernel,
                "silu_in_down_gemv": args.silu_in_down_gemv, "silu_in_gate_up": args.silu_in_gate_up,
                "skinny_early_launch": args.skinny_early_launch, "fold_norm_weights": args.fold_norm_weights,
@@ -491,6 +498,7 @@ def main() -> None:
     result = {"machine": {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
                           "python": platform.python_version()}, "pairs": {}, "errors": {}, **kernels,
               "skinny_tiles": skinny_configs.table_in_use(torch.device("cuda")),
+              "attention_max_splits": triton_attention.MAX_SPLITS,
               "end_to_end_grid": e2e}
     result["copy_bandwidth_bytes_per_s"] = copy_bandwidth_bytes_per_s()
     print(f"copy bandwidth {result['copy_bandwidth_bytes_per_s'] / 1e12:.2f} TB/s", flush=True)

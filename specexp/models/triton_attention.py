@@ -1,18 +1,24 @@
 """Paged attention for uniform batches (decode and verify steps) in one Triton kernel.
 
 The default path (`specexp.models.attention.paged_attention`) gathers each row's keys and values out of the
-paged cache into a dense tensor and runs SDPA on it: two kernels and a copy of every key per layer. Here one
-program per (row, KV head) walks the row's block table, reads each cache block where it lies and keeps an
-online softmax (flash-decoding without the split): at batch 1 that is one small kernel per layer instead of
-a gather plus an SDPA launch.
+paged cache into a dense tensor and runs SDPA on it: two kernels and a copy of every key per layer. Here the
+programs of a (row, KV head) walk the row's block table, read each cache block where it lies and keep an
+online softmax (flash-decoding): at batch 1 that is one small kernel per layer instead of a gather plus an SDPA
+launch.
+
+Each tile of keys is a dependent round trip to memory, so a program that walked a long context alone would take
+time in proportion to it at batch 1, where a decode step has one program per KV head. The keys are split over up
+to `num_key_splits` programs (a launch's grid axis 2): each walks its run of tiles, writes its partial softmax
+(max, sum, weighted values) and counts itself done; the last to arrive merges the partials in split order and
+writes the output. A row whose keys fill one tile keeps the one-program path (its other programs leave at once).
 
 It also writes the step's keys and values into the cache (the engine's path: one kernel per layer for the KV
-write and the attention). Covers batches whose rows all hold the same number of queries Q (row r's queries at tokens r*Q .. r*Q+Q-1),
-which is every decode and verify step and every graph replay; the G query heads sharing a KV head and the Q
-queries of a row form the program's G*Q query rows. Masking is the default path's: key j is visible to a
-query at position p when j <= p and j < seq_len, and key 0 always is (padded rows stay finite). A program
-walks only its row's tiles below seq_len: a captured graph's key bound (its seq-len bucket) costs nothing
-past the row's actual context.
+write and the attention; split, each new key by the program whose keys hold its position). Covers batches whose
+rows all hold the same number of queries Q (row r's queries at tokens r*Q .. r*Q+Q-1), which is every decode and
+verify step and every graph replay; the G query heads sharing a KV head and the Q queries of a row form the
+program's G*Q query rows. Masking is the default path's: key j is visible to a query at position p when j <= p
+and j < seq_len, and key 0 always is (padded rows stay finite). Programs walk only the row's tiles below seq_len:
+a captured graph's key bound (its seq-len bucket) costs nothing past the row's actual context.
 
 Importable without Triton (`AVAILABLE` False); the kernel needs a CUDA device or Triton's interpreter.
 """
@@ -25,6 +31,19 @@ from specexp.models.triton_support import AVAILABLE, early_launch_flags, tl, tri
 
 MAX_QUERY_ROWS = 128  # G * Q per program: beyond this the default path is used
 KEYS_PER_TILE = 64  # keys per online-softmax step (a multiple of 16 for tl.dot)
+NUM_WARPS = 4  # warps per program
+NUM_STAGES: int | None = None  # software-pipelining stages of the key loop (None: Triton's default)
+MAX_SPLITS = 1  # programs one (row, KV head)'s keys may be split over (1: one program walks them all)
+SPLIT_PROGRAMS = 256  # splitting stops once rows x KV heads x splits reaches this (about two programs an SM)
+
+
+def num_key_splits(num_keys: int, num_rows: int, num_kv_heads: int) -> int:
+    """Programs along the key axis of a launch over `num_keys` keys (the graph's bound, not a row's context): one
+    per key tile up to MAX_SPLITS, fewer when rows x KV heads already fill SPLIT_PROGRAMS programs. At batch 1 a
+    decode step has one program per KV head (8 for Llama-3.2-1B), each walking its keys tile after tile, each
+    tile a dependent round trip to memory; split, the tiles of a long context are read in parallel."""
+    tiles = -(-num_keys // KEYS_PER_TILE)
+    return max(1, min(MAX_SPLITS, tiles, SPLIT_PROGRAMS // max(num_rows * num_kv_heads, 1)))
 
 
 if AVAILABLE:
@@ -35,15 +54,32 @@ if AVAILABLE:
         new_k_ptr, new_v_ptr, write_index_ptr, cos_ptr, sin_ptr, q_norm_ptr, k_norm_ptr,
         stride_qt, stride_qh, stride_kv, stride_kb, stride_ks, stride_kh, stride_bt, stride_ot,
         stride_nkt, stride_nkh, stride_nvt, stride_nvh, stride_rt,
-        scale, num_keys, eps,
+        scale, num_keys, eps, part_ptr, ml_ptr, counter_ptr,
         Q: tl.constexpr, G: tl.constexpr, D: tl.constexpr, BLOCK_SIZE: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr,
         WRITE_KV: tl.constexpr, QK_NORM: tl.constexpr, ROPE: tl.constexpr, ROUND_HALF: tl.constexpr,
-        IEEE: tl.constexpr, GDC: tl.constexpr = False,
+        IEEE: tl.constexpr, SPLIT: tl.constexpr = False, GDC: tl.constexpr = False,
     ):
         wait_for_earlier_kernels(GDC)  # launched early: every input may come from the kernel before
         row = tl.program_id(0)
         kv_head = tl.program_id(1)
+        seq_len = tl.load(seq_lens_ptr + row)
+        # keys at or past seq_len are masked: walk only the tiles below it (at least one: key 0 is always seen)
+        key_end = tl.maximum(tl.minimum(num_keys, seq_len), 1)
+        if SPLIT:
+            # The row's tiles in `active` consecutive runs of `per_split` tiles, one per program along axis 2 (at
+            # most its size); programs past them have no keys and leave at once.
+            split = tl.program_id(2)
+            num_tiles = tl.cdiv(key_end, BLOCK_N)
+            per_split = tl.cdiv(num_tiles, tl.num_programs(2))
+            active = tl.cdiv(num_tiles, per_split)
+            if split >= active:
+                return
+            key_start = split * per_split * BLOCK_N
+            key_stop = tl.minimum(key_start + per_split * BLOCK_N, key_end)
+        else:
+            key_start = 0
+            key_stop = key_end
         m = tl.arange(0, BLOCK_M)  # query rows of this program: m = i * G + g
         d = tl.arange(0, BLOCK_D)
         m_ok = m < Q * G
@@ -52,10 +88,15 @@ if AVAILABLE:
         if WRITE_KV:
             # This step's keys/values of the row's Q tokens for this KV head go to their slots first (a slot
             # addresses block * BLOCK_SIZE + offset of the contiguous cache); then a barrier makes them
-            # visible to the whole program, which reads them back in its tiles.
+            # visible to the whole program, which reads them back in its tiles. Split: each token is written by
+            # the program whose keys hold its position (the last one: any past them), the one that reads it.
             i = tl.arange(0, BLOCK_Q)
             i_ok = i < Q
             new_token = row * Q + i
+            if SPLIT:
+                new_pos = tl.load(positions_ptr + new_token, mask=i_ok, other=0)
+                i_ok = i_ok & (((new_pos >= key_start) & (new_pos < key_stop)) | ((split == 0) & (new_pos < 0))
+                               | ((split == active - 1) & (new_pos >= key_stop)))
             slot = tl.load(write_index_ptr + new_token, mask=i_ok, other=0)
             slot = tl.where(slot < 0, BLOCK_SIZE - 1, slot)  # padding (-1): the NULL block's scratch slot
             new_mask = i_ok[:, None] & d_ok[None, :]
@@ -74,13 +115,11 @@ if AVAILABLE:
                            m_ok[:, None] & d_ok[None, :], d, d_swapped, q_norm_ptr, cos_ptr, sin_ptr, stride_rt, eps,
                            D, QK_NORM, ROPE, ROUND_HALF)
         q_pos = tl.load(positions_ptr + token, mask=m_ok, other=0)
-        seq_len = tl.load(seq_lens_ptr + row)
         n_idx = tl.arange(0, BLOCK_N)
         running_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
         running_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-        # keys at or past seq_len are masked: walk only the tiles below it (at least one: key 0 is always seen)
-        for n0 in range(0, tl.maximum(tl.minimum(num_keys, seq_len), 1), BLOCK_N):
+        for n0 in range(key_start, key_stop, BLOCK_N):
             # BLOCK_N keys, each read where its cache block puts it (a tile may span several blocks)
             key_pos = n0 + n_idx
             key_ok = key_pos < num_keys
@@ -98,18 +137,63 @@ if AVAILABLE:
             visible = ((key_pos[None, :] <= q_pos[:, None]) & (key_pos[None, :] < seq_len)) | (key_pos[None, :] == 0)
             scores = tl.where(visible, scores, float("-inf"))
             new_max = tl.maximum(running_max, tl.max(scores, axis=1))
-            # every row sees key 0 in the first tile, so new_max is finite from the first tile on
-            correction = tl.exp(running_max - new_max)
-            p = tl.exp(scores - new_max[:, None])
+            # every row sees key 0 in the first tile, so new_max is finite from the first tile on; a split's
+            # tiles may hold no key a row sees (its max stays -inf: it adds nothing)
+            if SPLIT:
+                new_max_finite = tl.where(new_max == float("-inf"), 0.0, new_max)
+            else:
+                new_max_finite = new_max
+            correction = tl.exp(running_max - new_max_finite)
+            p = tl.exp(scores - new_max_finite[:, None])
             running_sum = running_sum * correction + tl.sum(p, axis=1)
             if IEEE:
                 acc = acc * correction[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
             else:
                 acc = acc * correction[:, None] + tl.dot(p.to(v.dtype), v)
             running_max = new_max
-        out = acc / running_sum[:, None]
-        tl.store(out_ptr + token[:, None] * stride_ot + head[:, None] * D + d[None, :],
-                 out.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])
+        out_mask = m_ok[:, None] & d_ok[None, :]
+        out_ptrs = out_ptr + token[:, None] * stride_ot + head[:, None] * D + d[None, :]
+        if SPLIT:
+            if active == 1:
+                tl.store(out_ptrs, (acc / running_sum[:, None]).to(out_ptr.dtype.element_ty), mask=out_mask)
+            else:
+                _combine_splits(acc, running_max, running_sum, out_ptrs, out_mask, part_ptr, ml_ptr, counter_ptr,
+                                row * tl.num_programs(1) + kv_head, split, active, tl.num_programs(2), m, d,
+                                BLOCK_M, BLOCK_D)
+        else:
+            tl.store(out_ptrs, (acc / running_sum[:, None]).to(out_ptr.dtype.element_ty), mask=out_mask)
+
+    @triton.jit
+    def _combine_splits(acc, running_max, running_sum, out_ptrs, out_mask, part_ptr, ml_ptr, counter_ptr, pair,
+                        split, active, num_splits, m, d, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+        """A split program's partial softmax (acc [BLOCK_M, BLOCK_D], max and sum [BLOCK_M], fp32) to the scratch of
+        its (row, KV head) `pair`; the last of the `active` programs to arrive (a count at counter_ptr[pair])
+        merges them in split order, stores the output and zeroes the count for the next launch.
+        part_ptr: fp32[pairs, num_splits, BLOCK_M, BLOCK_D]; ml_ptr: fp32[pairs, num_splits, 2, BLOCK_M]."""
+        slot = pair * num_splits + split
+        tl.store(part_ptr + slot * BLOCK_M * BLOCK_D + m[:, None] * BLOCK_D + d[None, :], acc)
+        tl.store(ml_ptr + slot * 2 * BLOCK_M + m, running_max)
+        tl.store(ml_ptr + slot * 2 * BLOCK_M + BLOCK_M + m, running_sum)
+        tl.debug_barrier()  # every thread's partial is written before the count says so
+        arrived = tl.atomic_add(counter_ptr + pair, 1, sem="acq_rel", scope="gpu")
+        if arrived == active - 1:
+            total_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+            total_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
+            total = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+            for s in range(0, active):
+                base = pair * num_splits + s
+                part_max = tl.load(ml_ptr + base * 2 * BLOCK_M + m, cache_modifier=".cg")
+                part_sum = tl.load(ml_ptr + base * 2 * BLOCK_M + BLOCK_M + m, cache_modifier=".cg")
+                part = tl.load(part_ptr + base * BLOCK_M * BLOCK_D + m[:, None] * BLOCK_D + d[None, :],
+                               cache_modifier=".cg")
+                new_max = tl.maximum(total_max, part_max)  # split 0 holds key 0: finite from s = 0 on
+                old_scale = tl.exp(total_max - new_max)
+                part_scale = tl.exp(part_max - new_max)
+                total_sum = total_sum * old_scale + part_sum * part_scale
+                total = total * old_scale[:, None] + part * part_scale[:, None]
+                total_max = new_max
+            tl.store(out_ptrs, (total / total_sum[:, None]).to(out_ptrs.dtype.element_ty), mask=out_mask)
+            tl.atomic_xchg(counter_ptr + pair, 0, sem="relaxed", scope="gpu")
 
     @triton.jit
     def _head_prologue(row_ptr, token, mask, d, d_swapped, norm_ptr, cos_ptr, sin_ptr, stride_rt, eps,
@@ -173,7 +257,7 @@ def paged_attention_uniform(query: torch.Tensor, positions: torch.Tensor, kv_cac
                             write_index: torch.Tensor | None = None,
                             rope: tuple[torch.Tensor, torch.Tensor] | None = None,
                             qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None,
-                            pdl: bool = False) -> torch.Tensor:
+                            pdl: bool = False, split_counters: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention of a uniform batch over its rows' cached keys; with `key`/`value`/`write_index` it first
     writes this step's keys and values into the cache (in the same kernel), else they must be there already.
     With `rope` = (cos, signed_sin), each [R * Q, D] contiguous (`layers.RotaryEmbedding`'s tables), the query
@@ -191,6 +275,8 @@ def paged_attention_uniform(query: torch.Tensor, positions: torch.Tensor, kv_cac
     `attention.write_kv_cache` does.
     pdl (`engine.programmatic_launch`): on an sm_90+ GPU, launched with programmatic dependent launch (it waits
     for the kernels before it first thing; `triton_support.early_launch_flags`).
+    split_counters: int32[>= R * Hkv], zero, for a launch whose keys are split over programs
+    (`num_key_splits` > 1); the kernel leaves them zero, so one buffer serves a forward's layers (None: zeroed here).
     Returns [R * Q, Hq * D] in query's dtype.
     """
     num_tokens, num_heads, head_dim = query.shape
@@ -206,16 +292,29 @@ def paged_attention_uniform(query: torch.Tensor, positions: torch.Tensor, kv_cac
     new_k, new_v, index = (key, value, write_index) if write else (query, query, positions)
     cos, sin = rope if rope is not None else (query, query)
     q_norm, k_norm, eps = qk_norm if qk_norm is not None else (query, query, 0.0)
-    _paged_attention_kernel[(num_rows, num_kv_heads)](
+    num_keys = num_blocks * block_size
+    block_m = max(16, triton.next_power_of_2(group * q_per_row))
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    splits = num_key_splits(num_keys, num_rows, num_kv_heads)
+    pairs = num_rows * num_kv_heads
+    if splits > 1:  # each split's partial softmax, and per (row, KV head) a count of the splits done
+        part = torch.empty(pairs * splits * block_m * block_d, device=query.device, dtype=torch.float32)
+        max_sum = torch.empty(pairs * splits * 2 * block_m, device=query.device, dtype=torch.float32)
+        if split_counters is None or split_counters.numel() < pairs:
+            split_counters = torch.zeros(pairs, device=query.device, dtype=torch.int32)
+    else:
+        part = max_sum = split_counters = out  # not read
+    _paged_attention_kernel[(num_rows, num_kv_heads, splits)](
         query, kv_cache, block_table, seq_lens, positions, out, new_k, new_v, index, cos, sin, q_norm, k_norm,
         query.stride(0), query.stride(1), kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2),
         kv_cache.stride(3), block_table.stride(0), out.stride(0),
         new_k.stride(0), new_k.stride(1), new_v.stride(0), new_v.stride(1), cos.stride(0),
-        scale, num_blocks * block_size, eps,
+        scale, num_keys, eps, part, max_sum, split_counters,
         Q=q_per_row, G=group, D=head_dim, BLOCK_SIZE=block_size,
-        BLOCK_M=max(16, triton.next_power_of_2(group * q_per_row)), BLOCK_N=KEYS_PER_TILE,
-        BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK_Q=max(2, triton.next_power_of_2(q_per_row)),
-        WRITE_KV=write, QK_NORM=qk_norm is not None, ROPE=rope is not None, ROUND_HALF=query.dtype in (torch.float16, torch.bfloat16),
-        IEEE=query.dtype == torch.float32, num_warps=4, **early_launch_flags(pdl, query.device),
+        BLOCK_M=block_m, BLOCK_N=KEYS_PER_TILE, BLOCK_D=block_d, BLOCK_Q=max(2, triton.next_power_of_2(q_per_row)),
+        WRITE_KV=write, QK_NORM=qk_norm is not None, ROPE=rope is not None,
+        ROUND_HALF=query.dtype in (torch.float16, torch.bfloat16), IEEE=query.dtype == torch.float32,
+        SPLIT=splits > 1, num_warps=NUM_WARPS, **early_launch_flags(pdl, query.device),
+        **({} if NUM_STAGES is None else {"num_stages": NUM_STAGES}),
     )
     return out

@@ -18,15 +18,27 @@ from specexp.models.pointwise import apply_rope, rms_norm
 
 # (queries per row, context lengths, Hq, Hkv, head dim, padded rows, cache block size): decode and verify rows,
 # GQA groups, a head dim that is not a power of 2, rows over several cache blocks and key tiles, graph padding,
-# blocks smaller than a key tile and not a power of 2
+# blocks smaller than a key tile and not a power of 2; keys split over programs (`num_key_splits`) from the third
+# case on, the last with more tiles than splits (several tiles a program) beside a row of fewer
 CASES = [(1, [5, 0, 40], 4, 2, 8, 0, 16), (1, [17], 8, 8, 64, 3, 16), (5, [3, 33, 60], 6, 2, 24, 1, 16),
-         (3, [0, 15], 4, 1, 16, 0, 16), (4, [9, 50, 100], 4, 2, 32, 2, 8), (1, [130], 2, 1, 16, 0, 5)]
+         (3, [0, 15], 4, 1, 16, 0, 16), (4, [9, 50, 100], 4, 2, 32, 2, 8), (1, [130], 2, 1, 16, 0, 5),
+         (2, [1100, 300], 4, 2, 32, 1, 16)]
 
 
-def check_against_sdpa(device: str, dtype: torch.dtype, tol: float) -> None:
+def check_against_sdpa(device: str, dtype: torch.dtype, tol: float, max_splits: int = 16) -> None:
     """Every CASES batch, both ways the kernel runs: attending over keys already written, and writing this
-    step's keys/values itself first (the engine's path). Real rows equal the default path's outputs, padded
-    rows stay finite, and the written cache equals the default write outside the NULL block."""
+    step's keys/values itself first (the engine's path), with a row's keys split over up to `max_splits` programs
+    (`triton_attention.MAX_SPLITS`). Real rows equal the default path's outputs, padded rows stay finite, and the
+    written cache equals the default write outside the NULL block."""
+    shipped = triton_attention.MAX_SPLITS
+    triton_attention.MAX_SPLITS = max_splits
+    try:
+        _check_cases_against_sdpa(device, dtype, tol)
+    finally:
+        triton_attention.MAX_SPLITS = shipped
+
+
+def _check_cases_against_sdpa(device: str, dtype: torch.dtype, tol: float) -> None:
     for seed, (q_len, contexts, hq, hkv, dim, pad_rows, block_size) in enumerate(CASES):
         kv_cache, meta, q, k, v, positions, _ = build_batch(
             [q_len] * len(contexts), contexts, hq, hkv, dim, block_size=block_size, num_blocks=120,
@@ -85,10 +97,47 @@ def check_against_sdpa(device: str, dtype: torch.dtype, tol: float) -> None:
             assert cache_err <= tol * max(scale, 1), f"{label}, q/k norms: {with_norm}: keys differ by {cache_err:.2e}"
 
 
+def check_split_keys(device: str) -> None:
+    """Keys split over programs give the one-program result (MAX_SPLITS = 1) within fp32 rounding, one counter
+    buffer serves consecutive launches (each leaves it zero), and a row whose tiles are fewer than the splits
+    leaves the programs past them idle."""
+    kv_cache, meta, q, k, v, positions, _ = build_batch(
+        [5, 5], [1100, 20], 8, 2, 64, block_size=16, num_blocks=80, seed=3, max_query_len=5, max_blocks=72)
+    tensors = [t.to(device) for t in (kv_cache, q, k, v, positions, meta.block_table, meta.seq_lens)]
+    kv_cache, q, k, v, positions, block_table, seq_lens = tensors
+    index = meta.slot_mapping.to(device)
+    counters = torch.zeros(2 * 2, dtype=torch.int32, device=device)
+    outs, shipped = {}, triton_attention.MAX_SPLITS
+    try:
+        for max_splits in (1, 16, 16):  # 18 tiles: 2 a program
+            triton_attention.MAX_SPLITS = max_splits
+            assert triton_attention.num_key_splits(72 * 16, 2, 2) == max_splits
+            cache = kv_cache.clone()
+            outs.setdefault(max_splits, []).append(triton_attention.paged_attention_uniform(
+                q, positions, cache, block_table, seq_lens, 72, 64**-0.5, key=k, value=v, write_index=index,
+                split_counters=counters))
+            assert not counters.any(), f"splits {max_splits}: counters left at {counters.tolist()}"
+    finally:
+        triton_attention.MAX_SPLITS = shipped
+    one, (split, again) = outs[1][0], outs.pop(max(outs))
+    assert torch.equal(split, again)
+    assert (split - one).abs().max().item() < 1e-5
+
+
+def test_keys_split_over_programs_in_triton_interpreter():
+    run_in_triton_interpreter('test_triton_attention', 'check_split_keys')
+
+
+@on_triton_gpu
+def test_keys_split_over_programs_on_gpu():
+    check_split_keys("cuda")
+
+
 @on_triton_gpu
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2), (torch.float16, 4e-3)])
 def test_triton_attention_matches_sdpa_on_gpu(dtype, tol):
-    check_against_sdpa("cuda", dtype, tol)
+    for max_splits in (1, 16):
+        check_against_sdpa("cuda", dtype, tol, max_splits)
 
 
 @on_triton_gpu
@@ -115,7 +164,8 @@ def test_long_uniform_rows_attend_through_the_kernel_over_sub_rows(query_len, co
 
 def test_triton_attention_matches_sdpa_in_triton_interpreter():
     """The kernel's arithmetic on CPU tensors, in Triton's interpreter (skipped without triton)."""
-    run_in_triton_interpreter('test_triton_attention', 'check_against_sdpa', "torch.float32", "1e-5")
+    for max_splits in ("1", "16"):
+        run_in_triton_interpreter('test_triton_attention', 'check_against_sdpa', "torch.float32", "1e-5", max_splits)
 
 
 def test_in_kernel_rope_needs_the_new_keys():
@@ -145,16 +195,19 @@ def test_the_kernel_compiles_for_a_hopper_block(dtype):
     half = f"*{dtype}"
     pointers = {"q_ptr": half, "kv_ptr": half, "block_table_ptr": "*i32", "seq_lens_ptr": "*i32",
                 "positions_ptr": "*i64", "out_ptr": half, "new_k_ptr": half, "new_v_ptr": half,
-                "write_index_ptr": "*i64", "cos_ptr": half, "sin_ptr": half, "q_norm_ptr": half, "k_norm_ptr": half}
+                "write_index_ptr": "*i64", "cos_ptr": half, "sin_ptr": half, "q_norm_ptr": half, "k_norm_ptr": half,
+                "part_ptr": "*fp32", "ml_ptr": "*fp32", "counter_ptr": "*i32"}
     ints = ("stride_qt", "stride_qh", "stride_kv", "stride_kb", "stride_ks", "stride_kh", "stride_bt", "stride_ot",
             "stride_nkt", "stride_nkh", "stride_nvt", "stride_nvh", "stride_rt")
     signature = {**pointers, **dict.fromkeys(ints, "i32"), "scale": "fp32", "num_keys": "i32", "eps": "fp32"}
-    for queries, prologue in ((1, True), (5, True), (5, False)):
+    for queries, prologue, split in ((1, True, False), (5, True, False), (5, False, False), (1, True, True),
+                                     (5, True, True)):
         group, head_dim = 4, 64  # Llama-3.2-1B: 32 query heads over 8 KV heads
         constexprs = {"Q": queries, "G": group, "D": head_dim, "BLOCK_SIZE": 16,
                       "BLOCK_M": max(16, triton_attention.triton.next_power_of_2(group * queries)),
                       "BLOCK_N": triton_attention.KEYS_PER_TILE, "BLOCK_D": head_dim,
                       "BLOCK_Q": max(2, triton_attention.triton.next_power_of_2(queries)), "WRITE_KV": True,
-                      "QK_NORM": prologue, "ROPE": prologue, "ROUND_HALF": dtype == "bf16", "IEEE": dtype == "fp32"}
+                      "QK_NORM": prologue, "ROPE": prologue, "ROUND_HALF": dtype == "bf16", "IEEE": dtype == "fp32",
+                      "SPLIT": split}
         shared = hopper_shared_bytes(triton_attention._paged_attention_kernel, signature, constexprs, 4)
-        assert shared <= HOPPER_SHARED_BYTES, f"Q={queries} prologue={prologue}: {shared} bytes"
+        assert shared <= HOPPER_SHARED_BYTES, f"Q={queries} prologue={prologue} split={split}: {shared} bytes"

@@ -282,16 +282,19 @@ def test_the_attention_and_conv_kernels_wait_first():
     if not triton_support.HAS_GRID_DEPENDENCY_CONTROL:
         pytest.skip("needs a Triton with grid dependency control")
     pointers = ("q_ptr", "kv_ptr", "block_table_ptr", "seq_lens_ptr", "positions_ptr", "out_ptr", "new_k_ptr",
-                "new_v_ptr", "write_index_ptr", "cos_ptr", "sin_ptr", "q_norm_ptr", "k_norm_ptr")
-    types = {"block_table_ptr": "*i32", "seq_lens_ptr": "*i32", "positions_ptr": "*i64", "write_index_ptr": "*i64"}
+                "new_v_ptr", "write_index_ptr", "cos_ptr", "sin_ptr", "q_norm_ptr", "k_norm_ptr", "part_ptr", "ml_ptr",
+                "counter_ptr")
+    types = {"block_table_ptr": "*i32", "seq_lens_ptr": "*i32", "positions_ptr": "*i64", "write_index_ptr": "*i64",
+             "part_ptr": "*fp32", "ml_ptr": "*fp32", "counter_ptr": "*i32"}
     ints = ("stride_qt", "stride_qh", "stride_kv", "stride_kb", "stride_ks", "stride_kh", "stride_bt", "stride_ot",
             "stride_nkt", "stride_nkh", "stride_nvt", "stride_nvh", "stride_rt")
     signature = {**{p: types.get(p, "*bf16") for p in pointers}, **{i: "i32" for i in ints}, "scale": "fp32",
                  "num_keys": "i32", "eps": "fp32"}
-    _waits_first(triton_attention._paged_attention_kernel, signature,
-                 {"Q": 1, "G": 4, "D": 64, "BLOCK_SIZE": 16, "BLOCK_M": 16, "BLOCK_N": triton_attention.KEYS_PER_TILE,
-                  "BLOCK_D": 64, "BLOCK_Q": 2, "WRITE_KV": True, "QK_NORM": False, "ROPE": True,
-                  "ROUND_HALF": True, "IEEE": False})
+    for split in (False, True):
+        _waits_first(triton_attention._paged_attention_kernel, signature,
+                     {"Q": 1, "G": 4, "D": 64, "BLOCK_SIZE": 16, "BLOCK_M": 16,
+                      "BLOCK_N": triton_attention.KEYS_PER_TILE, "BLOCK_D": 64, "BLOCK_Q": 2, "WRITE_KV": True,
+                      "QK_NORM": False, "ROPE": True, "ROUND_HALF": True, "IEEE": False, "SPLIT": split})
     conv_signature = {"bcx_ptr": "*bf16", "w_ptr": "*bf16", "bias_ptr": "*bf16", "state_ptr": "*bf16",
                       "slots_ptr": "*i32", "accepted_ptr": "*i32", "y_ptr": "*bf16", "stride_bcx": "i32",
                       "stride_ws": "i32", "stride_ss": "i32", "stride_sd": "i32", "stride_y": "i32", "dim": "i32",
