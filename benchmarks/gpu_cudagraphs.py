@@ -21,6 +21,7 @@ Measures, per pair (trained demo pairs when present, and real-size random-weight
                                         [--[no-]programmatic-launch] [--[no-]silu-in-gate-up [target|draft]]
                                         [--skinny-early-launch both|target|draft|none]
                                         [--no-shared-graph-pool] [--attention-splits 16]
+                                        [--attention-min-split-keys 512]
                                         [--ks 0,1,4] [--rates 0.8] [--repeats 3] [--prompts 4]
                                         [--warm-up-rounds 1]
                                         [--no-plain-decode-lookahead]
@@ -453,6 +454,8 @@ def main() -> None:
     parser.add_argument("--attention-splits", type=int, default=None,
                         help="most programs the attention kernel splits a row's keys over "
                              "(triton_attention.MAX_SPLITS; 1: one program walks them all)")
+    parser.add_argument("--attention-min-split-keys", type=int, default=None,
+                        help="launches over fewer keys keep one program (triton_attention.MIN_SPLIT_KEYS)")
     parser.add_argument("--shared-graph-pool", action=argparse.BooleanOptionalAction, default=True,
                         help="engine.cudagraph_shared_pool: every graph, target and draft, in one memory pool "
                              "(--no-shared-graph-pool: a pool per manager)")
@@ -482,9 +485,13 @@ def main() -> None:
         parser.error(f"--sections: unknown {unknown}; valid: {', '.join(SECTIONS)}")
     if args.attention_splits is not None and args.attention_splits < 1:
         parser.error(f"--attention-splits={args.attention_splits}: must be >= 1")
+    if args.attention_min_split_keys is not None and args.attention_min_split_keys < 0:
+        parser.error(f"--attention-min-split-keys={args.attention_min_split_keys}: must be >= 0")
     assert torch.cuda.is_available(), "needs a CUDA GPU"
     if args.attention_splits is not None:
         triton_attention.MAX_SPLITS = args.attention_splits
+    if args.attention_min_split_keys is not None:
+        triton_attention.MIN_SPLIT_KEYS = args.attention_min_split_keys
     kernels = {"compile_pointwise": args.compile_pointwise, "linear_kernel": args.linear_kernel,
                "silu_in_down_gemv": args.silu_in_down_gemv, "silu_in_gate_up": args.silu_in_gate_up,
                "skinny_early_launch": args.skinny_early_launch, "fold_norm_weights": args.fold_norm_weights,
@@ -499,6 +506,7 @@ def main() -> None:
                           "python": platform.python_version()}, "pairs": {}, "errors": {}, **kernels,
               "skinny_tiles": skinny_configs.table_in_use(torch.device("cuda")),
               "attention_max_splits": triton_attention.MAX_SPLITS,
+              "attention_min_split_keys": triton_attention.MIN_SPLIT_KEYS,
               "end_to_end_grid": e2e}
     result["copy_bandwidth_bytes_per_s"] = copy_bandwidth_bytes_per_s()
     print(f"copy bandwidth {result['copy_bandwidth_bytes_per_s'] / 1e12:.2f} TB/s", flush=True)

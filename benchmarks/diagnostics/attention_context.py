@@ -15,7 +15,7 @@ in `--rounds` rounds that alternate the configurations. Per configuration and L:
 rounds, and their range), c = draft / target, and the verify in plain steps.
 
     python benchmarks/diagnostics/attention_context.py --pair llama-3.2-1b+llama-100m --contexts 1,64,128,192 \\
-        --configs 64x4/1,64x4,128x8 [--k 4] [--rounds 3] --out attention_context.json
+        --configs 64x4/1,64x4,128x8 [--k 4] [--rounds 3] [--min-split-keys 512] --out attention_context.json
     python benchmarks/diagnostics/attention_context.py --table attention_context.json
 
 Needs only torch, safetensors and tokenizers (and a CUDA GPU); `--table` runs anywhere. Rewrites its JSON after
@@ -125,6 +125,7 @@ def measure(pair: str, configs: list[str], contexts: list[int], k: int, rounds: 
     result = {"machine": {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
                           "python": platform.python_version()},
               "pair": pair, "k": k, "contexts": contexts, "rounds": rounds, "shipped": shipped,
+              "min_split_keys": triton_attention.MIN_SPLIT_KEYS,
               "configs": {name: {"config": parse_config(name), **{s: {str(c): [] for c in contexts} for s in STEPS},
                                  "tokens": {}}
                           for name in configs}}
@@ -147,10 +148,10 @@ def measure(pair: str, configs: list[str], contexts: list[int], k: int, rounds: 
 
 def table(results: list[dict]) -> str:
     """Markdown: per file, configuration and context, each step's median ms [range] and c, verify / plain."""
-    lines = ["| GPU | pair | attention (keys x warps x stages / splits) | context keys | target step ms | verify ms "
-             "(plain steps) | draft step ms | c | same tokens | n |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [("| GPU | pair | attention (keys x warps x stages / splits) | context keys | target step ms | verify ms "
+              "(plain steps) | draft step ms | c | same tokens | n |"), "|---|---|---|---|---|---|---|---|---|---|"]
     for result in results:
-        for name, row in result["configs"].items():
+        for row in result["configs"].values():
             for context in result["contexts"]:
                 runs = {s: row[s][str(context)] for s in STEPS}
                 if not all(runs.values()):
@@ -161,8 +162,9 @@ def table(results: list[dict]) -> str:
                     return f"{med[s]:.4f} [{min(runs[s]):.4f}, {max(runs[s]):.4f}]"
 
                 config = row["config"]
-                label = (f"{config['keys']} x {config['warps']} x {config['stages'] or 'default'}"
-                         f" / {config.get('splits', 1)}")
+                splits = config.get("splits", 1)
+                label = (f"{config['keys']} x {config['warps']} x {config['stages'] or 'default'} / {splits}"
+                         + (f" (from {result.get('min_split_keys', 0)} keys)" if splits > 1 else ""))
                 lines.append(
                     f"| {result['machine']['gpu']} | {result['pair']} | {label} | {context} | {cell('target_step_ms')} "
                     f"| {cell('target_verify_ms')} ({med['target_verify_ms'] / med['target_step_ms']:.3f}) "
@@ -177,6 +179,8 @@ def main() -> None:
     parser.add_argument("--configs", default="64x4", help="comma-separated KEYSxWARPS[xSTAGES][/SPLITS]")
     parser.add_argument("--contexts", default="1,64,128,192", help="comma-separated key counts")
     parser.add_argument("--k", type=int, default=4, help="the verify's depth (k + 1 tokens)")
+    parser.add_argument("--min-split-keys", type=int, default=triton_attention.MIN_SPLIT_KEYS,
+                        help="launches over fewer keys keep one program (triton_attention.MIN_SPLIT_KEYS)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", default="attention_context.json")
     parser.add_argument("--table", nargs="+", type=Path, help="print the tables of earlier runs and exit")
@@ -196,12 +200,15 @@ def main() -> None:
         parser.error(str(exc))
     if any(c < 1 for c in contexts) or args.k < 1 or args.rounds < 1:
         parser.error(f"--contexts {args.contexts}, --k {args.k}, --rounds {args.rounds}: each must be >= 1")
+    if args.min_split_keys < 0:
+        parser.error(f"--min-split-keys {args.min_split_keys}: must be >= 0")
     from gpu_cudagraphs import RANDOM_PAIRS
 
     if args.pair not in RANDOM_PAIRS:
         parser.error(f"--pair {args.pair!r}: one of {', '.join(RANDOM_PAIRS)}")
     if not torch.cuda.is_available():
         parser.error("needs a CUDA GPU (or --table)")
+    triton_attention.MIN_SPLIT_KEYS = args.min_split_keys
     result = measure(args.pair, configs, contexts, args.k, args.rounds, Path(args.out))
     print(table([result]))
 

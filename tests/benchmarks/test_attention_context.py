@@ -49,9 +49,9 @@ def test_table_gives_medians_ranges_and_ratios(tmp_path):
     assert done.returncode == 0, done.stderr
     rows = [line for line in done.stdout.splitlines() if line.startswith("| Some GPU")]
     assert rows == [
-        "| Some GPU | a+b | 64 x 4 x default / 16 | 1 | 1.1000 [1.0000, 1.2000] | 1.2000 [1.1000, 1.3000] (1.091) "
+        "| Some GPU | a+b | 64 x 4 x default / 16 (from 0 keys) | 1 | 1.1000 [1.0000, 1.2000] | 1.2000 [1.1000, 1.3000] (1.091) "
         "| 0.2000 [0.2000, 0.2000] | 0.182 | yes | 3 |",
-        "| Some GPU | a+b | 64 x 4 x default / 16 | 128 | 1.2000 [1.1000, 1.3000] | 1.2000 [1.2000, 1.2000] (1.000) "
+        "| Some GPU | a+b | 64 x 4 x default / 16 (from 0 keys) | 128 | 1.2000 [1.1000, 1.3000] | 1.2000 [1.2000, 1.2000] (1.000) "
         "| 0.2500 [0.2400, 0.3000] | 0.208 | yes | 3 |"]
 
 
