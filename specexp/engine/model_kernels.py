@@ -31,7 +31,7 @@ def use_engine_kernels(models: tuple[nn.Module, ...], engine: EngineConfig) -> N
         raise EngineConfigError(f"engine.programmatic_launch=true needs a CUDA GPU (engine.device={device.type}): "
                                 "set it false or auto")
     if engine.programmatic_launch is True and not triton_support.programmatic_launch(device):
-        index = device.index if device.index is not None else torch.cuda.current_device()
+        index = triton_support.cuda_index(device)
         major, minor = torch.cuda.get_device_capability(index)
         raise EngineConfigError(f"engine.programmatic_launch=true needs a GPU of compute capability 9.0 or later "
                                 f"(Hopper); cuda:{index} is {major}.{minor}: set it false")

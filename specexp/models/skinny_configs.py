@@ -27,6 +27,8 @@ from pathlib import Path
 
 import torch
 
+from specexp.models import triton_support
+
 TABLE_DIR = Path(__file__).with_name("kernel_configs")
 ENV_VAR = "SPECEXP_SKINNY_CONFIGS"
 
@@ -101,8 +103,7 @@ def _name_and_source(device: torch.device) -> tuple[str, str] | None:
     """(GPU model name, SPECEXP_SKINNY_CONFIGS) for a CUDA device: what picks its table; None for other devices."""
     if device.type != "cuda":
         return None
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return _device_name(index), os.environ.get(ENV_VAR, "")
+    return _device_name(triton_support.cuda_index(device)), os.environ.get(ENV_VAR, "")
 
 
 def tuned_config(device: torch.device, n: int, k: int, element_bytes: int,

@@ -37,6 +37,11 @@ else:
     wait_for_earlier_kernels = None
 
 
+def cuda_index(device: torch.device) -> int:
+    """The CUDA device index `device` names: its own, or the current device for a bare "cuda"."""
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 @functools.cache
 def _compute_capability_major(index: int) -> int:
     return torch.cuda.get_device_capability(index)[0]
@@ -57,7 +62,7 @@ def programmatic_launch(device: torch.device) -> bool:
     interpreter runs no such instructions)."""
     if not HAS_GRID_DEPENDENCY_CONTROL or device.type != "cuda":
         return False
-    return _compute_capability_major(device.index if device.index is not None else torch.cuda.current_device()) >= 9
+    return _compute_capability_major(cuda_index(device)) >= 9
 
 
 
@@ -78,6 +83,5 @@ def share_inductor_kernel_cache(device: torch.device) -> str | None:
             from torch._inductor.runtime.cache_dir_utils import triton_cache_dir
         except ImportError:  # an older torch: leave Triton's default
             return None
-        os.environ["TRITON_CACHE_DIR"] = triton_cache_dir(
-            device.index if device.index is not None else torch.cuda.current_device())
+        os.environ["TRITON_CACHE_DIR"] = triton_cache_dir(cuda_index(device))
     return os.environ["TRITON_CACHE_DIR"]
