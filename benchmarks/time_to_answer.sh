@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The measurements behind a "time to an answer" report on one GPU, each into OUT as JSON, then their tables:
+#   1. batch-1 steps of both 1B-class pairs (target step against the copy bandwidth, the draft's c) and the
+#      Llama pair end to end at synthetic acceptance 0.8 against Leviathan's formula (gpu_cudagraphs.py);
+#   2. the 9-point depth sweep, engines reused against a process per job, after a warm-up sweep (sweep_time.py;
+#      needs the CLI's Hydra layer);
+#   3. the steps at contexts of 1 to 2,048 keys, attention split and not (attention_context.py).
+#
+#   bash benchmarks/time_to_answer.sh OUT [SECTIONS]     SECTIONS: comma-separated of steps,sweep,context (all)
+#
+# Run from the repository root on a machine with a CUDA GPU; about 8 minutes on an H100.
+set -euo pipefail
+if [[ $# -lt 1 || $# -gt 2 ]]; then
+  echo "usage: bash benchmarks/time_to_answer.sh OUT [steps,sweep,context]" >&2
+  exit 2
+fi
+OUT=$1
+SECTIONS=${2:-steps,sweep,context}
+for section in ${SECTIONS//,/ }; do
+  case $section in steps|sweep|context) ;; *)
+    echo "time_to_answer.sh: unknown section '$section'; valid: steps, sweep, context" >&2; exit 2 ;;
+  esac
+done
+mkdir -p "$OUT"
+LLAMA=llama-3.2-1b+llama-100m
+if [[ ,$SECTIONS, == *,steps,* ]]; then
+  python benchmarks/gpu_cudagraphs.py --pairs $LLAMA --sections step,e2e --rates 0.8 --repeats 4 \
+    --out "$OUT/cudagraphs_llama_step_e2e.json"
+  python benchmarks/gpu_cudagraphs.py --pairs lfm2-1.2b+lfm2-350m --sections step --out "$OUT/cudagraphs_lfm2_step.json"
+  python benchmarks/cudagraphs_report.py summary "$OUT/cudagraphs_llama_step_e2e.json" "$OUT/cudagraphs_lfm2_step.json"
+  python benchmarks/cudagraphs_report.py speedups "$OUT/cudagraphs_llama_step_e2e.json" --tolerance 0.10 --spread
+  python benchmarks/cudagraphs_report.py speedups "$OUT/cudagraphs_llama_step_e2e.json" --tolerance 0.10 --realized
+fi
+if [[ ,$SECTIONS, == *,sweep,* ]]; then
+  python benchmarks/sweep_time.py --out "$OUT/sweep_time.json" --warm-up --modes reused,isolated --rounds 1
+fi
+if [[ ,$SECTIONS, == *,context,* ]]; then
+  python benchmarks/diagnostics/attention_context.py --pair $LLAMA --configs 64x4/1,64x4/16 \
+    --contexts 1,64,128,256,512,1024,2048 --rounds 2 --out "$OUT/attention_context.json"
+fi
