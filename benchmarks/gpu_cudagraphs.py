@@ -308,6 +308,12 @@ def end_to_end(target, draft, ks, prompts, rates, synthetic: bool, repeats: int 
     return rows
 
 
+def acceptance_length(verifies: list[tuple[int, int]]) -> float:
+    """Tokens a verify emits on average: 1 + mean accepted drafts over (drafts verified, accepted) pairs; 1.0
+    without verifies."""
+    return 1 + sum(a for _, a in verifies) / len(verifies) if verifies else 1.0
+
+
 def _end_to_end_row(k, rate, runs, engine, before, num_prompts) -> dict:
     """One k's figures over its timed runs (each an engine.generate output)."""
     rates_per_run = [sum(r.num_output_tokens for r in out.requests) / out.total_s for out in runs]
@@ -317,7 +323,10 @@ def _end_to_end_row(k, rate, runs, engine, before, num_prompts) -> dict:
     num_requests = len(runs) * num_prompts
     managers = {m.name: m for m in engine.graph_managers()}
     return {"k": k, "acceptance_rate": rate,
-            "acceptance_length": 1 + sum(a for _, a in verifies) / len(verifies) if verifies else 1.0,
+            "acceptance_length": acceptance_length(verifies),
+            # each run draws its own acceptance (synthetic rates): its tokens/s moves with it
+            "acceptance_length_runs": [acceptance_length([v for r in out.requests for v in r.verifies])
+                                       for out in runs],
             "output_tokens_per_s": statistics.median(rates_per_run),
             "output_tokens_per_s_runs": rates_per_run,
             "step_ms_p50": statistics.median(s.step_ms for s in steps),

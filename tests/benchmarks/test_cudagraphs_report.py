@@ -163,3 +163,12 @@ def test_spread_gives_each_speedup_its_rounds_range_and_count():
     assert "[" not in table[3]
     rows[2]["output_tokens_per_s_runs"] = [1.0, 2.0]  # not one per round of k = 0: no range
     assert cudagraphs_report.round_speedups(rows, 2) == []
+
+
+def test_acceptance_length_of_a_run_counts_every_verify():
+    """gpu_cudagraphs.acceptance_length: 1 + mean accepted drafts per verify (capped verifies count as drawn), 1.0
+    for a run without verifies (k = 0)."""
+    import gpu_cudagraphs
+
+    assert gpu_cudagraphs.acceptance_length([]) == 1.0
+    assert gpu_cudagraphs.acceptance_length([(4, 4), (4, 0), (2, 2)]) == pytest.approx(1 + 6 / 3)
