@@ -119,8 +119,9 @@ class PlanTensors:
         return self._made[name]
 
     def split_counters(self, count: int) -> torch.Tensor:
-        """int32[count] zeros, made once a forward: the uniform kernel's count of finished key splits per (row, KV
-        head), which each launch leaves zero for the next layer (`triton_attention.paged_attention_uniform`)."""
+        """int32[count] zeros, made once a forward when a uniform kernel first splits its keys: its count of
+        finished key splits per (row, KV head), which each launch leaves zero for the next layer
+        (`triton_attention.paged_attention_uniform`)."""
         return self._once(f"split_counters_{count}", lambda: torch.zeros(count, dtype=torch.int32,
                                                                           device=self.device))
 
@@ -351,12 +352,9 @@ def attend(
     max_query_len = max(plan.meta.max_query_len, 1)
     extra = prologue.kernel_args() if prologue is not None else {}
     if _kernel_takes(kernel, tensors, query, kv_cache, max_query_len, key, value, prologue=extra):  # one kernel
-        num_rows, num_kv_heads = plan.meta.block_table.shape[0], kv_cache.shape[3]
-        if triton_attention.num_key_splits(tensors.num_key_blocks * block_size, num_rows, num_kv_heads) > 1:
-            extra["split_counters"] = tensors.split_counters(num_rows * num_kv_heads)
         return kernel.uniform(query, positions, kv_cache, plan.meta.block_table, plan.meta.seq_lens,
                               tensors.num_key_blocks, scale, key=key, value=value,
-                              write_index=tensors.slots, **extra)
+                              write_index=tensors.slots, split_counters=tensors.split_counters, **extra)
     if prologue is not None:
         query, key = prologue.apply(query, key)
     write_kv_cache(kv_cache, key, value, plan.meta.slot_mapping, tensors)

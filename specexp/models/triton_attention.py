@@ -25,6 +25,8 @@ Importable without Triton (`AVAILABLE` False); the kernel needs a CUDA device or
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from specexp.models.triton_support import AVAILABLE, early_launch_flags, tl, triton, wait_for_earlier_kernels
@@ -185,7 +187,7 @@ if AVAILABLE:
             total_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
             total_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
             total = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-            for s in range(0, active):
+            for s in range(active):
                 base = pair * num_splits + s
                 part_max = tl.load(ml_ptr + base * 2 * BLOCK_M + m, cache_modifier=".cg")
                 part_sum = tl.load(ml_ptr + base * 2 * BLOCK_M + BLOCK_M + m, cache_modifier=".cg")
@@ -262,7 +264,8 @@ def paged_attention_uniform(query: torch.Tensor, positions: torch.Tensor, kv_cac
                             write_index: torch.Tensor | None = None,
                             rope: tuple[torch.Tensor, torch.Tensor] | None = None,
                             qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None,
-                            pdl: bool = False, split_counters: torch.Tensor | None = None) -> torch.Tensor:
+                            pdl: bool = False,
+                            split_counters: Callable[[int], torch.Tensor] | None = None) -> torch.Tensor:
     """Causal attention of a uniform batch over its rows' cached keys; with `key`/`value`/`write_index` it first
     writes this step's keys and values into the cache (in the same kernel), else they must be there already.
     With `rope` = (cos, signed_sin), each [R * Q, D] contiguous (`layers.RotaryEmbedding`'s tables), the query
@@ -280,8 +283,9 @@ def paged_attention_uniform(query: torch.Tensor, positions: torch.Tensor, kv_cac
     `attention.write_kv_cache` does.
     pdl (`engine.programmatic_launch`): on an sm_90+ GPU, launched with programmatic dependent launch (it waits
     for the kernels before it first thing; `triton_support.early_launch_flags`).
-    split_counters: int32[>= R * Hkv], zero, for a launch whose keys are split over programs
-    (`num_key_splits` > 1); the kernel leaves them zero, so one buffer serves a forward's layers (None: zeroed here).
+    split_counters: called with R * Hkv when the launch splits its keys over programs (`num_key_splits` > 1), it
+    gives that many int32 zeros; the kernel leaves them zero, so one buffer serves a forward's layers (None: zeroed
+    here, a buffer a launch).
     Returns [R * Q, Hq * D] in query's dtype.
     """
     num_tokens, num_heads, head_dim = query.shape
@@ -305,16 +309,16 @@ def paged_attention_uniform(query: torch.Tensor, positions: torch.Tensor, kv_cac
     if splits > 1:  # each split's partial softmax, and per (row, KV head) a count of the splits done
         part = torch.empty(pairs * splits * block_m * block_d, device=query.device, dtype=torch.float32)
         max_sum = torch.empty(pairs * splits * 2 * block_m, device=query.device, dtype=torch.float32)
-        if split_counters is None or split_counters.numel() < pairs:
-            split_counters = torch.zeros(pairs, device=query.device, dtype=torch.int32)
+        counters = (split_counters(pairs) if split_counters is not None
+                    else torch.zeros(pairs, device=query.device, dtype=torch.int32))
     else:
-        part = max_sum = split_counters = out  # not read
+        part = max_sum = counters = out  # not read
     _paged_attention_kernel[(num_rows, num_kv_heads, splits)](
         query, kv_cache, block_table, seq_lens, positions, out, new_k, new_v, index, cos, sin, q_norm, k_norm,
         query.stride(0), query.stride(1), kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2),
         kv_cache.stride(3), block_table.stride(0), out.stride(0),
         new_k.stride(0), new_k.stride(1), new_v.stride(0), new_v.stride(1), cos.stride(0),
-        scale, num_keys, eps, part, max_sum, split_counters,
+        scale, num_keys, eps, part, max_sum, counters,
         Q=q_per_row, G=group, D=head_dim, BLOCK_SIZE=block_size,
         BLOCK_M=block_m, BLOCK_N=KEYS_PER_TILE, BLOCK_D=block_d, BLOCK_Q=max(2, triton.next_power_of_2(q_per_row)),
         WRITE_KV=write, QK_NORM=qk_norm is not None, ROPE=rope is not None,
