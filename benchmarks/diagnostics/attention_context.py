@@ -36,7 +36,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root (specexp)
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ (gpu_cudagraphs)
 
-from specexp.engine.cudagraph import FULL, BatchExecutionDescriptor
+from gpu_cudagraphs import CUDA_KERNELS, RANDOM_PAIRS, ZOO, back_to_back_ms, make_engine
+
+from specexp.engine.cudagraph import BatchExecutionDescriptor
 from specexp.models import load_model, triton_attention
 
 STEPS = ("target_step_ms", "target_verify_ms", "draft_step_ms")
@@ -78,19 +80,9 @@ def stage_context(engine, desc: BatchExecutionDescriptor, context: int) -> None:
     buffers.block_table[0, :blocks] = torch.arange(1, blocks + 1, dtype=torch.int32, device=buffers.block_table.device)
 
 
-def bucket_for(engine, context: int) -> int:
-    """The smallest key-length bucket of `engine` that holds `context` keys."""
-    fitting = [b for b in engine.seq_len_buckets if b >= context]
-    if not fitting:
-        raise ValueError(f"context {context} past the engine's buckets {engine.seq_len_buckets}")
-    return min(fitting)
-
-
 def build(target, draft, k: int, kernels: dict, max_model_len: int) -> dict:
     """The three batch-1 engines of one configuration: {"target_step_ms", "target_verify_ms", "draft_step_ms"} ->
     (engine, the drafts its verify graph scores)."""
-    from gpu_cudagraphs import make_engine
-
     sized = {"max_model_len": max_model_len, "kernels": kernels}
     return {"target_step_ms": (make_engine(target, None, 0, 1, graphs=True, **sized), 0),
             "target_verify_ms": (make_engine(target, draft, k, 1, graphs=True, rejection="synthetic", rate=0.8,
@@ -99,8 +91,12 @@ def build(target, draft, k: int, kernels: dict, max_model_len: int) -> dict:
 
 
 def replay_at(engine, v: int, context: int):
-    """A function replaying `engine`'s verify graph of v + 1 tokens with its inert row at `context` keys."""
-    desc = BatchExecutionDescriptor(1, v + 1, FULL, bucket_for(engine, max(context, v + 1)), v)
+    """A function replaying `engine`'s verify graph of v + 1 tokens with its inert row at `context` keys (the graph
+    of the smallest key-length bucket that holds them)."""
+    desc = engine.verify_graphs.lookup(1, max(context, v + 1), k=v)
+    if desc is None:
+        raise ValueError(f"context {context}: no verify graph of {v + 1} tokens holds it (buckets "
+                         f"{engine.seq_len_buckets})")
     engine._prepare_verify_capture(desc)
     stage_context(engine, desc, context)
     return lambda: engine.verify_graphs.replay(desc)
@@ -108,17 +104,15 @@ def replay_at(engine, v: int, context: int):
 
 def measure(pair: str, configs: list[str], contexts: list[int], k: int, rounds: int, out_path: Path) -> dict:
     """Build every configuration's engines, then time them in alternating rounds (the module doc)."""
-    from gpu_cudagraphs import CUDA_KERNELS, RANDOM_PAIRS, ZOO, back_to_back_ms
-
     target_path, draft_path = RANDOM_PAIRS[pair]
     target = load_model(ZOO / target_path, dtype=torch.bfloat16, device="cuda", weights="random", seed=0)
     draft = load_model(ZOO / draft_path, dtype=torch.bfloat16, device="cuda", weights="random", seed=1)
     kernels = {**CUDA_KERNELS, "cudagraph_prefill_tokens": ()}  # decode and verify graphs only
-    engines = {}
+    engines, parsed = {}, {name: parse_config(name) for name in configs}
     shipped = {"keys": triton_attention.KEYS_PER_TILE, "warps": triton_attention.NUM_WARPS,
                "stages": triton_attention.NUM_STAGES, "splits": triton_attention.MAX_SPLITS}
     for name in configs:
-        use_config(parse_config(name))
+        use_config(parsed[name])
         engines[name] = build(target, draft, k, kernels, max_model_len=max(512, max(contexts) + k + 16))
         print(f"  built {name}", flush=True)
     use_config(shipped)
@@ -126,7 +120,7 @@ def measure(pair: str, configs: list[str], contexts: list[int], k: int, rounds: 
                           "python": platform.python_version()},
               "pair": pair, "k": k, "contexts": contexts, "rounds": rounds, "shipped": shipped,
               "min_split_keys": triton_attention.MIN_SPLIT_KEYS,
-              "configs": {name: {"config": parse_config(name), **{s: {str(c): [] for c in contexts} for s in STEPS},
+              "configs": {name: {"config": parsed[name], **{s: {str(c): [] for c in contexts} for s in STEPS},
                                  "tokens": {}}
                           for name in configs}}
     for round_index in range(rounds):
@@ -202,8 +196,6 @@ def main() -> None:
         parser.error(f"--contexts {args.contexts}, --k {args.k}, --rounds {args.rounds}: each must be >= 1")
     if args.min_split_keys < 0:
         parser.error(f"--min-split-keys {args.min_split_keys}: must be >= 0")
-    from gpu_cudagraphs import RANDOM_PAIRS
-
     if args.pair not in RANDOM_PAIRS:
         parser.error(f"--pair {args.pair!r}: one of {', '.join(RANDOM_PAIRS)}")
     if not torch.cuda.is_available():
