@@ -4,21 +4,23 @@
 #      Llama pair end to end at synthetic acceptance 0.8 against Leviathan's formula (gpu_cudagraphs.py);
 #   2. the 9-point depth sweep, engines reused against a process per job, after a warm-up sweep (sweep_time.py;
 #      needs the CLI's Hydra layer);
-#   3. the steps at contexts of 1 to 2,048 keys, attention split and not (attention_context.py).
+#   3. the steps at contexts of 1 to 2,048 keys, attention split and not (attention_context.py);
+#   4. the kernels: the targets' and drafts' GEMV chains against the copy bandwidth (gemv_bandwidth.py), and a
+#      profiled k = 0 and k = 4 run of the Llama pair, where its device idles (step_trace.py; traces in OUT/traces).
 #
-#   bash benchmarks/time_to_answer.sh OUT [SECTIONS]     SECTIONS: comma-separated of steps,sweep,context (all)
+#   bash benchmarks/time_to_answer.sh OUT [SECTIONS]     SECTIONS: comma-separated of steps,sweep,context,kernels (all)
 #
-# Run from the repository root on a machine with a CUDA GPU; about 8 minutes on an H100.
+# Run from the repository root on a machine with a CUDA GPU; about 9 minutes on an H100 or an H200.
 set -euo pipefail
 if [[ $# -lt 1 || $# -gt 2 ]]; then
-  echo "usage: bash benchmarks/time_to_answer.sh OUT [steps,sweep,context]" >&2
+  echo "usage: bash benchmarks/time_to_answer.sh OUT [steps,sweep,context,kernels]" >&2
   exit 2
 fi
 OUT=$1
-SECTIONS=${2:-steps,sweep,context}
+SECTIONS=${2:-steps,sweep,context,kernels}
 for section in ${SECTIONS//,/ }; do
-  case $section in steps|sweep|context) ;; *)
-    echo "time_to_answer.sh: unknown section '$section'; valid: steps, sweep, context" >&2; exit 2 ;;
+  case $section in steps|sweep|context|kernels) ;; *)
+    echo "time_to_answer.sh: unknown section '$section'; valid: steps, sweep, context, kernels" >&2; exit 2 ;;
   esac
 done
 mkdir -p "$OUT"
@@ -37,4 +39,9 @@ fi
 if [[ ,$SECTIONS, == *,context,* ]]; then
   python benchmarks/diagnostics/attention_context.py --pair $LLAMA --configs 64x4/1,64x4/16 \
     --contexts 1,64,128,256,512,1024,2048 --rounds 2 --out "$OUT/attention_context.json"
+fi
+if [[ ,$SECTIONS, == *,kernels,* ]]; then
+  python benchmarks/diagnostics/gemv_bandwidth.py --out "$OUT/gemv_bandwidth.json"
+  python benchmarks/diagnostics/step_trace.py record --pair $LLAMA --ks 0,4 --new-tokens 48 --out "$OUT/traces"
+  python benchmarks/diagnostics/step_trace.py summarize "$OUT"/traces/trace_k*.json.gz --out "$OUT/step_trace_summary.json"
 fi
