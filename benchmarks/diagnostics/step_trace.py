@@ -6,7 +6,8 @@ Two commands:
              (graphs, all Triton kernels + compile_pointwise, synthetic acceptance), warms it up, and exports a
              torch.profiler trace (CPU + CUDA activities) of one generate as trace_k{k}.json.gz.
   summarize  (any machine): per trace, the steady-state step period (from one step's read-back to the next),
-             the device's busy time within it (kernels, copies and memsets), the idle fraction, and the host's
+             the device's busy time within it (kernels, copies and memsets), the idle fraction, the pairs of
+             kernels (or copies) around its idle stretches with their idle µs a step, and the host's
              median microseconds inside each kind of cudaMemcpyAsync (a copy that waits for the stream shows
              up here); and the first step (the prompt's prefill: a graph replay with engine=cuda's prompt
              graphs, else eager): its host time, the device's busy time while it runs, the host time in each
@@ -52,18 +53,41 @@ def busy_us(device: list[dict], start: float, end: float) -> float:
     return total
 
 
-def summarize_trace(events: list[dict], skip_steps: int = 3) -> dict:
+def idle_gaps(device: list[dict], start: float, end: float, opened_by: str) -> list[tuple[float, str, str]]:
+    """The stretches of [start, end) in which the device runs none of `device`'s spans (sorted by ts; µs): (length,
+    name of the span whose end opened it, name of the span that closed it); `opened_by` names what ended at
+    `start`. Spans that overlap (kernels launched early) leave no gap; their lengths sum to end - start less
+    `busy_us` when a span ends at `end`."""
+    gaps, covered_to, last = [], start, opened_by
+    for e in device:
+        if e["ts"] >= end:
+            break
+        if e["ts"] > covered_to:
+            gaps.append((e["ts"] - covered_to, last, e["name"]))
+        if e["ts"] + e["dur"] > covered_to:
+            covered_to, last = e["ts"] + e["dur"], e["name"]
+    return gaps
+
+
+def summarize_trace(events: list[dict], skip_steps: int = 3, top_gaps: int = 12) -> dict:
     """A chrome-trace event list -> step period and device busy time (µs, medians over the steady-state steps
     between consecutive device-to-host read-backs, after `skip_steps`; busy: `busy_us`), the device's idle fraction,
-    and the host's median µs per cudaMemcpyAsync by copy kind."""
+    where it idles (`idle_by_kernel_pair`: the `top_gaps` pairs of spans around its idle stretches, `idle_gaps`, by
+    idle µs a step, with their count a step; means over the steps), and the host's median µs per cudaMemcpyAsync
+    by copy kind."""
     spans = [e for e in events if e.get("ph") == "X"]
     device = sorted((e for e in spans if e.get("cat") in DEVICE_CATEGORIES), key=lambda e: e["ts"])
     read_backs = [e for e in device if "DtoH" in e["name"]]
     periods, busy = [], []
+    idle_us: dict[tuple[str, str], float] = collections.defaultdict(float)
+    idle_count: dict[tuple[str, str], int] = collections.defaultdict(int)
     for a, b in zip(read_backs[skip_steps:-1], read_backs[skip_steps + 1:], strict=False):
         start, end = a["ts"] + a["dur"], b["ts"] + b["dur"]
         periods.append(end - start)
         busy.append(busy_us(device, start, end))
+        for gap, before, after in idle_gaps(device, start, end, a["name"]):
+            idle_us[(before, after)] += gap
+            idle_count[(before, after)] += 1
     if not periods:
         raise ValueError(f"the trace holds {len(read_backs)} device-to-host copies: too few steps to summarize "
                          f"(need more than {skip_steps + 1})")
@@ -73,8 +97,13 @@ def summarize_trace(events: list[dict], skip_steps: int = 3) -> dict:
         if e.get("cat") == "cuda_runtime" and e["name"] == "cudaMemcpyAsync":
             host_us[copy_kind.get(e["args"].get("correlation"), "unknown")].append(e["dur"])
     period, busy_median = statistics.median(periods), statistics.median(busy)
+    top = sorted(idle_us, key=lambda pair: -idle_us[pair])[:top_gaps]
     return {"steps": len(periods), "step_period_us_median": period, "device_busy_us_median": busy_median,
             "device_idle_fraction": 1 - busy_median / period,
+            "idle_by_kernel_pair": [{"before": before, "after": after,
+                                     "idle_us_per_step": idle_us[(before, after)] / len(periods),
+                                     "gaps_per_step": idle_count[(before, after)] / len(periods)}
+                                    for before, after in top],
             "host_us_in_cudaMemcpyAsync_median": {kind: statistics.median(v) for kind, v in host_us.items()}}
 
 
@@ -217,6 +246,9 @@ def main() -> None:
         print(f"{key}: step {s['step_period_us_median'] / 1e3:.2f} ms, device busy "
               f"{s['device_busy_us_median'] / 1e3:.2f} ms ({s['device_idle_fraction']:.0%} idle) over {s['steps']} "
               "steps", flush=True)
+        for pair in s["idle_by_kernel_pair"][:5]:
+            print(f"  idle {pair['idle_us_per_step']:5.1f} us a step ({pair['gaps_per_step']:.1f} gaps) between "
+                  f"{pair['before'][:48]} and {pair['after'][:48]}", flush=True)
         if any(e.get("name") == STEP_LABEL for e in events):
             s["first_step"] = f = summarize_first_step(events)
             launches = f["cuda_runtime"].get("cudaLaunchKernel", {"calls": 0, "host_us": 0.0})

@@ -11,7 +11,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "diagnostics"))
 
-from step_trace import STEP_LABEL, busy_us, load_trace, summarize_first_step, summarize_trace
+from step_trace import STEP_LABEL, busy_us, idle_gaps, load_trace, summarize_first_step, summarize_trace
 
 
 def _trace(num_steps: int, period_us: float, busy_us: float) -> list[dict]:
@@ -52,6 +52,28 @@ def test_summary_recovers_period_busy_time_and_copy_waits(tmp_path):
     with gzip.open(path, "wt") as f:
         json.dump({"traceEvents": events}, f)
     assert summarize_trace(load_trace(path), skip_steps=2) == summary
+
+
+def test_idle_time_is_split_by_the_spans_around_it():
+    """Each step idles 10 µs between the read-back and the next step's copy, 8 before the kernel and 582 after it:
+    600 µs a step, the period less the busy time."""
+    summary = summarize_trace(_trace(num_steps=10, period_us=1000.0, busy_us=400.0), skip_steps=2)
+    pairs = [(p["before"], p["after"], p["idle_us_per_step"], p["gaps_per_step"]) for p in summary["idle_by_kernel_pair"]]
+    assert pairs == [("gemv", "Memcpy DtoH (Device -> Pageable)", pytest.approx(582.0), 1.0),
+                     ("Memcpy DtoH (Device -> Pageable)", "Memcpy HtoD (Pageable -> Device)", pytest.approx(10.0), 1.0),
+                     ("Memcpy HtoD (Pageable -> Device)", "gemv", pytest.approx(8.0), 1.0)]
+    assert sum(p[2] for p in pairs) == pytest.approx(summary["step_period_us_median"]
+                                                     - summary["device_busy_us_median"])
+    assert len(summarize_trace(_trace(10, 1000.0, 400.0), skip_steps=2, top_gaps=2)["idle_by_kernel_pair"]) == 2
+
+
+def test_overlapping_spans_leave_no_gap_and_the_gap_names_the_span_that_ended_last():
+    """b starts inside a (launched early) and ends after it; c starts inside b: one gap, from b's end to d."""
+    spans = [{"name": n, "ts": ts, "dur": dur} for n, ts, dur in
+             (("before", -5.0, 5.0), ("a", 2.0, 10.0), ("b", 6.0, 10.0), ("c", 8.0, 2.0), ("d", 30.0, 5.0),
+              ("late", 50.0, 1.0))]
+    assert idle_gaps(spans, 0.0, 40.0, "read-back") == [(2.0, "read-back", "a"), (14.0, "b", "d")]
+    assert idle_gaps(spans, 7.0, 20.0, "x") == []  # covered by a and b to 16, then nothing starts before 20
 
 
 def test_busy_time_counts_overlapping_kernels_once():
