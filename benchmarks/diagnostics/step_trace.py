@@ -38,41 +38,42 @@ DEVICE_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 STEP_LABEL = "specexp::step"  # the record_function range `record` puts around each engine step
 
 
-def busy_us(device: list[dict], start: float, end: float) -> float:
-    """µs in [start, end) during which the device runs at least one of `device`'s spans (ts, dur in µs): the union
-    of their intervals, not the sum of their durations: a kernel launched early (programmatic dependent launch)
-    overlaps the one before it."""
-    total, covered_to = 0.0, start
-    for e in sorted(device, key=lambda e: e["ts"]):
+def coverage(device: list[dict], start: float, end: float, opened_by: str = "") -> tuple[float, list]:
+    """One walk over `device`'s spans (sorted by ts; ts, dur in µs) through [start, end): (busy µs, idle stretches).
+    Busy: the µs in which the device runs at least one span, the union of their intervals, not the sum of their
+    durations (a kernel launched early, programmatic dependent launch, overlaps the one before it). Idle stretches:
+    (length, name of the span whose end opened it, name of the span that closed it), `opened_by` naming what ended
+    at `start`; a stretch after the last span to start before `end` is not listed."""
+    busy, gaps, covered_to, last = 0.0, [], start, opened_by
+    for e in device:
         if e["ts"] >= end:  # this span and every later one start past the window
             break
+        if e["ts"] > covered_to:
+            gaps.append((e["ts"] - covered_to, last, e.get("name")))
         lo, hi = max(e["ts"], covered_to), min(e["ts"] + e["dur"], end)
         if hi > lo:
-            total += hi - lo
-            covered_to = hi
-    return total
+            busy += hi - lo
+        if e["ts"] + e["dur"] > covered_to:
+            covered_to, last = e["ts"] + e["dur"], e.get("name")
+    return busy, gaps
+
+
+def busy_us(device: list[dict], start: float, end: float) -> float:
+    """µs in [start, end) during which the device runs at least one of `device`'s spans (any order): `coverage`'s
+    busy time."""
+    return coverage(sorted(device, key=lambda e: e["ts"]), start, end)[0]
 
 
 def idle_gaps(device: list[dict], start: float, end: float, opened_by: str) -> list[tuple[float, str, str]]:
-    """The stretches of [start, end) in which the device runs none of `device`'s spans (sorted by ts; µs): (length,
-    name of the span whose end opened it, name of the span that closed it); `opened_by` names what ended at
-    `start`. Spans that overlap (kernels launched early) leave no gap; their lengths sum to end - start less
-    `busy_us` when a span ends at `end`."""
-    gaps, covered_to, last = [], start, opened_by
-    for e in device:
-        if e["ts"] >= end:
-            break
-        if e["ts"] > covered_to:
-            gaps.append((e["ts"] - covered_to, last, e["name"]))
-        if e["ts"] + e["dur"] > covered_to:
-            covered_to, last = e["ts"] + e["dur"], e["name"]
-    return gaps
+    """The stretches of [start, end) in which the device runs none of `device`'s spans (sorted by ts): `coverage`'s
+    idle stretches. Their lengths sum to end - start less `busy_us` when a span ends at `end`."""
+    return coverage(device, start, end, opened_by)[1]
 
 
 def summarize_trace(events: list[dict], skip_steps: int = 3, top_gaps: int = 12) -> dict:
     """A chrome-trace event list -> step period and device busy time (µs, medians over the steady-state steps
     between consecutive device-to-host read-backs, after `skip_steps`; busy: `busy_us`), the device's idle fraction,
-    where it idles (`idle_by_kernel_pair`: the `top_gaps` pairs of spans around its idle stretches, `idle_gaps`, by
+    where it idles (`idle_by_kernel_pair`: the `top_gaps` pairs of spans around its idle stretches, `coverage`, by
     idle µs a step, with their count a step; means over the steps), and the host's median µs per cudaMemcpyAsync
     by copy kind."""
     spans = [e for e in events if e.get("ph") == "X"]
@@ -83,9 +84,10 @@ def summarize_trace(events: list[dict], skip_steps: int = 3, top_gaps: int = 12)
     idle_count: dict[tuple[str, str], int] = collections.defaultdict(int)
     for a, b in zip(read_backs[skip_steps:-1], read_backs[skip_steps + 1:], strict=False):
         start, end = a["ts"] + a["dur"], b["ts"] + b["dur"]
+        busy_in_period, gaps = coverage(device, start, end, a["name"])
         periods.append(end - start)
-        busy.append(busy_us(device, start, end))
-        for gap, before, after in idle_gaps(device, start, end, a["name"]):
+        busy.append(busy_in_period)
+        for gap, before, after in gaps:
             idle_us[(before, after)] += gap
             idle_count[(before, after)] += 1
     if not periods:
