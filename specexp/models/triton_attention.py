@@ -92,6 +92,16 @@ if AVAILABLE:
         m_ok = m < Q * G
         d_ok = d < D
         d_swapped = tl.where(d < D // 2, d + D // 2, d - D // 2)  # rotate-half's partner of each dim
+        # Everything the first key tile needs but its keys is loaded first, in one round trip to memory with the new
+        # keys' loads below: the queries (normalised and rotated), their positions, the tile's cache block ids.
+        token = row * Q + m // G
+        head = kv_head * G + m % G
+        q = _head_prologue(q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh, token,
+                           m_ok[:, None] & d_ok[None, :], d, d_swapped, q_norm_ptr, cos_ptr, sin_ptr, stride_rt, eps,
+                           D, QK_NORM, ROPE, ROUND_HALF)
+        q_pos = tl.load(positions_ptr + token, mask=m_ok, other=0)
+        n_idx = tl.arange(0, BLOCK_N)
+        block = _tile_blocks(block_table_ptr + row * stride_bt, key_start + n_idx, num_keys, BLOCK_SIZE)
         if WRITE_KV:
             # This step's keys/values of the row's Q tokens for this KV head go to their slots first (a slot
             # addresses block * BLOCK_SIZE + offset of the contiguous cache); then a barrier makes them
@@ -116,26 +126,20 @@ if AVAILABLE:
             tl.store(dst, new_k.to(kv_ptr.dtype.element_ty), mask=new_mask)
             tl.store(dst + stride_kv, new_v.to(kv_ptr.dtype.element_ty), mask=new_mask)
             tl.debug_barrier()
-        token = row * Q + m // G
-        head = kv_head * G + m % G
-        q = _head_prologue(q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh, token,
-                           m_ok[:, None] & d_ok[None, :], d, d_swapped, q_norm_ptr, cos_ptr, sin_ptr, stride_rt, eps,
-                           D, QK_NORM, ROPE, ROUND_HALF)
-        q_pos = tl.load(positions_ptr + token, mask=m_ok, other=0)
-        n_idx = tl.arange(0, BLOCK_N)
         running_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
         running_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
         for n0 in range(key_start, key_stop, BLOCK_N):
-            # BLOCK_N keys, each read where its cache block puts it (a tile may span several blocks)
+            # BLOCK_N keys, each read where its cache block puts it (a tile may span several blocks); the next tile's
+            # block ids are loaded with them
             key_pos = n0 + n_idx
             key_ok = key_pos < num_keys
-            block = tl.load(block_table_ptr + row * stride_bt + key_pos // BLOCK_SIZE, mask=key_ok, other=0)
             kv_offsets = (block.to(tl.int64)[:, None] * stride_kb + (key_pos % BLOCK_SIZE)[:, None] * stride_ks
                           + kv_head * stride_kh + d[None, :])
             kv_mask = key_ok[:, None] & d_ok[None, :]
             k = tl.load(kv_ptr + kv_offsets, mask=kv_mask, other=0.0)
             v = tl.load(kv_ptr + stride_kv + kv_offsets, mask=kv_mask, other=0.0)
+            block = _tile_blocks(block_table_ptr + row * stride_bt, key_pos + BLOCK_N, num_keys, BLOCK_SIZE)
             if IEEE:
                 scores = tl.dot(q, tl.trans(k), input_precision="ieee")
             else:
@@ -169,6 +173,12 @@ if AVAILABLE:
                                 BLOCK_M, BLOCK_D)
         else:
             tl.store(out_ptrs, (acc / running_sum[:, None]).to(out_ptr.dtype.element_ty), mask=out_mask)
+
+    @triton.jit
+    def _tile_blocks(row_table_ptr, key_pos, num_keys, BLOCK_SIZE: tl.constexpr):
+        """int32[BLOCK_N]: the cache block of each key position of a tile, from a row's block table (0 for positions
+        at or past num_keys, the table's static bound)."""
+        return tl.load(row_table_ptr + key_pos // BLOCK_SIZE, mask=key_pos < num_keys, other=0)
 
     @triton.jit
     def _combine_splits(acc, running_max, running_sum, out_ptrs, out_mask, part_ptr, ml_ptr, counter_ptr, pair,
