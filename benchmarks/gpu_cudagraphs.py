@@ -52,7 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from leviathan import add_theory
 
-from specexp.engine.config import SKINNY_EARLY_LAUNCH, EngineConfig, SamplingConfig, SpeculatorConfig
+from specexp.engine.config import EARLY_LAUNCH_ROLES, EngineConfig, SamplingConfig, SpeculatorConfig
 from specexp.engine.cudagraph import FULL, BatchExecutionDescriptor
 from specexp.engine.runner import NativeEngine
 from specexp.models import load_model, skinny_configs, triton_attention
@@ -65,7 +65,7 @@ RANDOM_PAIRS = {
 # What `engine=cuda` runs (conf/engine/cuda.yaml): the configuration the diagnostics
 # (diagnostics/host_time.py, step_trace.py, verify_cost.py) look at, and the defaults of this script's kernel switches.
 CUDA_KERNELS = {"compile_pointwise": True, "linear_kernel": "triton_skinny", "silu_in_down_gemv": True,
-                "silu_in_gate_up": "target", "skinny_early_launch": "draft",
+                "silu_in_gate_up": "target", "gemv_early_launch": "both", "skinny_early_launch": "draft",
                 "fold_norm_weights": True, "attention_kernel": "triton", "conv_kernel": "triton",
                 "argmax_kernel": "triton", "sampler_kernel": "triton", "draft_step_kernel": "triton",
                 "programmatic_launch": "auto",
@@ -77,10 +77,11 @@ DEMO_PAIRS = {
 }
 
 
-def add_skinny_kernel_flags(parser: argparse.ArgumentParser) -> None:
-    """The skinny kernel's two per-model switches, defaults CUDA_KERNELS': `--silu-in-gate-up
+def add_linear_kernel_flags(parser: argparse.ArgumentParser) -> None:
+    """The Triton linear kernels' per-model switches, defaults CUDA_KERNELS': `--silu-in-gate-up
     [true|false|target|draft]` (bare: true) and `--no-silu-in-gate-up` into `args.silu_in_gate_up`
-    (engine.silu_in_gate_up), `--skinny-early-launch` into `args.skinny_early_launch`."""
+    (engine.silu_in_gate_up), `--skinny-early-launch` and `--gemv-early-launch` into `args.skinny_early_launch`
+    and `args.gemv_early_launch`."""
     values = {"true": True, "false": False, "target": "target", "draft": "draft"}
 
     def value(text: str):
@@ -95,8 +96,10 @@ def add_skinny_kernel_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-silu-in-gate-up", dest="silu_in_gate_up", action="store_const", const=False,
                         help="engine.silu_in_gate_up=false")
     parser.add_argument("--skinny-early-launch", default=CUDA_KERNELS["skinny_early_launch"],
-                        choices=SKINNY_EARLY_LAUNCH,
+                        choices=EARLY_LAUNCH_ROLES,
                         help="engine.skinny_early_launch: whose skinny kernels (2-16 tokens) launch early")
+    parser.add_argument("--gemv-early-launch", default=CUDA_KERNELS["gemv_early_launch"], choices=EARLY_LAUNCH_ROLES,
+                        help="engine.gemv_early_launch: whose one-row GEMVs (batch-1 decode steps) launch early")
 
 
 def cuda_ms(fn, iters: int = 20, warmup: int = 3) -> float:
@@ -423,7 +426,7 @@ def main() -> None:
     parser.add_argument("--silu-in-down-gemv", action=argparse.BooleanOptionalAction,
                         default=CUDA_KERNELS["silu_in_down_gemv"],
                         help="engine.silu_in_down_gemv: the MLP's SiLU product of one token inside the down GEMV")
-    add_skinny_kernel_flags(parser)
+    add_linear_kernel_flags(parser)
     parser.add_argument("--fold-norm-weights", action=argparse.BooleanOptionalAction,
                         default=CUDA_KERNELS["fold_norm_weights"],
                         help="engine.fold_norm_weights: pre-norm weights folded into the projections (the fused "
@@ -503,7 +506,8 @@ def main() -> None:
         triton_attention.MIN_SPLIT_KEYS = args.attention_min_split_keys
     kernels = {"compile_pointwise": args.compile_pointwise, "linear_kernel": args.linear_kernel,
                "silu_in_down_gemv": args.silu_in_down_gemv, "silu_in_gate_up": args.silu_in_gate_up,
-               "skinny_early_launch": args.skinny_early_launch, "fold_norm_weights": args.fold_norm_weights,
+               "gemv_early_launch": args.gemv_early_launch, "skinny_early_launch": args.skinny_early_launch,
+               "fold_norm_weights": args.fold_norm_weights,
                "attention_kernel": args.attention_kernel, "conv_kernel": args.conv_kernel,
                "argmax_kernel": args.argmax_kernel, "sampler_kernel": args.sampler_kernel,
                "draft_step_kernel": args.draft_step_kernel, "programmatic_launch": args.programmatic_launch,

@@ -186,6 +186,7 @@ SCHEMA: dict[str, dict[str, Any]] = {
         "sampler_kernel": Key("str"),
         "draft_step_kernel": Key("str"),
         "programmatic_launch": Key("bool", words=("auto",), note="auto: on where the GPU can, sm_90+"),
+        "gemv_early_launch": Key("str", choices=("both", "target", "draft", "none")),
         "skinny_early_launch": Key("str", choices=("both", "target", "draft", "none")),
         "plain_decode_lookahead": Key("bool"),
         "steady_inputs_on_device": Key("bool"),

@@ -1,6 +1,6 @@
 """Batch-1 decode steps with and without the kernel cuts `engine=cuda` runs, on a GPU: what the cuts buy in step
 time, kernel launches and Leviathan's c, all together ("defaults" against "none"), each alone ("only_*") and each
-left out ("no_*"), measured in alternating rounds.
+left out ("no_*"), and whose one-row GEMVs launch early ("gemv_early_*"), measured in alternating rounds.
 
 For every pair and every configuration (CONFIGS: `engine=cuda`'s kernels with some switches changed) it builds
 three engines on the same models: the target's k = 0 batch-1 decode step and the draft's (as
@@ -62,14 +62,19 @@ NO_CUTS = {"argmax_kernel": "torch", "sampler_kernel": "torch", "silu_in_down_ge
 CUT_NAMES = {"argmax": "argmax_kernel", "sampler": "sampler_kernel", "silu_in_down": "silu_in_down_gemv",
              "draft_step": "draft_step_kernel", "pdl": "programmatic_launch"}
 ALONG_WITH = {"sampler_kernel": ("argmax_kernel",)}
+# Whose one-row GEMVs launch early (programmatic launch on), beside the cuts: "gemv_early_<role>" sets
+# engine.gemv_early_launch to that role (engine=cuda: both).
+LAUNCH_ORDERS = {f"gemv_early_{role}": {"gemv_early_launch": role} for role in ("target", "draft", "none")}
 # Each configuration: the switches it changes from engine=cuda's defaults (CUDA_KERNELS). "none" turns every cut
-# off; each "only_*" turns on that cut alone (with ALONG_WITH's); each "no_*" turns that cut off alone.
+# off; each "only_*" turns on that cut alone (with ALONG_WITH's); each "no_*" turns that cut off alone; then
+# LAUNCH_ORDERS.
 CONFIGS = {
     "defaults": {},
     "none": NO_CUTS,
     **{f"only_{name}": {**NO_CUTS, **{s: CUTS[s] for s in (*ALONG_WITH.get(switch, ()), switch)}}
        for name, switch in CUT_NAMES.items()},
     **{f"no_{name}": {switch: NO_CUTS[switch]} for name, switch in CUT_NAMES.items()},
+    **LAUNCH_ORDERS,
 }
 
 

@@ -38,7 +38,7 @@ from gpu_cudagraphs import (
     CUDA_KERNELS,
     RANDOM_PAIRS,
     ZOO,
-    add_skinny_kernel_flags,
+    add_linear_kernel_flags,
     back_to_back_ms,
     cuda_ms,
     make_engine,
@@ -115,7 +115,7 @@ def main() -> None:
     parser.add_argument("--silu-in-down-gemv", action=argparse.BooleanOptionalAction,
                         default=CUDA_KERNELS["silu_in_down_gemv"],
                         help="engine.silu_in_down_gemv: the MLP's SiLU product of one token inside the down GEMV")
-    add_skinny_kernel_flags(parser)
+    add_linear_kernel_flags(parser)
     parser.add_argument("--out", default="verify_cost.json")
     args = parser.parse_args()
     pairs = args.pairs.split(",")
@@ -133,7 +133,8 @@ def main() -> None:
     # no prompt-prefill graphs: this script replays the verify and draft graphs alone, never a prompt's
     kernels = dict(CUDA_KERNELS, linear_kernel=args.linear_kernel, fold_norm_weights=args.fold_norm_weights,
                    silu_in_down_gemv=args.silu_in_down_gemv, silu_in_gate_up=args.silu_in_gate_up,
-                   skinny_early_launch=args.skinny_early_launch, cudagraph_prefill_tokens=())
+                   skinny_early_launch=args.skinny_early_launch, gemv_early_launch=args.gemv_early_launch,
+                   cudagraph_prefill_tokens=())
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "kernels": kernels, "pairs": {},
               "skinny_tiles": skinny_configs.table_in_use(torch.device("cuda"))}
     out = Path(args.out)

@@ -23,7 +23,8 @@ bias)` and `norm_linear(x, norm, weight, bias)` (a pre-norm projection: linear(n
   [T, I].
 - A table's one-row GEMVs and its skinny products launch early (`pdl`, `skinny_pdl`) or in stream order each on
   their own: an early-launched kernel holds its blocks' registers and shared memory while it waits, which the
-  long skinny products of a 1B target's verify pay for (`engine.skinny_early_launch`).
+  long skinny products of a 1B target's verify pay for (`engine.skinny_early_launch`), and on an H200 a 1B
+  target's one-row GEMVs too (`engine.gemv_early_launch`).
 - :func:`linear_kernel_ops` with `programmatic_launch` (`engine.programmatic_launch`): a Triton table whose kernels
   are launched with programmatic dependent launch on sm_90+ GPUs (each GEMV fetches its first weight chunk while
   the kernel before it finishes; see :func:`triton_gemv.gemv`).
@@ -251,12 +252,14 @@ TRITON_SKINNY = triton_gemv_ops(TRITON_MAX_TOKENS["triton_skinny"])
 LINEAR_KERNELS = {"cublas": CUBLAS, "triton_gemv": TRITON_GEMV, "triton_skinny": TRITON_SKINNY}
 
 
-def linear_kernel_ops(name: str, programmatic_launch: bool = False, skinny_early: bool = True) -> LinearOps:
+def linear_kernel_ops(name: str, programmatic_launch: bool = False, skinny_early: bool = True,
+                      gemv_early: bool = True) -> LinearOps:
     """The table `engine.linear_kernel=name` runs (a key of LINEAR_KERNELS); with `programmatic_launch`
-    (`engine.programmatic_launch`), a Triton table's kernels launched with programmatic dependent launch, its
-    skinny kernel's (2..16 rows) only with `skinny_early` too (`engine.skinny_early_launch`)."""
+    (`engine.programmatic_launch`), a Triton table's kernels launched with programmatic dependent launch: its
+    one-row GEMVs with `gemv_early` (`engine.gemv_early_launch`), its skinny kernel's (2..16 rows) with
+    `skinny_early` (`engine.skinny_early_launch`)."""
     if programmatic_launch and name in TRITON_MAX_TOKENS:
-        return triton_gemv_ops(TRITON_MAX_TOKENS[name], pdl=True, skinny_pdl=skinny_early)
+        return triton_gemv_ops(TRITON_MAX_TOKENS[name], pdl=gemv_early, skinny_pdl=skinny_early)
     return LINEAR_KERNELS[name]
 
 

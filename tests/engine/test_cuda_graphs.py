@@ -247,27 +247,27 @@ def test_one_graph_pool_serves_every_manager(pairs, pair):
     assert 0 < runs[True] <= runs[False], runs
 
 
-# engine=cuda's kernel settings (conf/engine/cuda.yaml) but the two that name models, varied below
+# engine=cuda's kernel settings (conf/engine/cuda.yaml) but the three that name models, varied below
 CUDA_YAML_KERNELS = {"compile_pointwise": True, "linear_kernel": "triton_skinny", "silu_in_down_gemv": True,
                      "fold_norm_weights": True, "attention_kernel": "triton",
                      "conv_kernel": "triton", "argmax_kernel": "triton", "sampler_kernel": "triton",
                      "draft_step_kernel": "triton", "programmatic_launch": "auto"}
 
 
-@pytest.mark.parametrize("skinny_early_launch, silu_in_gate_up", [("draft", "target"), ("target", True),
-                                                                   ("none", "draft")])
+@pytest.mark.parametrize("skinny_early_launch, silu_in_gate_up, gemv_early_launch",
+                         [("draft", "target", "draft"), ("target", True, "both"), ("none", "draft", "none")])
 @pytest.mark.parametrize("pair, k, max_num_seqs", [("llama+llama", 4, 1), ("lfm2+lfm2", 3, 5), ("lfm2+llama", 2, 1)])
 def test_cuda_yaml_kernels_replay_like_the_defaults(pairs, pair, k, max_num_seqs, skinny_early_launch,
-                                                    silu_in_gate_up):
+                                                    silu_in_gate_up, gemv_early_launch):
     """engine=cuda's kernels (the gate/up SiLU product of 2-16 tokens in either model's skinny kernel, each
-    model's skinny kernels launched early or in order) give the default engine's greedy tokens (fp32 pairs without
+    model's skinny kernels and one-row GEMVs launched early or in order) give the default engine's greedy tokens (fp32 pairs without
     near-ties), replaying verify and draft graphs and capturing nothing after start-up."""
     target_dir, draft_dir = pairs[pair]
     target, draft = load_model(target_dir, device="cuda"), load_model(draft_dir, device="cuda")
     prompts = _prompts(10, seed=k)
     plain = _engine(target, draft, k, max_num_seqs, graphs=False).generate(prompts)
     engine = _engine(target, draft, k, max_num_seqs, graphs=True, skinny_early_launch=skinny_early_launch,
-                     silu_in_gate_up=silu_in_gate_up, **CUDA_YAML_KERNELS)
+                     silu_in_gate_up=silu_in_gate_up, gemv_early_launch=gemv_early_launch, **CUDA_YAML_KERNELS)
     captured = {m.name: set(m.graphs) for m in engine.graph_managers()}
     graphed = engine.generate(prompts)
     assert [r.output_token_ids for r in graphed.requests] == [r.output_token_ids for r in plain.requests]

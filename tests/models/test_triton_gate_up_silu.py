@@ -112,14 +112,16 @@ def test_silu_in_gate_up_is_validated():
         EngineConfig(silu_in_gate_up="yes").validate()
 
 
-@pytest.mark.parametrize(("silu_in_gate_up", "skinny_early_launch", "fused", "early"),
-                         [(True, "both", (True, True), (True, True)),
-                          ("target", "draft", (True, False), (False, True)),
-                          ("draft", "target", (False, True), (True, False)),
-                          (False, "none", (False, False), (False, False))])
-def test_each_model_gets_its_own_table(silu_in_gate_up, skinny_early_launch, fused, early, monkeypatch):
-    """engine.silu_in_gate_up and skinny_early_launch name models: the target's table and the draft's differ as
-    they say (programmatic launch on, as on an sm_90+ GPU; the one-row GEMVs of both launch early)."""
+@pytest.mark.parametrize(("silu_in_gate_up", "skinny_early_launch", "gemv_early_launch", "fused", "early",
+                          "gemv_early"),
+                         [(True, "both", "both", (True, True), (True, True), (True, True)),
+                          ("target", "draft", "target", (True, False), (False, True), (True, False)),
+                          ("draft", "target", "draft", (False, True), (True, False), (False, True)),
+                          (False, "none", "none", (False, False), (False, False), (False, False))])
+def test_each_model_gets_its_own_table(silu_in_gate_up, skinny_early_launch, gemv_early_launch, fused, early,
+                                       gemv_early, monkeypatch):
+    """engine.silu_in_gate_up, skinny_early_launch and gemv_early_launch name models: the target's table and the
+    draft's differ as they say (programmatic launch on, as on an sm_90+ GPU)."""
     from specexp.engine.config import EngineConfig
     from specexp.engine.model_kernels import use_engine_kernels
     from specexp.models import load_model
@@ -127,12 +129,13 @@ def test_each_model_gets_its_own_table(silu_in_gate_up, skinny_early_launch, fus
     monkeypatch.setattr(EngineConfig, "launches_early", lambda self: True)
     models = (load_model(ZOO / "tiny-llama"), load_model(ZOO / "tiny-llama-draft"))
     use_engine_kernels(models, EngineConfig(device="cpu", linear_kernel="triton_skinny",
-                                            silu_in_gate_up=silu_in_gate_up, skinny_early_launch=skinny_early_launch))
-    for model, fused_here, early_here in zip(models, fused, early, strict=True):
+                                            silu_in_gate_up=silu_in_gate_up, skinny_early_launch=skinny_early_launch,
+                                            gemv_early_launch=gemv_early_launch))
+    for model, fused_here, early_here, gemv_early_here in zip(models, fused, early, gemv_early, strict=True):
         tables = {m.linear_ops for m in model.modules() if hasattr(m, "linear_ops")}
         assert len(tables) == 1
         table = tables.pop()
-        assert table.pdl and table.skinny_pdl == early_here
+        assert table.pdl == gemv_early_here and table.skinny_pdl == early_here
         assert (table.gate_up_silu is not no_gate_up_silu) == fused_here
 
 

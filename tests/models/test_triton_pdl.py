@@ -217,10 +217,10 @@ def test_the_early_tables_are_torch_off_the_gpu():
         assert torch.equal(early.float_logits(x, w, b), TRITON_SKINNY.float_logits(x, w, b))
 
 
-def test_skinny_early_launch_is_validated():
-    with pytest.raises(EngineConfigError, match="engine.skinny_early_launch='verify': valid are 'both', 'target', "
-                                                "'draft', 'none'"):
-        EngineConfig(skinny_early_launch="verify").validate()
+@pytest.mark.parametrize("name", ["skinny_early_launch", "gemv_early_launch"])
+def test_early_launch_roles_are_validated(name):
+    with pytest.raises(EngineConfigError, match=f"engine.{name}='verify': valid are 'both', 'target', 'draft', 'none'"):
+        EngineConfig(**{name: "verify"}).validate()
 
 
 def test_programmatic_launch_is_validated():
