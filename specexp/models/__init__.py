@@ -2,7 +2,7 @@
 
     model = load_model("path/or/zoo-name/or/org/name", dtype=torch.bfloat16, device="cuda")
     hidden = model(input_ids, positions, ForwardContext(attn_meta, conv_meta, kv_caches, conv_states))
-    logits = model.compute_logits(hidden[logits_indices])
+    logits = model.compute_logits(hidden[logits_indices])  # the final norm, then the LM head
 
 Imports only torch, safetensors and tokenizers.
 """

@@ -3,6 +3,10 @@
 A concrete model (`LlamaForCausalLM`, `Lfm2ForCausalLM`) builds `self.model` (embeddings, layers, final
 norm) and `self.lm_head` with transformers' module names, so a HF state dict loads key for key. The engine
 only uses the methods below: cache shapes per layer kind, `forward` over a flat batch, `compute_logits`.
+
+`forward` returns the residual stream after the last layer; `compute_logits` applies the final norm to the rows
+it is given and projects them, so a linear-ops table may fuse the two (one kernel fewer in a batch-1 step), and a
+prompt's forward normalises only the rows that get logits.
 """
 
 from __future__ import annotations
@@ -47,13 +51,21 @@ class CausalLM(nn.Module):
             raise ValueError(f"{self.config.name_or_path or 'model'} has no conv layers (no conv state)")
         return (num_slots, self.config.hidden_size, self.config.conv_L_cache - 1 + num_spec_tokens)
 
+    @property
+    def final_norm(self) -> nn.Module:
+        """The RMSNorm after the last layer (transformers' `model.norm`, LFM2's `model.embedding_norm`), which
+        :meth:`compute_logits` applies."""
+        return self.model.final_norm
+
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        """input_ids, positions: int64[T] (flat batch) -> hidden [T, hidden_size] after the final norm."""
+        """input_ids, positions: int64[T] (flat batch) -> hidden [T, hidden_size], the residual stream after the
+        last layer (before the final norm, which :meth:`compute_logits` applies)."""
         return self.model(input_ids, positions, ctx)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden: [N, hidden_size] -> float32[N, vocab_size]."""
-        return self.linear_ops.float_logits(hidden, self.lm_head.weight, self.lm_head.bias)
+        """hidden: [N, hidden_size] rows of :meth:`forward`'s output -> float32[N, vocab_size]: the LM head's
+        logits of the final norm of each row (the table's `norm_float_logits`, which may fuse the two)."""
+        return self.linear_ops.norm_float_logits(hidden, self.final_norm, self.lm_head.weight, self.lm_head.bias)
 
     def num_parameters(self) -> int:
         """Distinct parameter elements (a tied head counted once)."""

@@ -155,7 +155,11 @@ class Lfm2Model(nn.Module):
         for layer in self.layers:
             cache = next(kv_caches if layer.is_attention else conv_states)
             h = layer(h, positions, rope, cache, plan, conv_plan)
-        return self.embedding_norm(h)
+        return h  # before the final norm: the LM head applies it (CausalLM.compute_logits)
+
+    @property
+    def final_norm(self) -> RMSNorm:
+        return self.embedding_norm
 
 
 class Lfm2ForCausalLM(CausalLM):

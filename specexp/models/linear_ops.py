@@ -9,7 +9,8 @@ bias)` and `norm_linear(x, norm, weight, bias)` (a pre-norm projection: linear(n
 - :data:`TRITON_GEMV` (`engine.linear_kernel=triton_gemv`): single-token products (a batch-1 decode step, a
   batch-1 draft step) go to the Triton GEMV of :mod:`specexp.models.triton_gemv`, which streams weights
   closer to HBM bandwidth than cuBLAS picks for one row and computes a pre-norm projection's RMSNorm in the same
-  kernel; every other product stays on torch's kernels.
+  kernel (the LM head's too: the model's final norm, `norm_float_logits`); every other product stays on torch's
+  kernels.
 - :data:`TRITON_SKINNY` (`engine.linear_kernel=triton_skinny`): the same for products of up to
   `triton_gemv.MAX_TOKENS` rows (a batch-1 verify of k + 1 tokens, a draft prefill region of k + 2), the rows
   past the first on the GEMV's skinny-GEMM sibling, which streams each weight once for all rows.
@@ -110,6 +111,27 @@ def float_logits(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     return F.linear(x, weight, bias).float()
 
 
+def norm_float_logits(x: torch.Tensor, norm: Norm, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                      float_logits: Callable = float_logits) -> torch.Tensor:
+    """An LM head's logits of norm(x) (the model's final norm): x [T, hidden] -> fp32[T, vocab], the head on
+    `float_logits` (a table's own)."""
+    return float_logits(norm(x), weight, bias)
+
+
+def _gemv_norm_float_logits(pdl: bool, float_logits: Callable):
+    def gemv_norm_float_logits(x: torch.Tensor, norm: Norm, weight: torch.Tensor,
+                               bias: torch.Tensor | None = None) -> torch.Tensor:
+        """:func:`norm_float_logits`, with one row's norm computed inside the head's GEMV (fp32 stored); more rows
+        are normalised apart, then projected on `float_logits` (a norm fused into the skinny kernel's huge LM-head
+        product would scale x off its pipeline, see :mod:`triton_gemv`)."""
+        if x.is_cuda and x.shape[0] == 1 and triton_gemv.supports(x, weight, norm.weight):
+            scale = {"rms_only": True} if norm.folded else {"norm_weight": norm.weight}
+            return triton_gemv.gemv(x, weight, bias, eps=norm.eps, out_dtype=torch.float32, pdl=pdl, **scale)
+        return norm_float_logits(x, norm, weight, bias, float_logits)
+
+    return gemv_norm_float_logits
+
+
 def _gemv_float_logits(max_tokens: int, pdl: bool, skinny_pdl: bool):
     def gemv_float_logits(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """:func:`float_logits`, with products of 1..max_tokens rows on the Triton GEMV storing fp32 (the same
@@ -200,8 +222,9 @@ class LinearOps:
     `norm_linear(x [T, in], norm, weight, bias) -> [T, out]` (linear of norm(x); `norm` an RMSNorm module or
     None); `silu_down_(residual [T, out], gate_up [T, 2I], silu_mul, weight [out, I], bias) -> residual` (a gated
     MLP's down projection, updated in place); `float_logits(x [T, hidden], weight [vocab, hidden], bias) ->
-    fp32[T, vocab]` (an LM head's). `pdl`: its Triton kernels are launched with programmatic dependent launch
-    (`triton_gemv.gemv`'s `pdl`). `gate_up_silu(x [T, in], norm, weight [2I, in], bias) -> [T, I] | None`: a gated
+    fp32[T, vocab]` (an LM head's); `norm_float_logits(x, norm, weight, bias) -> fp32[T, vocab]` (an LM head's
+    of norm(x), the model's final norm, which a table may fuse). `pdl`: its Triton kernels are launched with
+    programmatic dependent launch (`triton_gemv.gemv`'s `pdl`). `gate_up_silu(x [T, in], norm, weight [2I, in], bias) -> [T, I] | None`: a gated
     MLP's gate/up projection of norm(x) and its SiLU product in one kernel, where the table has one for this
     product (None: the caller projects, then multiplies apart)."""
 
@@ -214,6 +237,7 @@ class LinearOps:
     gate_up_silu: Callable[..., torch.Tensor | None] = no_gate_up_silu
     skinny_pdl: bool = False  # products of 2..max_tokens rows (the skinny kernel) launched early
     max_tokens: int = 0  # rows of x its Triton kernels take (0: none)
+    norm_float_logits: Callable[..., torch.Tensor] = norm_float_logits
 
     def with_silu_in_down_gemv(self) -> LinearOps:
         """This table, with one token's SiLU product computed in the down projection's GEMV
@@ -239,10 +263,11 @@ def triton_gemv_ops(max_tokens: int, pdl: bool = False, skinny_pdl: bool | None 
     those of 2..max_tokens rows (the skinny kernel) as `skinny_pdl` (None: as `pdl`)."""
     skinny_pdl = pdl if skinny_pdl is None else skinny_pdl
     add_linear = _gemv_add_linear_(max_tokens, pdl, skinny_pdl)
+    logits = _gemv_float_logits(max_tokens, pdl, skinny_pdl)
     return LinearOps(_gemv_linear(max_tokens, pdl, skinny_pdl), add_linear,
                      _gemv_norm_linear(max_tokens, pdl, skinny_pdl), silu_down_=_table_silu_down_(add_linear),
-                     float_logits=_gemv_float_logits(max_tokens, pdl, skinny_pdl), pdl=pdl, max_tokens=max_tokens,
-                     skinny_pdl=skinny_pdl)
+                     float_logits=logits, pdl=pdl, max_tokens=max_tokens, skinny_pdl=skinny_pdl,
+                     norm_float_logits=_gemv_norm_float_logits(pdl, logits))
 
 
 # Rows of x each Triton table's kernels take.

@@ -1,6 +1,7 @@
 """Native Llama family (Llama 2/3, Qwen2 with q/k/v biases, Qwen3 with per-head q/k RMSNorm).
 
-Pre-norm decoder: h += attn(input_layernorm(h)); h += mlp(post_attention_layernorm(h)); final `norm`.
+Pre-norm decoder: h += attn(input_layernorm(h)); h += mlp(post_attention_layernorm(h)); final `norm` (applied with
+the LM head, `CausalLM.compute_logits`).
 Module names match transformers' LlamaForCausalLM / Qwen2 / Qwen3 checkpoints key for key.
 """
 
@@ -79,7 +80,11 @@ class LlamaModel(nn.Module):
         plan, _ = forward_plans(ctx, positions)  # index tensors shared by every layer of this forward
         for layer, kv_cache in zip(self.layers, ctx.kv_caches, strict=True):
             h = layer(h, positions, rope, kv_cache, plan)
-        return self.norm(h)
+        return h  # before the final norm: the LM head applies it (CausalLM.compute_logits)
+
+    @property
+    def final_norm(self) -> RMSNorm:
+        return self.norm
 
 
 class LlamaForCausalLM(CausalLM):

@@ -184,6 +184,36 @@ def test_triton_table_falls_back_to_torch_off_the_gpu():
             for n in (norm, None):
                 assert torch.equal(table.norm_linear(x, n, w, b), CUBLAS.norm_linear(x, n, w, b))
             assert torch.equal(table.float_logits(x, w, b), CUBLAS.linear(x, w, b).float())
+            assert torch.equal(table.norm_float_logits(x, norm, w, b), CUBLAS.linear(norm(x), w, b).float())
+
+
+@on_triton_gpu
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-4), (torch.bfloat16, 3e-2)])
+def test_triton_tables_fuse_one_row_final_norm_into_the_lm_head(dtype, tol):
+    """norm_float_logits: one row's final norm inside the head's GEMV (its weight folded or not), fp32 logits equal
+    to the fused-norm GEMV's; several rows normalised apart, then the table's float_logits, bit for bit; both
+    within rounding of normalising first."""
+    gen = torch.Generator().manual_seed(3)
+    w = (torch.randn(300, 200, generator=gen) / 200**0.5).to(device="cuda", dtype=dtype)
+    norm = RMSNorm(200, 1e-6).to(device="cuda", dtype=dtype)
+    with torch.no_grad():
+        norm.weight.copy_(torch.rand(200, generator=gen) + 0.5)
+    folded = RMSNorm(200, 1e-6).to(device="cuda", dtype=dtype)
+    folded.folded = True
+    for table in (TRITON_GEMV, TRITON_SKINNY):
+        for rows in (1, 4):
+            x = (torch.randn(rows, 200, generator=gen) * 3).to(device="cuda", dtype=dtype)
+            got = table.norm_float_logits(x, norm, w, None)
+            want = F.linear(norm(x), w).float()
+            assert got.dtype == torch.float32 and got.shape == (rows, 300)
+            assert (got - want).abs().max().item() < tol * (want.abs().max().item() + 1), f"{dtype} rows={rows}"
+            if rows == 1:
+                fused = triton_gemv.gemv(x, w, norm_weight=norm.weight, eps=1e-6, out_dtype=torch.float32)
+                assert torch.equal(got, fused)
+                assert torch.equal(table.norm_float_logits(x, folded, w, None),
+                                   triton_gemv.gemv(x, w, eps=1e-6, rms_only=True, out_dtype=torch.float32))
+            else:
+                assert torch.equal(got, table.float_logits(norm(x), w, None))
 
 
 @on_triton_gpu
