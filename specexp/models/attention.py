@@ -55,6 +55,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from specexp.models import triton_attention
 from specexp.models.kernels import UniformKernel, set_on_modules
 from specexp.models.metadata import AttentionMetadata, SegmentedPlan
+from specexp.models.rope import RopeTables
 
 # How attention layers attend (`engine.attention_kernel`): the default gather + SDPA path, or uniform batches
 # on :func:`triton_attention.paged_attention_uniform` (KV write included).
@@ -216,11 +217,11 @@ class HeadPrologue:
     """What the query and key heads still need before attention, which a uniform-batch kernel may do itself:
     per-head RMSNorms (Qwen3's / LFM2's q and k norms; None: none), then rotate-half RoPE.
 
-    cos, signed_sin: [T, D] (`layers.RotaryEmbedding`); apply_rope(x, cos, signed_sin): the eager op;
+    rope: the forward's `layers.RopeTables` (its (cos, signed_sin) tables [T, D] made only if the eager op needs
+    them; the kernel computes the angles from its `inv_freq`); apply_rope(x, cos, signed_sin): the eager op;
     q_norm / k_norm: RMSNorm modules (`weight` [D], `eps`) or None."""
 
-    cos: torch.Tensor
-    signed_sin: torch.Tensor
+    rope: RopeTables
     apply_rope: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
     q_norm: nn.Module | None = None
     k_norm: nn.Module | None = None
@@ -229,12 +230,12 @@ class HeadPrologue:
         """The eager ops: query [T, Hq, D], key [T, Hkv, D] normalised and rotated."""
         if self.q_norm is not None:
             query, key = self.q_norm(query), self.k_norm(key)
-        return self.apply_rope(query, self.cos, self.signed_sin), self.apply_rope(key, self.cos, self.signed_sin)
+        cos, signed_sin = self.rope.tables
+        return self.apply_rope(query, cos, signed_sin), self.apply_rope(key, cos, signed_sin)
 
     def rows(self, start: int, stop: int) -> HeadPrologue:
-        """The prologue of tokens [start, stop) (its cos/sin rows), for one segment of a segmented forward."""
-        return HeadPrologue(self.cos[start:stop], self.signed_sin[start:stop], self.apply_rope, self.q_norm,
-                            self.k_norm)
+        """The prologue of tokens [start, stop) (its rope rows), for one segment of a segmented forward."""
+        return HeadPrologue(self.rope.rows(start, stop), self.apply_rope, self.q_norm, self.k_norm)
 
     def kernel_args(self) -> dict:
         """`rope` and `qk_norm` for :func:`triton_attention.paged_attention_uniform`."""
@@ -243,7 +244,7 @@ class HeadPrologue:
             if self.q_norm.eps != self.k_norm.eps:
                 raise ValueError(f"q and k norms with different eps ({self.q_norm.eps}, {self.k_norm.eps})")
             qk_norm = (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps)
-        return {"rope": (self.cos, self.signed_sin), "qk_norm": qk_norm}
+        return {"rope_inv_freq": self.rope.inv_freq, "qk_norm": qk_norm}
 
 
 def _kernel_takes(kernel: UniformKernel, tensors: PlanTensors, query: torch.Tensor, kv_cache: torch.Tensor,

@@ -18,6 +18,7 @@ from specexp.models.kernels import UniformKernel
 from specexp.models.linear_ops import CUBLAS, LinearOps
 from specexp.models.metadata import AttentionMetadata
 from specexp.models.pointwise import EAGER, PointwiseOps
+from specexp.models.rope import RopeTables
 from specexp.models.stacked import StackedLinear
 
 
@@ -80,11 +81,11 @@ class RotaryEmbedding(nn.Module):
     def reset_inv_freq(self) -> None:
         self.inv_freq = rope_inv_freq(self.rope, self.head_dim).to(self.inv_freq.device)
 
-    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """positions: int64[T] -> (cos, signed_sin), each [T, head_dim] in `dtype`: cos = [cos f, cos f]
-        and signed_sin = [-sin f, sin f], rotate-half's sign folded in (:func:`specexp.models.pointwise.rope_tables`,
-        on this module's `ops`)."""
-        return self.ops.rope_tables(positions, self.inv_freq, dtype)
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> RopeTables:
+        """positions: int64[T] -> the tables (cos, signed_sin), each [T, head_dim] in `dtype`, made when first used:
+        cos = [cos f, cos f] and signed_sin = [-sin f, sin f], rotate-half's sign folded in
+        (:func:`specexp.models.pointwise.rope_tables`, on this module's `ops`)."""
+        return RopeTables(positions, self.inv_freq, dtype, self.ops.rope_tables)
 
 
 class QKVAttention(nn.Module):
@@ -111,7 +112,7 @@ class QKVAttention(nn.Module):
         self.qkv = StackedLinear([self.q_proj, self.k_proj, self.v_proj])  # one GEMM; q/k/v params kept
 
     def attend_heads(self, x: torch.Tensor, input_norm: RMSNorm | None, positions: torch.Tensor,
-                     rope: tuple[torch.Tensor, torch.Tensor], kv_cache: torch.Tensor,
+                     rope: RopeTables, kv_cache: torch.Tensor,
                      meta: AttentionMetadata | AttentionPlan, q_norm: nn.Module | None = None,
                      k_norm: nn.Module | None = None) -> torch.Tensor:
         """x: [T, hidden] -> [T, Hq * D], the heads before the output projection; writes this step's K/V into
@@ -125,7 +126,7 @@ class QKVAttention(nn.Module):
         v = qkv[:, split:].view(num_tokens, num_kv, self.head_dim)
         if self.attention_kernel.uniform is not None:
             # q/k norms and RoPE inside the uniform-batch kernel (eagerly on any batch it does not take)
-            prologue = HeadPrologue(*rope, self.ops.apply_rope, q_norm, k_norm)
+            prologue = HeadPrologue(rope, self.ops.apply_rope, q_norm, k_norm)
             return attend(qk[:, :num_q], qk[:, num_q:], v, positions, kv_cache, meta, self.scale,
                           self.attention_kernel, prologue)
         if q_norm is not None:

@@ -76,7 +76,8 @@ def rope_tables(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dt
     """The rotary tables of a flat batch of positions: positions int64[T], inv_freq fp32[D/2] (radians per
     position) -> (cos, signed_sin), each [T, D] in `dtype`: cos = [cos f, cos f], signed_sin = [-sin f, sin f]
     with f = position * inv_freq in fp32 (rotate-half's sign folded in, see :func:`apply_rope`). Eagerly nine
-    small kernels a forward; compiled, one."""
+    small kernels a forward; compiled, two on a GPU; none in a forward whose attention kernel computes the angles
+    itself (:class:`specexp.models.rope.RopeTables` makes them only when read)."""
     freqs = positions.to(torch.float32).unsqueeze(-1) * inv_freq.float()
     return torch.cat((freqs, freqs), dim=-1).cos().to(dtype), torch.cat((-freqs, freqs), dim=-1).sin().to(dtype)
 

@@ -58,9 +58,9 @@ if AVAILABLE:
     @triton.jit
     def _paged_attention_kernel(
         q_ptr, kv_ptr, block_table_ptr, seq_lens_ptr, positions_ptr, out_ptr,
-        new_k_ptr, new_v_ptr, write_index_ptr, cos_ptr, sin_ptr, q_norm_ptr, k_norm_ptr,
+        new_k_ptr, new_v_ptr, write_index_ptr, inv_freq_ptr, q_norm_ptr, k_norm_ptr,
         stride_qt, stride_qh, stride_kv, stride_kb, stride_ks, stride_kh, stride_bt, stride_ot,
-        stride_nkt, stride_nkh, stride_nvt, stride_nvh, stride_rt,
+        stride_nkt, stride_nkh, stride_nvt, stride_nvh,
         scale, num_keys, eps, part_ptr, ml_ptr, counter_ptr,
         Q: tl.constexpr, G: tl.constexpr, D: tl.constexpr, BLOCK_SIZE: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr,
@@ -96,10 +96,10 @@ if AVAILABLE:
         # keys' loads below: the queries (normalised and rotated), their positions, the tile's cache block ids.
         token = row * Q + m // G
         head = kv_head * G + m % G
-        q = _head_prologue(q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh, token,
-                           m_ok[:, None] & d_ok[None, :], d, d_swapped, q_norm_ptr, cos_ptr, sin_ptr, stride_rt, eps,
-                           D, QK_NORM, ROPE, ROUND_HALF)
         q_pos = tl.load(positions_ptr + token, mask=m_ok, other=0)
+        q = _head_prologue(q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh, q_pos,
+                           m_ok[:, None] & d_ok[None, :], d, d_swapped, q_norm_ptr, inv_freq_ptr, eps,
+                           D, QK_NORM, ROPE, ROUND_HALF)
         n_idx = tl.arange(0, BLOCK_N)
         block = _tile_blocks(block_table_ptr + row * stride_bt, key_start + n_idx, num_keys, BLOCK_SIZE)
         if WRITE_KV:
@@ -110,16 +110,16 @@ if AVAILABLE:
             i = tl.arange(0, BLOCK_Q)
             i_ok = i < Q
             new_token = row * Q + i
+            new_pos = tl.load(positions_ptr + new_token, mask=i_ok, other=0)
             if SPLIT:
-                new_pos = tl.load(positions_ptr + new_token, mask=i_ok, other=0)
                 i_ok = i_ok & (((new_pos >= key_start) & (new_pos < key_stop)) | ((split == 0) & (new_pos < 0))
                                | ((split == active - 1) & (new_pos >= key_stop)))
             slot = tl.load(write_index_ptr + new_token, mask=i_ok, other=0)
             slot = tl.where(slot < 0, BLOCK_SIZE - 1, slot)  # padding (-1): the NULL block's scratch slot
             new_mask = i_ok[:, None] & d_ok[None, :]
-            new_k = _head_prologue(new_k_ptr + new_token[:, None] * stride_nkt + kv_head * stride_nkh, new_token,
-                                   new_mask, d, d_swapped, k_norm_ptr, cos_ptr, sin_ptr, stride_rt, eps,
-                                   D, QK_NORM, ROPE, ROUND_HALF)
+            new_k = _head_prologue(new_k_ptr + new_token[:, None] * stride_nkt + kv_head * stride_nkh, new_pos,
+                                   new_mask, d, d_swapped, k_norm_ptr, inv_freq_ptr, eps, D, QK_NORM, ROPE,
+                                   ROUND_HALF)
             new_v = tl.load(new_v_ptr + new_token[:, None] * stride_nvt + kv_head * stride_nvh + d[None, :],
                             mask=new_mask, other=0.0)
             dst = kv_ptr + slot[:, None] * stride_ks + kv_head * stride_kh + d[None, :]
@@ -213,11 +213,12 @@ if AVAILABLE:
             tl.atomic_xchg(counter_ptr + pair, 0, sem="relaxed", scope="gpu")
 
     @triton.jit
-    def _head_prologue(row_ptr, token, mask, d, d_swapped, norm_ptr, cos_ptr, sin_ptr, stride_rt, eps,
+    def _head_prologue(row_ptr, pos, mask, d, d_swapped, norm_ptr, inv_freq_ptr, eps,
                        D: tl.constexpr, NORM: tl.constexpr, ROPE: tl.constexpr, ROUND_HALF: tl.constexpr):
         """Heads [rows, BLOCK_D] (row i's dims at row_ptr[i] + d) as attention reads them: per-head RMSNorm
-        (NORM: weight at norm_ptr), then rotate-half RoPE at their tokens' angles (ROPE): x * cos + partner *
-        signed_sin. Eager's arithmetic and, in half precision, its roundings after each op. In x's dtype."""
+        (NORM: weight at norm_ptr), then rotate-half RoPE at each row's position pos[i] (ROPE): x * cos + partner *
+        signed_sin, the tables' values computed here (:func:`_rope_table_rows`). Eager's arithmetic and, in half
+        precision, its roundings after each op. In x's dtype."""
         x = tl.load(row_ptr + d[None, :], mask=mask, other=0.0)
         dtype = x.dtype
         x = x.to(tl.float32)
@@ -229,8 +230,7 @@ if AVAILABLE:
             if ROPE:
                 partner = _norm_scale(partner, inv_rms, norm_ptr, d_swapped, D, dtype, ROUND_HALF)
         if ROPE:
-            cos = tl.load(cos_ptr + token[:, None] * stride_rt + d[None, :], mask=mask, other=0.0).to(tl.float32)
-            sin = tl.load(sin_ptr + token[:, None] * stride_rt + d[None, :], mask=mask, other=0.0).to(tl.float32)
+            cos, sin = _rope_table_rows(pos, d, inv_freq_ptr, D, dtype)
             x = x * cos
             partner = partner * sin
             if ROUND_HALF:
@@ -238,6 +238,18 @@ if AVAILABLE:
                 partner = partner.to(dtype).to(tl.float32)
             x = x + partner
         return x.to(dtype)
+
+    @triton.jit
+    def _rope_table_rows(pos, d, inv_freq_ptr, D: tl.constexpr, dtype):
+        """fp32 (cos, signed_sin) [rows, BLOCK_D] of positions pos [rows]: `pointwise.rope_tables`' values, op for op
+        (f = float(pos) * inv_freq in fp32, cos of [f, f] and sin of [-f, f], each rounded to dtype; the same
+        cos/sin as the compiled tables' generated kernel)."""
+        half = tl.where(d < D // 2, d, d - D // 2)
+        inv_freq = tl.load(inv_freq_ptr + half, mask=d < D, other=0.0)
+        f = pos.to(tl.float32)[:, None] * inv_freq[None, :]
+        cos = tl.cos(f).to(dtype).to(tl.float32)
+        sin = tl.sin(tl.where(d[None, :] < D // 2, -f, f)).to(dtype).to(tl.float32)
+        return cos, sin
 
     @triton.jit
     def _norm_scale(x, inv_rms, norm_ptr, dims, D: tl.constexpr, dtype, ROUND_HALF: tl.constexpr):
@@ -253,15 +265,16 @@ if AVAILABLE:
 
 
 def supports(query: torch.Tensor, kv_cache: torch.Tensor, queries_per_row: int, *new_kv: torch.Tensor,
-             rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+             rope_inv_freq: torch.Tensor | None = None,
              qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None) -> bool:
     """Whether :func:`paged_attention_uniform` takes this batch: triton present, one dtype, contiguous head
     dims (of the query and of `new_kv`, this step's keys and values if the kernel writes them) and cache, at
-    most MAX_QUERY_ROWS query rows per program, `rope` tables (if given) with contiguous rows of the query's
-    dtype and an even head dim, and `qk_norm` weights (if given) of the query's dtype, contiguous."""
+    most MAX_QUERY_ROWS query rows per program, `rope_inv_freq` (if given) fp32[D/2] contiguous with an even head
+    dim, and `qk_norm` weights (if given) of the query's dtype, contiguous."""
     group = query.shape[1] // kv_cache.shape[3]
-    rope_ok = rope is None or (query.shape[2] % 2 == 0 and all(
-        t.dtype == query.dtype and t.stride(1) == 1 and t.stride(0) == rope[0].stride(0) for t in rope))
+    rope_ok = rope_inv_freq is None or (query.shape[2] % 2 == 0 and rope_inv_freq.dtype == torch.float32
+                                        and rope_inv_freq.is_contiguous()
+                                        and rope_inv_freq.shape == (query.shape[2] // 2,))
     norm_ok = qk_norm is None or all(t.dtype == query.dtype and t.is_contiguous() for t in qk_norm[:2])
     return (AVAILABLE and query.dtype == kv_cache.dtype and query.stride(2) == 1 and kv_cache.is_contiguous()
             and all(t.dtype == query.dtype and t.stride(2) == 1 for t in new_kv)
@@ -272,17 +285,17 @@ def paged_attention_uniform(query: torch.Tensor, positions: torch.Tensor, kv_cac
                             block_table: torch.Tensor, seq_lens: torch.Tensor, num_blocks: int,
                             scale: float, key: torch.Tensor | None = None, value: torch.Tensor | None = None,
                             write_index: torch.Tensor | None = None,
-                            rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+                            rope_inv_freq: torch.Tensor | None = None,
                             qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None,
                             pdl: bool = False,
                             split_counters: Callable[[int], torch.Tensor] | None = None) -> torch.Tensor:
     """Causal attention of a uniform batch over its rows' cached keys; with `key`/`value`/`write_index` it first
     writes this step's keys and values into the cache (in the same kernel), else they must be there already.
-    With `rope` = (cos, signed_sin), each [R * Q, D] contiguous (`layers.RotaryEmbedding`'s tables), the query
-    and the new keys are given before RoPE and rotated in the kernel (`pointwise.apply_rope`'s arithmetic and
-    roundings). With `qk_norm` = (q_weight [D], k_weight [D], eps) they are first normalised per head
-    (`pointwise.rms_norm`'s arithmetic, Qwen3's and LFM2's q/k norms). Both need the new keys (the cached ones
-    are already normalised and rotated).
+    With `rope_inv_freq` (fp32[D/2], `layers.RotaryEmbedding`'s), the query and the new keys are given before RoPE
+    and rotated in the kernel at their `positions`, the tables' values computed there (`pointwise.rope_tables`'
+    and `pointwise.apply_rope`'s arithmetic and roundings). With `qk_norm` = (q_weight [D], k_weight [D], eps) they
+    are first normalised per head (`pointwise.rms_norm`'s arithmetic, Qwen3's and LFM2's q/k norms). Both need
+    the new keys (the cached ones are already normalised and rotated).
 
     query [R * Q, Hq, D] (row r's queries at tokens r*Q .. r*Q+Q-1; head dim contiguous); positions int64[R*Q];
     kv_cache [2, num_blocks_total, block_size, Hkv, D] (contiguous); block_table int32[R, >= num_blocks];
@@ -305,11 +318,12 @@ def paged_attention_uniform(query: torch.Tensor, positions: torch.Tensor, kv_cac
     q_per_row = num_tokens // num_rows
     out = torch.empty(num_tokens, num_heads * head_dim, device=query.device, dtype=query.dtype)
     write = key is not None
-    if (rope is not None or qk_norm is not None) and not write:
+    rope = rope_inv_freq is not None
+    if (rope or qk_norm is not None) and not write:
         raise ValueError("in-kernel RoPE / q-k norms need this step's keys (key/value/write_index): cached keys "
                          "are already rotated and normalised")
     new_k, new_v, index = (key, value, write_index) if write else (query, query, positions)
-    cos, sin = rope if rope is not None else (query, query)
+    inv_freq = rope_inv_freq if rope else query
     q_norm, k_norm, eps = qk_norm if qk_norm is not None else (query, query, 0.0)
     num_keys = num_blocks * block_size
     block_m = max(16, triton.next_power_of_2(group * q_per_row))
@@ -324,14 +338,14 @@ def paged_attention_uniform(query: torch.Tensor, positions: torch.Tensor, kv_cac
     else:
         part = max_sum = counters = out  # not read
     _paged_attention_kernel[(num_rows, num_kv_heads, splits)](
-        query, kv_cache, block_table, seq_lens, positions, out, new_k, new_v, index, cos, sin, q_norm, k_norm,
+        query, kv_cache, block_table, seq_lens, positions, out, new_k, new_v, index, inv_freq, q_norm, k_norm,
         query.stride(0), query.stride(1), kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2),
         kv_cache.stride(3), block_table.stride(0), out.stride(0),
-        new_k.stride(0), new_k.stride(1), new_v.stride(0), new_v.stride(1), cos.stride(0),
+        new_k.stride(0), new_k.stride(1), new_v.stride(0), new_v.stride(1),
         scale, num_keys, eps, part, max_sum, counters,
         Q=q_per_row, G=group, D=head_dim, BLOCK_SIZE=block_size,
         BLOCK_M=block_m, BLOCK_N=KEYS_PER_TILE, BLOCK_D=block_d, BLOCK_Q=max(2, triton.next_power_of_2(q_per_row)),
-        WRITE_KV=write, QK_NORM=qk_norm is not None, ROPE=rope is not None,
+        WRITE_KV=write, QK_NORM=qk_norm is not None, ROPE=rope,
         ROUND_HALF=query.dtype in (torch.float16, torch.bfloat16), IEEE=query.dtype == torch.float32,
         SPLIT=splits > 1, num_warps=NUM_WARPS, **early_launch_flags(pdl, query.device),
         **({} if NUM_STAGES is None else {"num_stages": NUM_STAGES}),

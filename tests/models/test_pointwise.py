@@ -82,3 +82,25 @@ def test_rope_rotates_half_exactly_as_transformers_writes_it():
     signed_sin = torch.cat((-sin[:, :32], sin[:, 32:]), dim=-1)  # rotate_half's sign moved into sin
     expected = heads * cos.unsqueeze(1) + rotate_half * sin.unsqueeze(1)
     assert torch.equal(apply_rope(heads, cos, signed_sin), expected)
+
+
+def test_rope_tables_are_made_once_when_first_read():
+    """A forward's RopeTables makes its tables on first read only, once for every layer that reads them, and a
+    segment's rows are slices of them (made by the parent)."""
+    from specexp.models.rope import RopeTables
+
+    calls = []
+
+    def make(positions, inv_freq, dtype):
+        calls.append(positions.shape[0])
+        return EAGER.rope_tables(positions, inv_freq, dtype)
+
+    positions, inv_freq = torch.arange(6), torch.rand(4)
+    rope = RopeTables(positions, inv_freq, torch.float32, make)
+    segment = rope.rows(2, 5)
+    assert calls == [] and torch.equal(segment.positions, positions[2:5])
+    cos, sin = segment
+    assert calls == [6]
+    full_cos, full_sin = rope
+    assert calls == [6] and torch.equal(cos, full_cos[2:5]) and torch.equal(sin, full_sin[2:5])
+    assert all(torch.equal(a, b) for a, b in zip(rope.tables, EAGER.rope_tables(positions, inv_freq, torch.float32)))

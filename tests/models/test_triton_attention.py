@@ -79,7 +79,8 @@ def _check_cases_against_sdpa(device: str, dtype: torch.dtype, tol: float) -> No
         assert torch.equal(raw, mapped), f"{label}: -1 slots not mapped to the scratch slot"
         # In-kernel prologue: q and k given before their per-head norms (or none) and RoPE; the reference applies
         # the eager ops first.
-        cos, signed_sin = RotaryEmbedding(RopeConfig(theta=500.0), dim).to(device)(positions, dtype)
+        rotary = RotaryEmbedding(RopeConfig(theta=500.0), dim).to(device)
+        cos, signed_sin = rotary(positions, dtype)
         raw_q, raw_k = q.flip(-1), k.flip(-1)  # any values
         gen = torch.Generator().manual_seed(seed)
         q_weight, k_weight = ((torch.rand(dim, generator=gen) + 0.5).to(device=device, dtype=dtype) for _ in "qk")
@@ -89,7 +90,8 @@ def _check_cases_against_sdpa(device: str, dtype: torch.dtype, tol: float) -> No
             write_kv_cache(rotated_cache, apply_rope(kn, cos, signed_sin), v, slots)
             expected = paged_attention(apply_rope(qn, cos, signed_sin), positions, rotated_cache, meta,
                                        scale=dim**-0.5)
-            prologue = {"rope": (cos, signed_sin), "qk_norm": (q_weight, k_weight, 1e-5) if with_norm else None}
+            prologue = {"rope_inv_freq": rotary.inv_freq,
+                        "qk_norm": (q_weight, k_weight, 1e-5) if with_norm else None}
             assert triton_attention.supports(raw_q, kv_cache, q_len, raw_k, v, **prologue)
             cache = fresh.clone()
             got = triton_attention.paged_attention_uniform(
@@ -189,7 +191,7 @@ def test_in_kernel_rope_needs_the_new_keys():
     with pytest.raises(ValueError, match="need this step's keys"):
         triton_attention.paged_attention_uniform(q, torch.zeros(1, dtype=torch.int64), torch.zeros(2, 2, 4, 1, 8),
                                                  torch.zeros(1, 1, dtype=torch.int32), torch.ones(1, dtype=torch.int32),
-                                                 1, 1.0, rope=(torch.ones(1, 8), torch.zeros(1, 8)))
+                                                 1, 1.0, rope_inv_freq=torch.ones(4))
 
 
 def test_attention_kernel_is_validated():
@@ -211,10 +213,10 @@ def test_the_kernel_compiles_for_a_hopper_block(dtype):
     half = f"*{dtype}"
     pointers = {"q_ptr": half, "kv_ptr": half, "block_table_ptr": "*i32", "seq_lens_ptr": "*i32",
                 "positions_ptr": "*i64", "out_ptr": half, "new_k_ptr": half, "new_v_ptr": half,
-                "write_index_ptr": "*i64", "cos_ptr": half, "sin_ptr": half, "q_norm_ptr": half, "k_norm_ptr": half,
+                "write_index_ptr": "*i64", "inv_freq_ptr": "*fp32", "q_norm_ptr": half, "k_norm_ptr": half,
                 "part_ptr": "*fp32", "ml_ptr": "*fp32", "counter_ptr": "*i32"}
     ints = ("stride_qt", "stride_qh", "stride_kv", "stride_kb", "stride_ks", "stride_kh", "stride_bt", "stride_ot",
-            "stride_nkt", "stride_nkh", "stride_nvt", "stride_nvh", "stride_rt")
+            "stride_nkt", "stride_nkh", "stride_nvt", "stride_nvh")
     signature = {**pointers, **dict.fromkeys(ints, "i32"), "scale": "fp32", "num_keys": "i32", "eps": "fp32"}
     for queries, prologue, split in ((1, True, False), (5, True, False), (5, False, False), (1, True, True),
                                      (5, True, True)):
