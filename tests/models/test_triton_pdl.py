@@ -282,12 +282,12 @@ def test_the_attention_and_conv_kernels_wait_first():
     if not triton_support.HAS_GRID_DEPENDENCY_CONTROL:
         pytest.skip("needs a Triton with grid dependency control")
     pointers = ("q_ptr", "kv_ptr", "block_table_ptr", "seq_lens_ptr", "positions_ptr", "out_ptr", "new_k_ptr",
-                "new_v_ptr", "write_index_ptr", "cos_ptr", "sin_ptr", "q_norm_ptr", "k_norm_ptr", "part_ptr", "ml_ptr",
+                "new_v_ptr", "write_index_ptr", "inv_freq_ptr", "q_norm_ptr", "k_norm_ptr", "part_ptr", "ml_ptr",
                 "counter_ptr")
     types = {"block_table_ptr": "*i32", "seq_lens_ptr": "*i32", "positions_ptr": "*i64", "write_index_ptr": "*i64",
-             "part_ptr": "*fp32", "ml_ptr": "*fp32", "counter_ptr": "*i32"}
+             "inv_freq_ptr": "*fp32", "part_ptr": "*fp32", "ml_ptr": "*fp32", "counter_ptr": "*i32"}
     ints = ("stride_qt", "stride_qh", "stride_kv", "stride_kb", "stride_ks", "stride_kh", "stride_bt", "stride_ot",
-            "stride_nkt", "stride_nkh", "stride_nvt", "stride_nvh", "stride_rt")
+            "stride_nkt", "stride_nkh", "stride_nvt", "stride_nvh")
     signature = {**{p: types.get(p, "*bf16") for p in pointers}, **{i: "i32" for i in ints}, "scale": "fp32",
                  "num_keys": "i32", "eps": "fp32"}
     for split in (False, True):
