@@ -126,7 +126,8 @@ def _gemv_norm_float_logits(pdl: bool, float_logits: Callable):
         product would scale x off its pipeline, see :mod:`triton_gemv`)."""
         if x.is_cuda and x.shape[0] == 1 and triton_gemv.supports(x, weight, norm.weight):
             scale = {"rms_only": True} if norm.folded else {"norm_weight": norm.weight}
-            return triton_gemv.gemv(x, weight, bias, eps=norm.eps, out_dtype=torch.float32, pdl=pdl, **scale)
+            return triton_gemv.gemv(x, weight, bias, eps=norm.eps, out_dtype=torch.float32, pdl=pdl,
+                                    config=triton_gemv.head_config(x.shape[1]), **scale)
         return norm_float_logits(x, norm, weight, bias, float_logits)
 
     return gemv_norm_float_logits

@@ -69,6 +69,10 @@ NUM_WARPS = 4
 # Rows per program with the RMSNorm fused: each program re-reads x and the norm weight, which more rows amortise.
 # Measured on the H200 in a Llama-3.2-1B-shaped step over 1, 2, 4, 8, 16 (the q/k/v and gate/up products): 8 won.
 NORM_BLOCK_N = 8
+# Rows per program of an LM head's GEMV with the model's final norm fused (`linear_ops.norm_float_logits`): the plain
+# GEMV's. A head is the widest product of a step (128K rows); with NORM_BLOCK_N rows a program it ran slower than the
+# norm's own kernel plus the plain GEMV on an H100 (Llama-3.2-1B and LFM2-1.2B targets' steps 0.02-0.04 ms longer).
+HEAD_NORM_BLOCK_N = BLOCK_N
 # Rows per program of the gated GEMV (the SiLU product computed in the down projection): each program recomputes
 # silu(gate) * up from [gate, up] for its rows, which more rows amortise (as NORM_BLOCK_N; not tuned on a GPU).
 GATED_BLOCK_N = 8
@@ -333,6 +337,11 @@ def gate_up_silu(x: torch.Tensor, weight: torch.Tensor, *, rms_only: bool = Fals
         IEEE=x.dtype == torch.float32, BLOCK_M=TOKEN_TILE, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps,
         num_stages=stages, **early_launch_flags(pdl, x.device))
     return out
+
+
+def head_config(k: int) -> tuple[int, int, int]:
+    """The GEMV's (BLOCK_N, BLOCK_K, num_warps) for an LM head of hidden size k with the final norm fused."""
+    return HEAD_NORM_BLOCK_N, min(MAX_BLOCK_K, triton.next_power_of_2(k)), NUM_WARPS
 
 
 def supports(x: torch.Tensor, weight: torch.Tensor, *same_dtype: torch.Tensor, max_tokens: int = 1) -> bool:

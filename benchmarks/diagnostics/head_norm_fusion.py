@@ -1,0 +1,131 @@
+"""The LM head of a batch-1 step with the model's final norm fused into its GEMV or not, on a GPU: for each head
+shape of the zoo's real-size models, one CUDA graph of `--chain` back-to-back heads (one row of x, bf16, fp32
+logits, launched early as `engine=cuda` launches one-row GEMVs on sm_90+) per variant:
+
+- `apart`: the final norm as its own kernel (the compiled RMSNorm), then the head's plain GEMV;
+- `fused_n<B>`: the norm computed inside the head's GEMV, B weight rows a program (`triton_gemv.gemv`'s config).
+
+Each variant's graph is replayed in alternating rounds; per variant the mean ms a head over rounds with its 95% t
+interval (n = rounds), and whether its logits match `apart`'s within bf16 rounding.
+
+    python benchmarks/diagnostics/head_norm_fusion.py --out head_norm_fusion.json [--rounds 5] [--chain 8]
+
+Needs torch, triton and a CUDA GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root (specexp)
+
+from specexp.measure.intervals import repeat_summary
+from specexp.models import triton_gemv, triton_support
+from specexp.models.config import ModelConfig
+from specexp.models.loader import load_config
+from specexp.models.pointwise import compiled_pointwise_ops
+
+ZOO = Path(__file__).resolve().parents[2] / "specexp" / "zoo" / "configs"
+MODELS = ("llama-3.2-1b", "llama-100m-draft", "lfm2-1.2b", "lfm2-350m")
+ROWS_PER_PROGRAM = (2, 4, 8)
+
+
+def head_shape(config: ModelConfig) -> tuple[int, int]:
+    """(vocab, hidden): the LM head's weight shape."""
+    return config.vocab_size, config.hidden_size
+
+
+def variants(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor, eps: float) -> dict:
+    """name -> fn() computing fp32 logits [1, vocab] of rms_norm(x) * norm_weight through the head."""
+    early = triton_support.programmatic_launch(x.device)
+    rms_norm = compiled_pointwise_ops().rms_norm
+    block_k = min(triton_gemv.MAX_BLOCK_K, triton_gemv.triton.next_power_of_2(weight.shape[1]))
+    out = {"apart": lambda: triton_gemv.gemv(rms_norm(x, norm_weight, eps), weight, out_dtype=torch.float32,
+                                             pdl=early)}
+    for rows in ROWS_PER_PROGRAM:
+        config = (rows, block_k, triton_gemv.NUM_WARPS)
+        out[f"fused_n{rows}"] = (lambda config=config: triton_gemv.gemv(
+            x, weight, norm_weight=norm_weight, eps=eps, out_dtype=torch.float32, pdl=early, config=config))
+    return out
+
+
+def graph_of(fn, chain: int) -> torch.cuda.CUDAGraph:
+    """A CUDA graph of `chain` calls of fn (warmed up first, outside the capture)."""
+    for _ in range(2):
+        fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(chain):
+            fn()
+    return graph
+
+
+def replay_ms(graph: torch.cuda.CUDAGraph, iters: int = 20) -> float:
+    """Median ms of one synchronised replay."""
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2]
+
+
+def bench_model(name: str, rounds: int, chain: int) -> dict:
+    config = load_config(ZOO / name)
+    vocab, hidden = head_shape(config)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    weight = (torch.randn(vocab, hidden, device="cuda", generator=gen) / hidden**0.5).to(torch.bfloat16)
+    x = (torch.randn(1, hidden, device="cuda", generator=gen) * 3).to(torch.bfloat16)
+    norm_weight = (torch.rand(hidden, device="cuda", generator=gen) + 0.5).to(torch.bfloat16)
+    fns = variants(x, weight, norm_weight, config.rms_norm_eps)
+    reference = fns["apart"]()
+    graphs = {v: graph_of(fn, chain) for v, fn in fns.items()}
+    times = {v: [] for v in fns}
+    for _ in range(rounds):
+        for v, graph in graphs.items():
+            times[v].append(replay_ms(graph) / chain)
+    scale = reference.abs().max().item()
+    result = {"head_shape": [vocab, hidden], "variants": {}}
+    for v, fn in fns.items():
+        err = (fn() - reference).abs().max().item()
+        result["variants"][v] = {"ms_per_head": repeat_summary(times[v]), "per_round_ms": times[v],
+                                 "max_abs_diff_vs_apart": err, "within_rounding": err <= 2e-2 * (scale + 1)}
+        s = result["variants"][v]["ms_per_head"]
+        print(f"  {name} [{vocab}, {hidden}] {v:>9}: {s['mean']:.4f} [{s['low']:.4f}, {s['high']:.4f}] ms "
+              f"(n = {rounds}), max |diff| {err:.2e}", flush=True)
+    return result
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="head_norm_fusion.json")
+    parser.add_argument("--models", default=",".join(MODELS), help="comma-separated, of " + ", ".join(MODELS))
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--chain", type=int, default=8, help="heads a graph replays back to back")
+    args = parser.parse_args(argv)
+    models = args.models.split(",")
+    if set(models) - set(MODELS) or args.rounds < 2 or args.chain < 1:
+        parser.error(f"--models of {', '.join(MODELS)}; --rounds >= 2; --chain >= 1")
+    if not torch.cuda.is_available():
+        sys.exit("head_norm_fusion.py needs a CUDA GPU")
+    result = {"machine": {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+                          "python": platform.python_version()}, "rounds": args.rounds, "chain": args.chain,
+              "models": {}}
+    for name in models:
+        result["models"][name] = bench_model(name, args.rounds, args.chain)
+        Path(args.out).write_text(json.dumps(result, indent=1))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
