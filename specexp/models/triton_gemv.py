@@ -69,10 +69,14 @@ NUM_WARPS = 4
 # Rows per program with the RMSNorm fused: each program re-reads x and the norm weight, which more rows amortise.
 # Measured on the H200 in a Llama-3.2-1B-shaped step over 1, 2, 4, 8, 16 (the q/k/v and gate/up products): 8 won.
 NORM_BLOCK_N = 8
-# Rows per program of an LM head's GEMV with the model's final norm fused (`linear_ops.norm_float_logits`): the plain
-# GEMV's. A head is the widest product of a step (128K rows); with NORM_BLOCK_N rows a program it ran slower than the
-# norm's own kernel plus the plain GEMV on an H100 (Llama-3.2-1B and LFM2-1.2B targets' steps 0.02-0.04 ms longer).
-HEAD_NORM_BLOCK_N = BLOCK_N
+# (BLOCK_N, largest BLOCK_K, num_warps) of an LM head's GEMV (64K-128K output rows; `linear_ops.norm_float_logits`,
+# the model's final norm fused). On the H200 (2026-12-06, `experiments/2026-12-06-sweep-time-h200/gemv_bandwidth.json`,
+# the plain GEMV over the grid above) (16, 256, 8) was the fastest tile on every head shape measured: Llama-3.2-1B's
+# [128256, 2048] 0.131 ms against 0.146 for (2, 1024, 4), Llama-100M's [128256, 512] 0.039 against 0.072, LFM2-350M's
+# [65536, 1024] 0.039 against 0.049. Sixteen rows a program also spread the norm's extra loads of x thin. (With
+# NORM_BLOCK_N rows and 1024-wide chunks the fused head made the Llama-3.2-1B and LFM2-1.2B steps 0.02-0.04 ms longer
+# on an H100, `experiments/2026-12-07-step-kernels-h100/`.)
+HEAD_CONFIG = (16, 256, 8)
 # Rows per program of the gated GEMV (the SiLU product computed in the down projection): each program recomputes
 # silu(gate) * up from [gate, up] for its rows, which more rows amortise (as NORM_BLOCK_N; not tuned on a GPU).
 GATED_BLOCK_N = 8
@@ -340,8 +344,10 @@ def gate_up_silu(x: torch.Tensor, weight: torch.Tensor, *, rms_only: bool = Fals
 
 
 def head_config(k: int) -> tuple[int, int, int]:
-    """The GEMV's (BLOCK_N, BLOCK_K, num_warps) for an LM head of hidden size k with the final norm fused."""
-    return HEAD_NORM_BLOCK_N, min(MAX_BLOCK_K, triton.next_power_of_2(k)), NUM_WARPS
+    """The GEMV's (BLOCK_N, BLOCK_K, num_warps) for an LM head of hidden size k (HEAD_CONFIG, its chunk no longer
+    than k rounded up to a power of 2)."""
+    block_n, block_k, warps = HEAD_CONFIG
+    return block_n, min(block_k, triton.next_power_of_2(k)), warps
 
 
 def supports(x: torch.Tensor, weight: torch.Tensor, *same_dtype: torch.Tensor, max_tokens: int = 1) -> bool:

@@ -147,6 +147,11 @@ def test_every_launch_fits_a_hopper_block(dtype, norm):
                                    "eps": "fp32"},
         {**flags, "HAS_RESIDUAL": False, "BLOCK_N": gemv_block_n, "BLOCK_K": triton_gemv.MAX_BLOCK_K},
         triton_gemv.NUM_WARPS)
+    head_n, head_k, head_warps = triton_gemv.head_config(k)
+    shared["LM head"] = hopper_shared_bytes(
+        triton_gemv._gemv_kernel, {**pointers, "y_ptr": "*fp32", "N": "i32", "K": "i32", "stride_w": "i32",
+                                   "eps": "fp32"},
+        {**flags, "HAS_RESIDUAL": False, "BLOCK_N": head_n, "BLOCK_K": head_k}, head_warps)
     too_big = {name: size for name, size in shared.items() if size > HOPPER_SHARED_BYTES}
     assert not too_big, f"{dtype}, norm={norm}: shared memory over {HOPPER_SHARED_BYTES} bytes: {too_big}"
 
@@ -208,10 +213,10 @@ def test_triton_tables_fuse_one_row_final_norm_into_the_lm_head(dtype, tol):
             assert got.dtype == torch.float32 and got.shape == (rows, 300)
             assert (got - want).abs().max().item() < tol * (want.abs().max().item() + 1), f"{dtype} rows={rows}"
             if rows == 1:
-                fused = triton_gemv.gemv(x, w, norm_weight=norm.weight, eps=1e-6, out_dtype=torch.float32)
-                assert torch.equal(got, fused)
+                head = {"eps": 1e-6, "out_dtype": torch.float32, "config": triton_gemv.head_config(200)}
+                assert torch.equal(got, triton_gemv.gemv(x, w, norm_weight=norm.weight, **head))
                 assert torch.equal(table.norm_float_logits(x, folded, w, None),
-                                   triton_gemv.gemv(x, w, eps=1e-6, rms_only=True, out_dtype=torch.float32))
+                                   triton_gemv.gemv(x, w, rms_only=True, **head))
             else:
                 assert torch.equal(got, table.float_logits(norm(x), w, None))
 
