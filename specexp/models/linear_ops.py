@@ -24,8 +24,8 @@ bias)` and `norm_linear(x, norm, weight, bias)` (a pre-norm projection: linear(n
   [T, I].
 - A table's one-row GEMVs and its skinny products launch early (`pdl`, `skinny_pdl`) or in stream order each on
   their own: an early-launched kernel holds its blocks' registers and shared memory while it waits, which the
-  long skinny products of a 1B target's verify pay for (`engine.skinny_early_launch`), and on an H200 a 1B
-  target's one-row GEMVs too (`engine.gemv_early_launch`).
+  long skinny products of a 1B target's verify pay for (`engine.skinny_early_launch`); `engine.gemv_early_launch`
+  picks the same for the one-row GEMVs.
 - :func:`linear_kernel_ops` with `programmatic_launch` (`engine.programmatic_launch`): a Triton table whose kernels
   are launched with programmatic dependent launch on sm_90+ GPUs (each GEMV fetches its first weight chunk while
   the kernel before it finishes; see :func:`triton_gemv.gemv`).
