@@ -84,6 +84,28 @@ def check_float_logits(device: str) -> None:
                         assert got.dtype == torch.float32 and torch.equal(got, want), f"{dtype} M={m} N={n}"
 
 
+def check_head_tile(device: str) -> None:
+    """An LM head on its own tile (`head_config`: 16 rows a program, narrower chunks, 8 warps) with the final norm
+    fused, weight scaled or folded: fp32 logits within rounding of a float64 reference, at hidden sizes below, at
+    and past one chunk."""
+    gen = torch.Generator().manual_seed(4)
+    for k, n in ((64, 300), (256, 37), (1000, 513)):
+        x = torch.randn(1, k, generator=gen) * 3
+        w, g = torch.randn(n, k, generator=gen) / k**0.5, torch.rand(k, generator=gen) + 0.5
+        a = x.double() * torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + 1e-5)
+        for scale, weight, reference in (({"norm_weight": g.to(device)}, w, (a * g.double()) @ w.double().T),
+                                         ({"rms_only": True}, w * g, a @ (w * g).double().T)):
+            got = triton_gemv.gemv(x.to(device), weight.to(device), eps=1e-5, out_dtype=torch.float32,
+                                   config=triton_gemv.head_config(k), **scale)
+            assert got.dtype == torch.float32 and got.shape == (1, n)
+            err = (got.double().cpu() - reference).abs().max().item() / (reference.abs().max().item() + 1)
+            assert err < 1e-4, f"K={k} N={n} {sorted(scale)}: error {err:.2e}"
+
+
+def test_lm_head_tile_in_triton_interpreter():
+    run_in_triton_interpreter("test_triton_gemv", "check_head_tile")
+
+
 @on_triton_gpu
 def test_float_logits_are_the_cast_products_on_gpu():
     check_float_logits("cuda")
