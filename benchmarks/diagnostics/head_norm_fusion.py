@@ -2,8 +2,11 @@
 shape of the zoo's real-size models, one CUDA graph of `--chain` back-to-back heads (one row of x, bf16, fp32
 logits, launched early as `engine=cuda` launches one-row GEMVs on sm_90+) per variant:
 
-- `apart`: the final norm as its own kernel (the compiled RMSNorm), then the head's plain GEMV;
-- `fused_n<B>`: the norm computed inside the head's GEMV, B weight rows a program (`triton_gemv.gemv`'s config).
+- `apart`: the final norm as its own kernel (the compiled RMSNorm), then the head's plain GEMV on the GEMV's default
+  tile (`triton_gemv.BLOCK_N` rows a program; what the engine ran before the norm moved into the head);
+- `apart_head_tile`: the same on the head's tile (`triton_gemv.head_config`);
+- `fused_head_tile`: the norm computed inside the head's GEMV, on the head's tile (what the engine runs);
+- `fused_norm_tile`: the same on the pre-norm projections' tile (`triton_gemv.NORM_BLOCK_N` rows a program).
 
 Each variant's graph is replayed in alternating rounds; per variant the mean ms a head over rounds with its 95% t
 interval (n = rounds), and whether its logits match `apart`'s within bf16 rounding.
@@ -24,6 +27,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root (specexp)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/
+
+from gpu_cudagraphs import cuda_ms
 
 from specexp.measure.intervals import repeat_summary
 from specexp.models import triton_gemv, triton_support
@@ -33,7 +39,6 @@ from specexp.models.pointwise import compiled_pointwise_ops
 
 ZOO = Path(__file__).resolve().parents[2] / "specexp" / "zoo" / "configs"
 MODELS = ("llama-3.2-1b", "llama-100m-draft", "lfm2-1.2b", "lfm2-350m")
-ROWS_PER_PROGRAM = (2, 4, 8)
 
 
 def head_shape(config: ModelConfig) -> tuple[int, int]:
@@ -46,13 +51,18 @@ def variants(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor, e
     early = triton_support.programmatic_launch(x.device)
     rms_norm = compiled_pointwise_ops().rms_norm
     block_k = min(triton_gemv.MAX_BLOCK_K, triton_gemv.triton.next_power_of_2(weight.shape[1]))
-    out = {"apart": lambda: triton_gemv.gemv(rms_norm(x, norm_weight, eps), weight, out_dtype=torch.float32,
-                                             pdl=early)}
-    for rows in ROWS_PER_PROGRAM:
-        config = (rows, block_k, triton_gemv.NUM_WARPS)
-        out[f"fused_n{rows}"] = (lambda config=config: triton_gemv.gemv(
-            x, weight, norm_weight=norm_weight, eps=eps, out_dtype=torch.float32, pdl=early, config=config))
-    return out
+    head = triton_gemv.head_config(weight.shape[1])
+
+    def apart(config=None):
+        return triton_gemv.gemv(rms_norm(x, norm_weight, eps), weight, out_dtype=torch.float32, pdl=early,
+                                config=config)
+
+    def fused(config):
+        return triton_gemv.gemv(x, weight, norm_weight=norm_weight, eps=eps, out_dtype=torch.float32, pdl=early,
+                                config=config)
+
+    return {"apart": apart, "apart_head_tile": lambda: apart(head), "fused_head_tile": lambda: fused(head),
+            "fused_norm_tile": lambda: fused((triton_gemv.NORM_BLOCK_N, block_k, triton_gemv.NUM_WARPS))}
 
 
 def graph_of(fn, chain: int) -> torch.cuda.CUDAGraph:
@@ -65,19 +75,6 @@ def graph_of(fn, chain: int) -> torch.cuda.CUDAGraph:
         for _ in range(chain):
             fn()
     return graph
-
-
-def replay_ms(graph: torch.cuda.CUDAGraph, iters: int = 20) -> float:
-    """Median ms of one synchronised replay."""
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
 
 
 def bench_model(name: str, rounds: int, chain: int) -> dict:
@@ -93,7 +90,7 @@ def bench_model(name: str, rounds: int, chain: int) -> dict:
     times = {v: [] for v in fns}
     for _ in range(rounds):
         for v, graph in graphs.items():
-            times[v].append(replay_ms(graph) / chain)
+            times[v].append(cuda_ms(graph.replay) / chain)
     scale = reference.abs().max().item()
     result = {"head_shape": [vocab, hidden], "variants": {}}
     for v, fn in fns.items():
@@ -101,7 +98,7 @@ def bench_model(name: str, rounds: int, chain: int) -> dict:
         result["variants"][v] = {"ms_per_head": repeat_summary(times[v]), "per_round_ms": times[v],
                                  "max_abs_diff_vs_apart": err, "within_rounding": err <= 2e-2 * (scale + 1)}
         s = result["variants"][v]["ms_per_head"]
-        print(f"  {name} [{vocab}, {hidden}] {v:>9}: {s['mean']:.4f} [{s['low']:.4f}, {s['high']:.4f}] ms "
+        print(f"  {name} [{vocab}, {hidden}] {v:>15}: {s['mean']:.4f} [{s['low']:.4f}, {s['high']:.4f}] ms "
               f"(n = {rounds}), max |diff| {err:.2e}", flush=True)
     return result
 
