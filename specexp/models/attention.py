@@ -217,7 +217,7 @@ class HeadPrologue:
     """What the query and key heads still need before attention, which a uniform-batch kernel may do itself:
     per-head RMSNorms (Qwen3's / LFM2's q and k norms; None: none), then rotate-half RoPE.
 
-    rope: the forward's `layers.RopeTables` (its (cos, signed_sin) tables [T, D] made only if the eager op needs
+    rope: the forward's `rope.RopeTables` (its (cos, signed_sin) tables [T, D] made only if the eager op needs
     them; the kernel computes the angles from its `inv_freq`); apply_rope(x, cos, signed_sin): the eager op;
     q_norm / k_norm: RMSNorm modules (`weight` [D], `eps`) or None."""
 
