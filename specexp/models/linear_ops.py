@@ -225,9 +225,9 @@ class LinearOps:
     MLP's down projection, updated in place); `float_logits(x [T, hidden], weight [vocab, hidden], bias) ->
     fp32[T, vocab]` (an LM head's); `norm_float_logits(x, norm, weight, bias) -> fp32[T, vocab]` (an LM head's
     of norm(x), the model's final norm, which a table may fuse). `pdl`: its Triton kernels are launched with
-    programmatic dependent launch (`triton_gemv.gemv`'s `pdl`). `gate_up_silu(x [T, in], norm, weight [2I, in], bias) -> [T, I] | None`: a gated
-    MLP's gate/up projection of norm(x) and its SiLU product in one kernel, where the table has one for this
-    product (None: the caller projects, then multiplies apart)."""
+    programmatic dependent launch (`triton_gemv.gemv`'s `pdl`). `gate_up_silu(x [T, in], norm, weight [2I, in],
+    bias) -> [T, I] | None`: a gated MLP's gate/up projection of norm(x) and its SiLU product in one kernel, where
+    the table has one for this product (None: the caller projects, then multiplies apart)."""
 
     linear: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
     add_linear_: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
