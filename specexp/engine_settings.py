@@ -41,8 +41,9 @@ def engine_configs(spec):
         **{name: e.options.get(name, getattr(EngineConfig, name))  # absent: EngineConfig's own defaults
            for name in ("compile_pointwise", "linear_kernel", "silu_in_down_gemv", "silu_in_gate_up",
                         "fold_norm_weights", "attention_kernel", "conv_kernel", "argmax_kernel", "sampler_kernel",
-                        "draft_step_kernel", "programmatic_launch", "gemv_early_launch", "skinny_early_launch", "plain_decode_lookahead",
-                        "steady_inputs_on_device", "cudagraph_shared_pool", "cudagraph_mixed")},
+                        "draft_step_kernel", "programmatic_launch", "gemv_early_launch", "skinny_early_launch",
+                        "plain_decode_lookahead", "steady_inputs_on_device", "cudagraph_shared_pool",
+                        "cudagraph_mixed")},
     )
     speculator = SpeculatorConfig(
         num_speculative_tokens=s.num_speculative_tokens, rejection=s.options.get("rejection", "standard"),

@@ -260,8 +260,8 @@ CUDA_YAML_KERNELS = {"compile_pointwise": True, "linear_kernel": "triton_skinny"
 def test_cuda_yaml_kernels_replay_like_the_defaults(pairs, pair, k, max_num_seqs, skinny_early_launch,
                                                     silu_in_gate_up, gemv_early_launch):
     """engine=cuda's kernels (the gate/up SiLU product of 2-16 tokens in either model's skinny kernel, each
-    model's skinny kernels and one-row GEMVs launched early or in order) give the default engine's greedy tokens (fp32 pairs without
-    near-ties), replaying verify and draft graphs and capturing nothing after start-up."""
+    model's skinny kernels and one-row GEMVs launched early or in order) give the default engine's greedy tokens
+    (fp32 pairs without near-ties), replaying verify and draft graphs and capturing nothing after start-up."""
     target_dir, draft_dir = pairs[pair]
     target, draft = load_model(target_dir, device="cuda"), load_model(draft_dir, device="cuda")
     prompts = _prompts(10, seed=k)
