@@ -104,7 +104,8 @@ class EngineConfig:
     batch-1 decode step's products, the LM head's included) launch early; the others run in stream order. On an
     H200 a 1B target's chain of norm-fused GEMVs alone ran 7% faster in order, a 100M draft's 21% slower
     (`experiments/2026-12-06-sweep-time-h200/`); on an H100 both models' whole steps ran slower in order (the
-    Llama-1B target 1.163 against 1.099 ms, its draft 0.235 against 0.175; `experiments/2026-12-07-step-kernels-h100/`).
+    Llama-1B target 1.163 against 1.099 ms, its draft 0.235 against 0.175;
+    `experiments/2026-12-07-step-kernels-h100/`).
     skinny_early_launch: "both" | "target" | "draft" | "none": with programmatic launch on, whose skinny kernels
     (products of 2-16 tokens: the target's verify, the draft's prefill) launch early too; the others run in stream
     order. An early-launched kernel holds its blocks' registers and shared memory while it waits: the long

@@ -20,9 +20,10 @@ def use_engine_kernels(models: tuple[nn.Module, ...], engine: EngineConfig) -> N
     `silu_in_down_gemv`, `silu_in_gate_up` where it names the model), attention and short-conv kernels (their
     Triton kernels launched early with `programmatic_launch`, a model's one-row GEMVs only where
     `gemv_early_launch` names it, its skinny kernels only where `skinny_early_launch` does); with
-    `fold_norm_weights`, its pre-norm weights folded into the projections first (in place). Set on the modules: a model shared by two engines follows the last one built. On a GPU,
-    Triton's kernel cache is pointed at inductor's first (`triton_support.share_inductor_kernel_cache`: the
-    process environment's TRITON_CACHE_DIR, unless set).
+    `fold_norm_weights`, its pre-norm weights folded into the projections first (in place). Set on the modules:
+    a model shared by two engines follows the last one built. On a GPU, Triton's kernel cache is pointed at
+    inductor's first (`triton_support.share_inductor_kernel_cache`: the process environment's TRITON_CACHE_DIR,
+    unless set).
 
     Raises EngineConfigError when `programmatic_launch` is true and the engine's GPU cannot launch that way
     (compute capability below 9.0); "auto" launches early only where it can (`EngineConfig.launches_early`)."""
