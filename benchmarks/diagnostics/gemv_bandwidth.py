@@ -77,8 +77,8 @@ def gemm_weights(model: nn.Module) -> list[torch.Tensor]:
     return unique
 
 
-def graph_ms(body) -> float:
-    """Median ms of one replay of a CUDA graph capturing body() (warmed up eagerly first)."""
+def capture(body) -> torch.cuda.CUDAGraph:
+    """A CUDA graph capturing body() (run once eagerly on a side stream first: compiles, allocator warm-up)."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -87,7 +87,12 @@ def graph_ms(body) -> float:
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         body()
-    return cuda_ms(graph.replay)
+    return graph
+
+
+def graph_ms(body) -> float:
+    """Median ms of one replay of a CUDA graph capturing body() (:func:`capture`)."""
+    return cuda_ms(capture(body).replay)
 
 
 def chain(weights: list[torch.Tensor], impl: str, configs: dict | None = None, num_tokens: int = 1,

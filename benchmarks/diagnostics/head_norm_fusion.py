@@ -27,8 +27,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root (specexp)
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ (gpu_cudagraphs)
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/diagnostics/ (gemv_bandwidth)
 
+from gemv_bandwidth import capture
 from gpu_cudagraphs import cuda_ms
 
 from specexp.measure.intervals import repeat_summary
@@ -65,18 +67,6 @@ def variants(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor, e
             "fused_norm_tile": lambda: fused((triton_gemv.NORM_BLOCK_N, block_k, triton_gemv.NUM_WARPS))}
 
 
-def graph_of(fn, chain: int) -> torch.cuda.CUDAGraph:
-    """A CUDA graph of `chain` calls of fn (warmed up first, outside the capture)."""
-    for _ in range(2):
-        fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(chain):
-            fn()
-    return graph
-
-
 def bench_model(name: str, rounds: int, chain: int) -> dict:
     config = load_config(ZOO / name)
     vocab, hidden = head_shape(config)
@@ -86,7 +76,7 @@ def bench_model(name: str, rounds: int, chain: int) -> dict:
     norm_weight = (torch.rand(hidden, device="cuda", generator=gen) + 0.5).to(torch.bfloat16)
     fns = variants(x, weight, norm_weight, config.rms_norm_eps)
     reference = fns["apart"]()
-    graphs = {v: graph_of(fn, chain) for v, fn in fns.items()}
+    graphs = {v: capture(lambda fn=fn: [fn() for _ in range(chain)]) for v, fn in fns.items()}
     times = {v: [] for v in fns}
     for _ in range(rounds):
         for v, graph in graphs.items():

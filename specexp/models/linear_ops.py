@@ -111,6 +111,14 @@ def float_logits(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     return F.linear(x, weight, bias).float()
 
 
+def _fused_norm(norm: Norm) -> dict:
+    """`triton_gemv.gemv`'s arguments that compute the RMSNorm `norm` in the kernel: 1/rms(x) alone where its weight
+    is folded into the projection's (all ones here), else scaled by its weight too."""
+    if norm.folded:
+        return {"eps": norm.eps, "rms_only": True}
+    return {"eps": norm.eps, "norm_weight": norm.weight}
+
+
 def norm_float_logits(x: torch.Tensor, norm: Norm, weight: torch.Tensor, bias: torch.Tensor | None = None,
                       float_logits: Callable = float_logits) -> torch.Tensor:
     """An LM head's logits of norm(x) (the model's final norm): x [T, hidden] -> fp32[T, vocab], the head on
@@ -125,9 +133,8 @@ def _gemv_norm_float_logits(pdl: bool, float_logits: Callable):
         are normalised apart, then projected on `float_logits` (a norm fused into the skinny kernel's huge LM-head
         product would scale x off its pipeline, see :mod:`triton_gemv`)."""
         if x.is_cuda and x.shape[0] == 1 and triton_gemv.supports(x, weight, norm.weight):
-            scale = {"rms_only": True} if norm.folded else {"norm_weight": norm.weight}
-            return triton_gemv.gemv(x, weight, bias, eps=norm.eps, out_dtype=torch.float32, pdl=pdl,
-                                    config=triton_gemv.head_config(x.shape[1]), **scale)
+            return triton_gemv.gemv(x, weight, bias, out_dtype=torch.float32, pdl=pdl,
+                                    config=triton_gemv.head_config(x.shape[1]), **_fused_norm(norm))
         return norm_float_logits(x, norm, weight, bias, float_logits)
 
     return gemv_norm_float_logits
@@ -167,10 +174,7 @@ def _gemv_norm_linear(max_tokens: int, pdl: bool, skinny_pdl: bool):
         if norm is None:
             return linear(x, weight, bias)
         if x.is_cuda and triton_gemv.supports(x, weight, norm.weight, max_tokens=max_tokens):
-            early = _launch_early(x, pdl, skinny_pdl)
-            if norm.folded:  # its weight is ones, already in `weight`: 1/rms(x) alone
-                return triton_gemv.gemv(x, weight, bias, eps=norm.eps, rms_only=True, pdl=early)
-            return triton_gemv.gemv(x, weight, bias, norm_weight=norm.weight, eps=norm.eps, pdl=early)
+            return triton_gemv.gemv(x, weight, bias, pdl=_launch_early(x, pdl, skinny_pdl), **_fused_norm(norm))
         return norm_linear(x, norm, weight, bias)
 
     return gemv_norm_linear
