@@ -4,7 +4,7 @@ The step figures of the other scripts (c in `gpu_cudagraphs.py`, `verify_cost.py
 inputs: a row of one key. A request of the end-to-end runs attends over 64-192 keys, and the attention kernel
 walks them in tiles of `triton_attention.KEYS_PER_TILE`, one program per (row, KV head): 8 programs for the
 Llama-3.2-1B shape, 4 for the Llama-100M draft. Per attention configuration (keys per tile x warps [x pipelining
-stages] [/ programs its keys may split over]; the shipped one first) this script builds batch-1 engines with `engine=cuda`'s kernels, stages their
+stages] [/ programs its keys may split over] [+ key tiles loaded ahead, 0 or 1]; the shipped one first) this script builds batch-1 engines with `engine=cuda`'s kernels, stages their
 inert inputs at a context of L keys (the row's last query at position L - 1, a block table of distinct blocks,
 the smallest key-length bucket that holds L) and replays, back to back:
 
@@ -45,20 +45,25 @@ STEPS = ("target_step_ms", "target_verify_ms", "draft_step_ms")
 
 
 def parse_config(text: str) -> dict:
-    """"KEYSxWARPS[xSTAGES][/SPLITS]" -> {"keys", "warps", "stages", "splits"} (stages None: Triton's default;
-    splits: `triton_attention.MAX_SPLITS`, the shipped value when left out)."""
-    tile, _, splits = text.partition("/")
+    """"KEYSxWARPS[xSTAGES][/SPLITS][+AHEAD]" -> {"keys", "warps", "stages", "splits", "ahead"} (stages None:
+    Triton's default; splits: `triton_attention.MAX_SPLITS`, ahead: whether key tiles are loaded one tile ahead,
+    `triton_attention.LOAD_AHEAD`; each the shipped value when left out)."""
+    rest, plus, ahead = text.partition("+")
+    tile, _, splits = rest.partition("/")
     try:
         numbers = [int(p) for p in tile.split("x")]
         max_splits = int(splits) if splits else triton_attention.MAX_SPLITS
+        tiles_ahead = int(ahead) if plus else int(triton_attention.LOAD_AHEAD)
     except ValueError:
-        numbers, max_splits = [], 0
+        numbers, max_splits, tiles_ahead = [], 0, -1
     if len(numbers) not in (2, 3) or numbers[0] < 16 or numbers[0] % 16 or numbers[1] not in (1, 2, 4, 8, 16) \
-            or (len(numbers) == 3 and not 1 <= numbers[2] <= 8) or not 1 <= max_splits <= 64:
-        raise ValueError(f"attention configuration {text!r}: KEYSxWARPS[xSTAGES][/SPLITS] expected, keys a multiple "
-                         "of 16, warps 1/2/4/8/16, stages 1-8, splits 1-64 (e.g. 64x4, 128x8x2, 64x4/1)")
+            or (len(numbers) == 3 and not 1 <= numbers[2] <= 8) or not 1 <= max_splits <= 64 \
+            or tiles_ahead not in (0, 1):
+        raise ValueError(f"attention configuration {text!r}: KEYSxWARPS[xSTAGES][/SPLITS][+AHEAD] expected, keys a "
+                         "multiple of 16, warps 1/2/4/8/16, stages 1-8, splits 1-64, tiles ahead 0 or 1 (e.g. 64x4, "
+                         "128x8x2, 64x4/1, 64x4/1+0)")
     return {"keys": numbers[0], "warps": numbers[1], "stages": numbers[2] if len(numbers) == 3 else None,
-            "splits": max_splits}
+            "splits": max_splits, "ahead": bool(tiles_ahead)}
 
 
 def use_config(config: dict) -> None:
@@ -67,6 +72,7 @@ def use_config(config: dict) -> None:
     triton_attention.NUM_WARPS = config["warps"]
     triton_attention.NUM_STAGES = config["stages"]
     triton_attention.MAX_SPLITS = config["splits"]
+    triton_attention.LOAD_AHEAD = config["ahead"]
 
 
 def stage_context(engine, desc: BatchExecutionDescriptor, context: int) -> None:
@@ -110,7 +116,8 @@ def measure(pair: str, configs: list[str], contexts: list[int], k: int, rounds: 
     kernels = {**CUDA_KERNELS, "cudagraph_prefill_tokens": ()}  # decode and verify graphs only
     engines, parsed = {}, {name: parse_config(name) for name in configs}
     shipped = {"keys": triton_attention.KEYS_PER_TILE, "warps": triton_attention.NUM_WARPS,
-               "stages": triton_attention.NUM_STAGES, "splits": triton_attention.MAX_SPLITS}
+               "stages": triton_attention.NUM_STAGES, "splits": triton_attention.MAX_SPLITS,
+               "ahead": triton_attention.LOAD_AHEAD}
     for name in configs:
         use_config(parsed[name])
         engines[name] = build(target, draft, k, kernels, max_model_len=max(512, max(contexts) + k + 16))
@@ -158,7 +165,9 @@ def table(results: list[dict]) -> str:
                 config = row["config"]
                 splits = config.get("splits", 1)
                 label = (f"{config['keys']} x {config['warps']} x {config['stages'] or 'default'} / {splits}"
-                         + (f" (from {result.get('min_split_keys', 0)} keys)" if splits > 1 else ""))
+                         + (f" (from {result.get('min_split_keys', 0)} keys)" if splits > 1 else "")
+                         + ({True: ", tiles loaded ahead", False: ", each tile loaded in turn"}[config["ahead"]]
+                            if "ahead" in config else ""))
                 lines.append(
                     f"| {result['machine']['gpu']} | {result['pair']} | {label} | {context} | {cell('target_step_ms')} "
                     f"| {cell('target_verify_ms')} ({med['target_verify_ms'] / med['target_step_ms']:.3f}) "
@@ -170,7 +179,7 @@ def table(results: list[dict]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pair", default="llama-3.2-1b+llama-100m")
-    parser.add_argument("--configs", default="64x4", help="comma-separated KEYSxWARPS[xSTAGES][/SPLITS]")
+    parser.add_argument("--configs", default="64x4", help="comma-separated KEYSxWARPS[xSTAGES][/SPLITS][+AHEAD]")
     parser.add_argument("--contexts", default="1,64,128,192", help="comma-separated key counts")
     parser.add_argument("--k", type=int, default=4, help="the verify's depth (k + 1 tokens)")
     parser.add_argument("--min-split-keys", type=int, default=triton_attention.MIN_SPLIT_KEYS,

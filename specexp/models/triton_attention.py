@@ -36,6 +36,9 @@ KEYS_PER_TILE = 64  # keys per online-softmax step (a multiple of 16 for tl.dot)
 NUM_WARPS = 4  # warps per program
 NUM_STAGES: int | None = None  # software-pipelining stages of the key loop (None: Triton's default)
 MAX_SPLITS = 16  # programs one (row, KV head)'s keys may be split over (1: one program walks them all)
+# Whether a program loads each key tile one tile ahead (while the tile before is computed) rather than when its turn
+# comes: a row's tiles then cost one round trip to memory, not one each.
+LOAD_AHEAD = True
 MIN_SPLIT_KEYS = 512  # launches over fewer keys (the smallest graph bucket, 256) keep one program
 SPLIT_PROGRAMS = 256  # splitting stops once rows x KV heads x splits reaches this (about two programs an SM)
 
@@ -65,7 +68,8 @@ if AVAILABLE:
         Q: tl.constexpr, G: tl.constexpr, D: tl.constexpr, BLOCK_SIZE: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr,
         WRITE_KV: tl.constexpr, QK_NORM: tl.constexpr, ROPE: tl.constexpr, ROUND_HALF: tl.constexpr,
-        IEEE: tl.constexpr, SPLIT: tl.constexpr = False, GDC: tl.constexpr = False,
+        IEEE: tl.constexpr, SPLIT: tl.constexpr = False, AHEAD: tl.constexpr = False,
+        GDC: tl.constexpr = False,
     ):
         wait_for_earlier_kernels(GDC)  # launched early: every input may come from the kernel before
         row = tl.program_id(0)
@@ -129,17 +133,27 @@ if AVAILABLE:
         running_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
         running_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+        if AHEAD:  # the first tile's keys and values, after the step's keys are written (it may hold them)
+            k_next, v_next = _tile_kv(kv_ptr, block, key_start + n_idx, (key_start + n_idx) < num_keys, kv_head, d,
+                                      d_ok, stride_kv, stride_kb, stride_ks, stride_kh, BLOCK_SIZE)
+            block = _tile_blocks(block_table_ptr + row * stride_bt, key_start + BLOCK_N + n_idx, num_keys,
+                                 BLOCK_SIZE)
         for n0 in range(key_start, key_stop, BLOCK_N):
-            # BLOCK_N keys, each read where its cache block puts it (a tile may span several blocks); the next tile's
-            # block ids are loaded with them
+            # BLOCK_N keys, each read where its cache block puts it (a tile may span several blocks). AHEAD: they were
+            # loaded in the tile before, which loads the next tile's (none past key_stop) and the block ids of the
+            # one after, so a tile's compute waits on no round trip to memory; else they are loaded here with the
+            # next tile's block ids
             key_pos = n0 + n_idx
-            key_ok = key_pos < num_keys
-            kv_offsets = (block.to(tl.int64)[:, None] * stride_kb + (key_pos % BLOCK_SIZE)[:, None] * stride_ks
-                          + kv_head * stride_kh + d[None, :])
-            kv_mask = key_ok[:, None] & d_ok[None, :]
-            k = tl.load(kv_ptr + kv_offsets, mask=kv_mask, other=0.0)
-            v = tl.load(kv_ptr + stride_kv + kv_offsets, mask=kv_mask, other=0.0)
-            block = _tile_blocks(block_table_ptr + row * stride_bt, key_pos + BLOCK_N, num_keys, BLOCK_SIZE)
+            if AHEAD:
+                k, v = k_next, v_next
+                ahead = key_pos + BLOCK_N
+                k_next, v_next = _tile_kv(kv_ptr, block, ahead, (ahead < num_keys) & (n0 + BLOCK_N < key_stop),
+                                          kv_head, d, d_ok, stride_kv, stride_kb, stride_ks, stride_kh, BLOCK_SIZE)
+                block = _tile_blocks(block_table_ptr + row * stride_bt, ahead + BLOCK_N, num_keys, BLOCK_SIZE)
+            else:
+                k, v = _tile_kv(kv_ptr, block, key_pos, key_pos < num_keys, kv_head, d, d_ok, stride_kv, stride_kb,
+                                stride_ks, stride_kh, BLOCK_SIZE)
+                block = _tile_blocks(block_table_ptr + row * stride_bt, key_pos + BLOCK_N, num_keys, BLOCK_SIZE)
             if IEEE:
                 scores = tl.dot(q, tl.trans(k), input_precision="ieee")
             else:
@@ -173,6 +187,17 @@ if AVAILABLE:
                                 BLOCK_M, BLOCK_D)
         else:
             tl.store(out_ptrs, (acc / running_sum[:, None]).to(out_ptr.dtype.element_ty), mask=out_mask)
+
+    @triton.jit
+    def _tile_kv(kv_ptr, block, key_pos, key_ok, kv_head, d, d_ok, stride_kv, stride_kb, stride_ks, stride_kh,
+                 BLOCK_SIZE: tl.constexpr):
+        """(keys, values) [BLOCK_N, BLOCK_D] of one KV head at positions key_pos [BLOCK_N] of a row, in cache blocks
+        `block` [BLOCK_N] (`_tile_blocks`); 0 where key_ok is False or d_ok is."""
+        offsets = (block.to(tl.int64)[:, None] * stride_kb + (key_pos % BLOCK_SIZE)[:, None] * stride_ks
+                   + kv_head * stride_kh + d[None, :])
+        mask = key_ok[:, None] & d_ok[None, :]
+        return (tl.load(kv_ptr + offsets, mask=mask, other=0.0),
+                tl.load(kv_ptr + stride_kv + offsets, mask=mask, other=0.0))
 
     @triton.jit
     def _tile_blocks(row_table_ptr, key_pos, num_keys, BLOCK_SIZE: tl.constexpr):
@@ -347,7 +372,7 @@ def paged_attention_uniform(query: torch.Tensor, positions: torch.Tensor, kv_cac
         BLOCK_M=block_m, BLOCK_N=KEYS_PER_TILE, BLOCK_D=block_d, BLOCK_Q=max(2, triton.next_power_of_2(q_per_row)),
         WRITE_KV=write, QK_NORM=qk_norm is not None, ROPE=rope,
         ROUND_HALF=query.dtype in (torch.float16, torch.bfloat16), IEEE=query.dtype == torch.float32,
-        SPLIT=splits > 1, num_warps=NUM_WARPS, **early_launch_flags(pdl, query.device),
+        SPLIT=splits > 1, AHEAD=LOAD_AHEAD, num_warps=NUM_WARPS, **early_launch_flags(pdl, query.device),
         **({} if NUM_STAGES is None else {"num_stages": NUM_STAGES}),
     )
     return out

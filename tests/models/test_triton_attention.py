@@ -131,6 +131,45 @@ def check_split_keys(device: str) -> None:
     assert (split - one).abs().max().item() < 1e-5
 
 
+def check_load_ahead(device: str) -> None:
+    """Loading each key tile one tile ahead (`triton_attention.LOAD_AHEAD`) gives bit for bit what loading it when
+    its turn comes gives: the same outputs and cache, rows of one to many tiles, cache blocks smaller than a tile
+    and not a power of 2, keys in one program and split over several (MIN_SPLIT_KEYS 0)."""
+    shipped = triton_attention.LOAD_AHEAD, triton_attention.MAX_SPLITS, triton_attention.MIN_SPLIT_KEYS
+    try:
+        for block_size, contexts in ((16, [700, 64, 1, 130]), (5, [190, 63])):
+            kv_cache, meta, q, k, v, positions, _ = build_batch(
+                [2] * len(contexts), contexts, 4, 2, 32, block_size=block_size, num_blocks=200, seed=block_size,
+                max_query_len=2, max_blocks=-(-(max(contexts) + 2) // block_size) + 1)
+            tensors = [t.to(device) for t in (kv_cache, q, k, v, positions, meta.block_table, meta.seq_lens)]
+            kv_cache, q, k, v, positions, block_table, seq_lens = tensors
+            index = meta.slot_mapping.to(device)
+            for max_splits in (1, 16):
+                got = {}
+                for ahead in (False, True):
+                    triton_attention.LOAD_AHEAD, triton_attention.MAX_SPLITS = ahead, max_splits
+                    triton_attention.MIN_SPLIT_KEYS = 0
+                    cache = kv_cache.clone()
+                    out = triton_attention.paged_attention_uniform(
+                        q, positions, cache, block_table, seq_lens, block_table.shape[1], 32**-0.5, key=k, value=v,
+                        write_index=index)
+                    got[ahead] = out, cache
+                label = f"blocks of {block_size}, contexts {contexts}, splits {max_splits}"
+                assert torch.equal(got[True][0], got[False][0]), f"{label}: outputs differ"
+                assert torch.equal(got[True][1][:, 1:], got[False][1][:, 1:]), f"{label}: caches differ"
+    finally:
+        triton_attention.LOAD_AHEAD, triton_attention.MAX_SPLITS, triton_attention.MIN_SPLIT_KEYS = shipped
+
+
+def test_loading_tiles_ahead_changes_nothing_in_triton_interpreter():
+    run_in_triton_interpreter('test_triton_attention', 'check_load_ahead')
+
+
+@on_triton_gpu
+def test_loading_tiles_ahead_changes_nothing_on_gpu():
+    check_load_ahead("cuda")
+
+
 def test_how_many_programs_split_a_launch_keys():
     """One program below MIN_SPLIT_KEYS; else one per key tile, at most MAX_SPLITS, fewer when rows x KV heads
     already fill SPLIT_PROGRAMS programs."""
