@@ -6,11 +6,12 @@ programs of a (row, KV head) walk the row's block table, read each cache block w
 online softmax (flash-decoding): at batch 1 that is one small kernel per layer instead of a gather plus an SDPA
 launch.
 
-Each tile of keys is a dependent round trip to memory, so a program that walked a long context alone would take
-time in proportion to it at batch 1, where a decode step has one program per KV head. The keys are split over up
-to `num_key_splits` programs (a launch's grid axis 2): each walks its run of tiles, writes its partial softmax
-(max, sum, weighted values) and counts itself done; the last to arrive merges the partials in split order and
-writes the output. A row whose keys fill one tile keeps the one-program path (its other programs leave at once).
+A program loads each tile of keys one tile ahead (`LOAD_AHEAD`): the tile's compute overlaps the next tile's round
+trip to memory. Still, a program that walked a long context alone would take time in proportion to it at batch 1,
+where a decode step has one program per KV head. The keys are split over up to `num_key_splits` programs (a
+launch's grid axis 2): each walks its run of tiles, writes its partial softmax (max, sum, weighted values) and
+counts itself done; the last to arrive merges the partials in split order and writes the output. A row whose keys
+fill one tile keeps the one-program path (its other programs leave at once).
 
 It also writes the step's keys and values into the cache (the engine's path: one kernel per layer for the KV
 write and the attention; split, each new key by the program whose keys hold its position). Covers batches whose
