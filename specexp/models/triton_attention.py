@@ -102,9 +102,19 @@ if AVAILABLE:
         token = row * Q + m // G
         head = kv_head * G + m % G
         q_pos = tl.load(positions_ptr + token, mask=m_ok, other=0)
-        q = _head_prologue(q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh, q_pos,
-                           m_ok[:, None] & d_ok[None, :], d, d_swapped, q_norm_ptr, inv_freq_ptr, eps,
-                           D, QK_NORM, ROPE, ROUND_HALF)
+        i = tl.arange(0, BLOCK_Q)  # the row's tokens
+        i_ok = i < Q
+        new_token = row * Q + i
+        new_pos = tl.load(positions_ptr + new_token, mask=i_ok, other=0)
+        if ROPE:  # the row's Q tokens' tables, computed once; each query row takes its token's
+            cos, sin = _rope_table_rows(new_pos, d, inv_freq_ptr, D, q_ptr.dtype.element_ty)
+            pick = tl.minimum(m // G, BLOCK_Q - 1)[:, None] + 0 * d[None, :]
+            q_cos, q_sin = tl.gather(cos, pick, 0), tl.gather(sin, pick, 0)
+        else:
+            cos, sin, q_cos, q_sin = 0.0, 0.0, 0.0, 0.0
+        q = _head_prologue(q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh, q_cos, q_sin,
+                           m_ok[:, None] & d_ok[None, :], d, d_swapped, q_norm_ptr, eps, D, QK_NORM, ROPE,
+                           ROUND_HALF)
         n_idx = tl.arange(0, BLOCK_N)
         block = _tile_blocks(block_table_ptr + row * stride_bt, key_start + n_idx, num_keys, BLOCK_SIZE)
         if WRITE_KV:
@@ -112,19 +122,14 @@ if AVAILABLE:
             # addresses block * BLOCK_SIZE + offset of the contiguous cache); then a barrier makes them
             # visible to the whole program, which reads them back in its tiles. Split: each token is written by
             # the program whose keys hold its position (the last one: any past them), the one that reads it.
-            i = tl.arange(0, BLOCK_Q)
-            i_ok = i < Q
-            new_token = row * Q + i
-            new_pos = tl.load(positions_ptr + new_token, mask=i_ok, other=0)
             if SPLIT:
                 i_ok = i_ok & (((new_pos >= key_start) & (new_pos < key_stop)) | ((split == 0) & (new_pos < 0))
                                | ((split == active - 1) & (new_pos >= key_stop)))
             slot = tl.load(write_index_ptr + new_token, mask=i_ok, other=0)
             slot = tl.where(slot < 0, BLOCK_SIZE - 1, slot)  # padding (-1): the NULL block's scratch slot
             new_mask = i_ok[:, None] & d_ok[None, :]
-            new_k = _head_prologue(new_k_ptr + new_token[:, None] * stride_nkt + kv_head * stride_nkh, new_pos,
-                                   new_mask, d, d_swapped, k_norm_ptr, inv_freq_ptr, eps, D, QK_NORM, ROPE,
-                                   ROUND_HALF)
+            new_k = _head_prologue(new_k_ptr + new_token[:, None] * stride_nkt + kv_head * stride_nkh, cos, sin,
+                                   new_mask, d, d_swapped, k_norm_ptr, eps, D, QK_NORM, ROPE, ROUND_HALF)
             new_v = tl.load(new_v_ptr + new_token[:, None] * stride_nvt + kv_head * stride_nvh + d[None, :],
                             mask=new_mask, other=0.0)
             dst = kv_ptr + slot[:, None] * stride_ks + kv_head * stride_kh + d[None, :]
@@ -239,12 +244,12 @@ if AVAILABLE:
             tl.atomic_xchg(counter_ptr + pair, 0, sem="relaxed", scope="gpu")
 
     @triton.jit
-    def _head_prologue(row_ptr, pos, mask, d, d_swapped, norm_ptr, inv_freq_ptr, eps,
+    def _head_prologue(row_ptr, cos, sin, mask, d, d_swapped, norm_ptr, eps,
                        D: tl.constexpr, NORM: tl.constexpr, ROPE: tl.constexpr, ROUND_HALF: tl.constexpr):
         """Heads [rows, BLOCK_D] (row i's dims at row_ptr[i] + d) as attention reads them: per-head RMSNorm
-        (NORM: weight at norm_ptr), then rotate-half RoPE at each row's position pos[i] (ROPE): x * cos + partner *
-        signed_sin, the tables' values computed here (:func:`_rope_table_rows`). Eager's arithmetic and, in half
-        precision, its roundings after each op. In x's dtype."""
+        (NORM: weight at norm_ptr), then rotate-half RoPE (ROPE): x * cos + partner * signed_sin, the rows' tables
+        (cos, sin) fp32 [rows, BLOCK_D] from :func:`_rope_table_rows`. Eager's arithmetic and, in half precision,
+        its roundings after each op. In x's dtype."""
         x = tl.load(row_ptr + d[None, :], mask=mask, other=0.0)
         dtype = x.dtype
         x = x.to(tl.float32)
@@ -256,7 +261,6 @@ if AVAILABLE:
             if ROPE:
                 partner = _norm_scale(partner, inv_rms, norm_ptr, d_swapped, D, dtype, ROUND_HALF)
         if ROPE:
-            cos, sin = _rope_table_rows(pos, d, inv_freq_ptr, D, dtype)
             x = x * cos
             partner = partner * sin
             if ROUND_HALF:
