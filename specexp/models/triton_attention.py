@@ -311,6 +311,15 @@ def supports(query: torch.Tensor, kv_cache: torch.Tensor, queries_per_row: int, 
             and group * queries_per_row <= MAX_QUERY_ROWS and rope_ok and norm_ok)
 
 
+def token_rows(queries_per_row: int, block_d: int, rope: bool, num_warps: int) -> int:
+    """BLOCK_Q, the rows of a program's tile of its row's tokens (their new keys and values, their RoPE tables): the
+    queries per row rounded up to a power of 2, at least 2; with in-kernel RoPE at least 32 * num_warps / block_d
+    too, as Triton's gather of each query head's table row from a tile of fewer elements than the program's
+    threads fails to compile for sm_90 (triton 3.6)."""
+    rows = max(2, triton.next_power_of_2(queries_per_row))
+    return max(rows, 32 * num_warps // block_d) if rope else rows
+
+
 def paged_attention_uniform(query: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor,
                             block_table: torch.Tensor, seq_lens: torch.Tensor, num_blocks: int,
                             scale: float, key: torch.Tensor | None = None, value: torch.Tensor | None = None,
@@ -374,7 +383,8 @@ def paged_attention_uniform(query: torch.Tensor, positions: torch.Tensor, kv_cac
         new_k.stride(0), new_k.stride(1), new_v.stride(0), new_v.stride(1),
         scale, num_keys, eps, part, max_sum, counters,
         Q=q_per_row, G=group, D=head_dim, BLOCK_SIZE=block_size,
-        BLOCK_M=block_m, BLOCK_N=KEYS_PER_TILE, BLOCK_D=block_d, BLOCK_Q=max(2, triton.next_power_of_2(q_per_row)),
+        BLOCK_M=block_m, BLOCK_N=KEYS_PER_TILE, BLOCK_D=block_d,
+        BLOCK_Q=token_rows(q_per_row, block_d, rope, NUM_WARPS),
         WRITE_KV=write, QK_NORM=qk_norm is not None, ROPE=rope,
         ROUND_HALF=query.dtype in (torch.float16, torch.bfloat16), IEEE=query.dtype == torch.float32,
         SPLIT=splits > 1, AHEAD=LOAD_AHEAD, num_warps=NUM_WARPS, **early_launch_flags(pdl, query.device),

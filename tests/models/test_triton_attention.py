@@ -244,7 +244,7 @@ def test_attention_kernel_is_validated():
 def test_the_kernel_compiles_for_a_hopper_block(dtype):
     """Compiled for sm_90 without a GPU, the kernel builds in the engine's configurations (a decode row and a
     verify row of Llama-3.2-1B's heads, writing this step's keys with -1 padding slots, with the in-kernel RoPE
-    and q/k norms or not) and fits a Hopper block's shared memory."""
+    and q/k norms or not; small heads at few tokens, 4 and 8 warps) and fits a Hopper block's shared memory."""
     if not triton_attention.AVAILABLE:
         pytest.skip("triton is not installed")
     from triton_interpreter import HOPPER_SHARED_BYTES, hopper_shared_bytes
@@ -257,14 +257,21 @@ def test_the_kernel_compiles_for_a_hopper_block(dtype):
     ints = ("stride_qt", "stride_qh", "stride_kv", "stride_kb", "stride_ks", "stride_kh", "stride_bt", "stride_ot",
             "stride_nkt", "stride_nkh", "stride_nvt", "stride_nvh")
     signature = {**pointers, **dict.fromkeys(ints, "i32"), "scale": "fp32", "num_keys": "i32", "eps": "fp32"}
-    for queries, prologue, split in ((1, True, False), (5, True, False), (5, False, False), (1, True, True),
-                                     (5, True, True)):
-        group, head_dim = 4, 64  # Llama-3.2-1B: 32 query heads over 8 KV heads
+    # Llama-3.2-1B's heads (32 query heads over 8 KV heads, dim 64) at a decode row and verify rows, with the
+    # in-kernel RoPE and q/k norms or not; small heads (the zoo's tiny models) at 1-2 tokens, where a program's
+    # tile of its tokens' RoPE tables holds fewer elements than its threads unless `token_rows` pads it
+    shapes = [(queries, 4, 64, prologue, split, 4) for queries, prologue, split in (
+        (1, True, False), (5, True, False), (5, False, False), (1, True, True), (5, True, True))]
+    shapes += [(queries, group, head_dim, True, False, warps) for queries, group, head_dim, warps in (
+        (1, 2, 8, 4), (2, 2, 32, 4), (3, 4, 16, 4), (1, 4, 64, 8), (9, 4, 64, 4))]
+    for queries, group, head_dim, prologue, split, warps in shapes:
+        block_d = max(16, triton_attention.triton.next_power_of_2(head_dim))
         constexprs = {"Q": queries, "G": group, "D": head_dim, "BLOCK_SIZE": 16,
                       "BLOCK_M": max(16, triton_attention.triton.next_power_of_2(group * queries)),
-                      "BLOCK_N": triton_attention.KEYS_PER_TILE, "BLOCK_D": head_dim,
-                      "BLOCK_Q": max(2, triton_attention.triton.next_power_of_2(queries)), "WRITE_KV": True,
+                      "BLOCK_N": triton_attention.KEYS_PER_TILE, "BLOCK_D": block_d,
+                      "BLOCK_Q": triton_attention.token_rows(queries, block_d, prologue, warps), "WRITE_KV": True,
                       "QK_NORM": prologue, "ROPE": prologue, "ROUND_HALF": dtype == "bf16", "IEEE": dtype == "fp32",
-                      "SPLIT": split}
-        shared = hopper_shared_bytes(triton_attention._paged_attention_kernel, signature, constexprs, 4)
-        assert shared <= HOPPER_SHARED_BYTES, f"Q={queries} prologue={prologue} split={split}: {shared} bytes"
+                      "SPLIT": split, "AHEAD": triton_attention.LOAD_AHEAD}
+        shared = hopper_shared_bytes(triton_attention._paged_attention_kernel, signature, constexprs, warps)
+        label = f"Q={queries} G={group} D={head_dim} prologue={prologue} split={split} warps={warps}"
+        assert shared <= HOPPER_SHARED_BYTES, f"{label}: {shared} bytes"
