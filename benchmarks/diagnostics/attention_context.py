@@ -4,9 +4,10 @@ The step figures of the other scripts (c in `gpu_cudagraphs.py`, `verify_cost.py
 inputs: a row of one key. A request of the end-to-end runs attends over 64-192 keys, and the attention kernel
 walks them in tiles of `triton_attention.KEYS_PER_TILE`, one program per (row, KV head): 8 programs for the
 Llama-3.2-1B shape, 4 for the Llama-100M draft. Per attention configuration (keys per tile x warps [x pipelining
-stages] [/ programs its keys may split over] [+ key tiles loaded ahead, 0 or 1]; the shipped one first) this script builds batch-1 engines with `engine=cuda`'s kernels, stages their
-inert inputs at a context of L keys (the row's last query at position L - 1, a block table of distinct blocks,
-the smallest key-length bucket that holds L) and replays, back to back:
+stages] [/ programs its keys may split over] [+ key tiles loaded ahead, 0 or 1]; the shipped one first) this
+script builds batch-1 engines with `engine=cuda`'s kernels, stages their inert inputs at a context of L keys (the
+row's last query at position L - 1, a block table of distinct blocks, the smallest key-length bucket that holds L)
+and replays, back to back:
 
   - the target's plain decode step (k = 0) and its verify of k + 1 tokens (`--k`),
   - the draft's plain decode step,
