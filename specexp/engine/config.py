@@ -84,7 +84,7 @@ class EngineConfig:
     for batches of non-spec rows alone, e.g. prompt chunks, `specexp.models.triton_short_conv`; CUDA only; batches
     mixing spec and non-spec rows keep the torch path).
     argmax_kernel: "torch" | "triton" (the argmax over the vocabulary of greedy drafting, greedy verification and
-    sampling's exponential race in two short Triton kernels, `specexp.models.triton_argmax`: the same indices as
+    sampling's exponential race in one short Triton launch, `specexp.models.triton_argmax`: the same indices as
     torch's, where torch reduces a batch-1 row of 128K logits in one block; CUDA only).
     sampler_kernel: "torch" | "triton" (greedy runs: from the target's argmax to each row's emitted tokens in one
     Triton kernel, `specexp.engine.triton_verify`, the same tokens as the torch path's ~20 small kernels; sampled

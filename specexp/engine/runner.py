@@ -201,7 +201,7 @@ class NativeEngine(TargetGraphs, TargetStepInputs, TargetMixedSteps, TargetMixed
             temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
             mode=speculator.rejection, synthetic_acceptance_rate=speculator.synthetic_acceptance_rate,
             synthetic_conditional_rates=speculator.synthetic_conditional_rates() if self.k else None,
-            generator=self.random, argmax=ARGMAX_KERNELS[engine.argmax_kernel],
+            generator=self.random, argmax=ARGMAX_KERNELS[engine.argmax_kernel](self.device, self.max_num_tokens),
         )
         self.greedy_rows_kernel = engine.sampler_kernel == "triton" and sampling.greedy  # else: the torch path
         self.speculator: AutoRegressiveSpeculator | None = None
@@ -221,7 +221,8 @@ class NativeEngine(TargetGraphs, TargetStepInputs, TargetMixedSteps, TargetMixed
                 confidence_threshold=speculator.draft_confidence_threshold,
                 # the chunks' draft regions: each its tokens + the sampled one
                 mixed_chunk_shapes=tuple((rows, count + 1) for rows, count in self.mixed_graphs.managers),
-                argmax=ARGMAX_KERNELS[engine.argmax_kernel], advance=draft_kernels.advance,
+                argmax=ARGMAX_KERNELS[engine.argmax_kernel](self.device, self.max_num_tokens),
+                advance=draft_kernels.advance,
                 fill_prefill_ids=draft_kernels.fill_prefill_ids,
             )
             if not sampling.greedy:

@@ -18,19 +18,35 @@ def torch_argmax(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tens
     return out.copy_(x.argmax(dim=-1))
 
 
-def triton_argmax_on_gpu(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """:func:`torch_argmax`, the same indices, on the two-kernel Triton argmax where it takes x (CUDA tensors,
+class TritonArgmax:
+    """:func:`torch_argmax`, the same indices, on the Triton argmax where it takes x (CUDA tensors,
     `triton_argmax.supports`): one block per row of a 128K vocabulary made torch's a tenth of a small draft's
-    decode step (`specexp.models.triton_argmax`)."""
-    if x.is_cuda and triton_argmax.supports(x) and (out is None or out.dim() <= 1 or out.is_contiguous()):
-        return triton_argmax.argmax(x, out)
-    return torch_argmax(x, out)
+    decode step (`specexp.models.triton_argmax`). Up to `max_rows` rows run in one launch, on counters of its
+    own (`triton_argmax.new_tickets`, int32[max_rows] on `device`); more rows in two. One instance per caller
+    whose calls may overlap (each engine part on its stream)."""
+
+    def __init__(self, device: torch.device, max_rows: int) -> None:
+        on_gpu = torch.device(device).type == "cuda" and triton_argmax.AVAILABLE
+        self.tickets = triton_argmax.new_tickets(max_rows, device) if on_gpu else None
+
+    def __call__(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        if x.is_cuda and triton_argmax.supports(x) and (out is None or out.dim() <= 1 or out.is_contiguous()):
+            tickets = self.tickets if self.tickets is not None and self.tickets.device == x.device else None
+            return triton_argmax.argmax(x, out, tickets)
+        return torch_argmax(x, out)
+
+
+def torch_argmax_for(device: torch.device, max_rows: int) -> Argmax:
+    """:func:`torch_argmax` (it needs nothing per caller)."""
+    return torch_argmax
 
 
 # The argmax over the vocabulary that greedy drafting, greedy verification and the exponential race run
-# (`engine.argmax_kernel`): f(x [..., V], out=None) -> int64[...].
+# (`engine.argmax_kernel`): f(x [..., V], out=None) -> int64[...], made per caller by
+# ARGMAX_KERNELS[name](device, max_rows), max_rows the most rows one call takes in one launch.
 Argmax = Callable[..., torch.Tensor]
-ARGMAX_KERNELS: dict[str, Argmax] = {"torch": torch_argmax, "triton": triton_argmax_on_gpu}
+ARGMAX_KERNELS: dict[str, Callable[[torch.device, int], Argmax]] = {"torch": torch_argmax_for,
+                                                                     "triton": TritonArgmax}
 
 
 def logits_to_probs(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:

@@ -1,8 +1,10 @@
-"""The two-kernel Triton argmax over a vocabulary (`specexp.models.triton_argmax`) against torch.argmax: first
+"""The Triton argmax over a vocabulary, in two launches and in one (`specexp.models.triton_argmax`) against torch.argmax: first
 maximum on ties, first NaN, -inf rows, strided rows and outputs; on a GPU (`pytest -m cuda`), under Triton's CPU
 interpreter, and compiled for a Hopper GPU without one."""
 
 from __future__ import annotations
+
+import functools
 
 import pytest
 import torch
@@ -46,24 +48,32 @@ def _cases(gen: torch.Generator) -> list[tuple[str, torch.Tensor]]:
 
 def check_argmax(device: str) -> None:
     """triton_argmax.argmax == torch.argmax(dim=-1) on every case, in fp32 / bf16 / fp16, for 2-D, 3-D and 1-D
-    inputs, rows with a stride past their length, and a strided 1-D `out` (a column of a token buffer)."""
+    inputs, rows with a stride past their length, and a strided 1-D `out` (a column of a token buffer); in two
+    launches and in one (tickets, shared by every call, which each call leaves at 0), and in two where the tickets
+    are too few for the rows."""
     gen = torch.Generator().manual_seed(0)
+    tickets = triton_argmax.new_tickets(8, device)
     for label, logits in _cases(gen):
         for dtype in (torch.float32, torch.bfloat16, torch.float16):
             x = logits.to(dtype).to(device)
             expected = torch.argmax(x.cpu().float(), dim=-1)
-            got = triton_argmax.argmax(x)
-            assert got.dtype == torch.int64 and torch.equal(got.cpu(), expected), f"{label} {dtype}: {got} {expected}"
+            for given in (None, tickets, tickets[:2]):
+                got = triton_argmax.argmax(x, tickets=given)
+                assert got.dtype == torch.int64 and torch.equal(got.cpu(), expected), f"{label} {dtype}: {got}"
+                assert not tickets.any(), f"{label}: tickets left at {tickets}"
             if x.shape[0] % 2 == 0:  # [R/2, 2, V]: a verify's [rows, k + 1, V]
-                three = triton_argmax.argmax(x.view(x.shape[0] // 2, 2, -1))
+                three = triton_argmax.argmax(x.view(x.shape[0] // 2, 2, -1), tickets=tickets)
                 assert torch.equal(three.cpu(), expected.view(-1, 2)), label
-            assert torch.equal(triton_argmax.argmax(x[0]).cpu(), expected[0]), label  # one row: a 0-dim result
+            for given in (None, tickets):  # one row: a 0-dim result
+                assert torch.equal(triton_argmax.argmax(x[0], tickets=given).cpu(), expected[0]), label
         wide = torch.cat((logits, torch.randn(logits.shape[0], 3, generator=gen)), dim=1).to(device)
         strided = wide[:, : logits.shape[1]]  # rows evenly strided past their length
-        tokens = torch.full((logits.shape[0], 4), -1, dtype=torch.int64, device=device)
-        triton_argmax.argmax(strided, out=tokens[:, 2])
-        assert torch.equal(tokens[:, 2].cpu(), torch.argmax(logits, dim=-1)), f"{label}: strided"
-        assert (tokens[:, [0, 1, 3]] == -1).all(), f"{label}: wrote outside its column"
+        for given in (None, tickets):
+            tokens = torch.full((logits.shape[0], 4), -1, dtype=torch.int64, device=device)
+            triton_argmax.argmax(strided, out=tokens[:, 2], tickets=given)
+            assert torch.equal(tokens[:, 2].cpu(), torch.argmax(logits, dim=-1)), f"{label}: strided"
+            assert (tokens[:, [0, 1, 3]] == -1).all(), f"{label}: wrote outside its column"
+    assert not tickets.any()
 
 
 def test_argmax_matches_torch_in_triton_interpreter():
@@ -76,18 +86,48 @@ def test_argmax_matches_torch_on_gpu():
 
 
 @on_triton_gpu
-def test_argmax_is_capturable():
-    """Replayed in a CUDA graph, it reads the logits in place and writes the argmax of each replay's values."""
+@pytest.mark.parametrize("one_launch", [False, True])
+def test_argmax_is_capturable(one_launch):
+    """Replayed in a CUDA graph, it reads the logits in place and writes the argmax of each replay's values; in
+    one launch, two captured calls share the tickets and leave them at 0 on every replay."""
     logits = torch.randn(3, 128256, device="cuda")
+    small = torch.randn(2, 1000, device="cuda")
     out = torch.empty(3, dtype=torch.int64, device="cuda")
-    triton_argmax.argmax(logits, out=out)  # compiles outside the capture
+    small_out = torch.empty(2, dtype=torch.int64, device="cuda")
+    tickets = triton_argmax.new_tickets(4, "cuda") if one_launch else None
+    triton_argmax.argmax(logits, out=out, tickets=tickets)  # compiles outside the capture
+    triton_argmax.argmax(small, out=small_out, tickets=tickets)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        triton_argmax.argmax(logits, out=out)
-    for seed in range(3):
-        logits.copy_(torch.randn(3, 128256, generator=torch.Generator().manual_seed(seed)).cuda())
+        triton_argmax.argmax(logits, out=out, tickets=tickets)
+        triton_argmax.argmax(small, out=small_out, tickets=tickets)
+    for seed in range(20):
+        gen = torch.Generator().manual_seed(seed)
+        logits.copy_(torch.randn(3, 128256, generator=gen).cuda())
+        small.copy_(torch.randn(2, 1000, generator=gen).cuda())
         graph.replay()
-        assert torch.equal(out, logits.argmax(-1))
+        assert torch.equal(out, logits.argmax(-1)) and torch.equal(small_out, small.argmax(-1)), seed
+    if one_launch:
+        torch.cuda.synchronize()
+        assert not tickets.any()
+
+
+@on_triton_gpu
+def test_one_launch_sees_every_chunk():
+    """Many rows of many chunks, the maximum of each row in a random chunk, replayed back to back: the program
+    that takes a row's last ticket reads every other program's partials (memory ordering across programs)."""
+    rows, v = 64, 128256
+    tickets = triton_argmax.new_tickets(rows, "cuda")
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    outs = []
+    for _ in range(50):
+        logits = torch.randn(rows, v, device="cuda", generator=gen)
+        top = torch.randint(0, v, (rows,), device="cuda", generator=gen)
+        logits[torch.arange(rows, device="cuda"), top] = 10.0
+        outs.append((triton_argmax.argmax(logits, tickets=tickets), top))
+    for got, top in outs:
+        assert torch.equal(got, top)
+    assert not tickets.any()
 
 
 def test_argmax_rejects_what_it_does_not_take():
@@ -100,10 +140,12 @@ def test_argmax_rejects_what_it_does_not_take():
             triton_argmax.argmax(bad)
     with pytest.raises(ValueError, match="out must be int64 of shape"):
         triton_argmax.argmax(torch.zeros(2, 3), out=torch.zeros(3, dtype=torch.int64))
+    with pytest.raises(ValueError, match="tickets must be new_tickets"):
+        triton_argmax.argmax(torch.zeros(2, 3), tickets=torch.zeros(2, dtype=torch.int64))
 
 
-def test_both_kernels_compile_for_a_hopper_block():
-    """Compiled for sm_90 without a GPU, both kernels build and fit a Hopper block's shared memory."""
+def test_the_kernels_compile_for_a_hopper_block():
+    """Compiled for sm_90 without a GPU, the three kernels build and fit a Hopper block's shared memory."""
     if not triton_argmax.AVAILABLE:
         pytest.skip("triton is not installed")
     chunk = hopper_shared_bytes(
@@ -114,7 +156,12 @@ def test_both_kernels_compile_for_a_hopper_block():
         triton_argmax._row_argmax_kernel,
         {"max_ptr": "*fp32", "index_ptr": "*i32", "nan_ptr": "*i32", "out_ptr": "*i64", "V": "i32",
          "num_chunks": "i32", "stride_out": "i32"}, {"CHUNKS": triton_argmax.MAX_CHUNKS}, 1)
-    assert max(chunk, row) <= HOPPER_SHARED_BYTES
+    one = hopper_shared_bytes(
+        triton_argmax._argmax_kernel,
+        {"x_ptr": "*fp32", "max_ptr": "*fp32", "index_ptr": "*i32", "nan_ptr": "*i32", "tickets_ptr": "*i32",
+         "out_ptr": "*i64", "V": "i32", "stride_x": "i32", "num_chunks": "i32", "stride_out": "i32"},
+        {"BLOCK": triton_argmax.BLOCK, "CHUNKS": triton_argmax.MAX_CHUNKS}, triton_argmax.NUM_WARPS)
+    assert max(chunk, row, one) <= HOPPER_SHARED_BYTES
 
 
 def check_engine_runs_on_it(device: str) -> None:
@@ -131,8 +178,11 @@ def check_engine_runs_on_it(device: str) -> None:
             engine = NativeEngine(target, draft, EngineConfig(device=device, max_num_seqs=2, max_model_len=64),
                                   SpeculatorConfig(num_speculative_tokens=3),
                                   SamplingConfig(temperature=temperature, max_new_tokens=12, ignore_eos=True))
-            if use_triton:
-                engine.rejection.argmax = engine.speculator.argmax = triton_argmax.argmax
+            if use_triton:  # one launch each, on tickets of their own
+                engine.rejection.argmax = functools.partial(triton_argmax.argmax,
+                                                            tickets=triton_argmax.new_tickets(64, device))
+                engine.speculator.argmax = functools.partial(triton_argmax.argmax,
+                                                             tickets=triton_argmax.new_tickets(64, device))
             outputs.append([r.token_ids for r in engine.generate(prompts).requests])
         assert outputs[0] == outputs[1], f"T={temperature}: {outputs}"
 
