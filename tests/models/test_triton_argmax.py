@@ -1,6 +1,6 @@
-"""The Triton argmax over a vocabulary, in two launches and in one (`specexp.models.triton_argmax`) against torch.argmax: first
-maximum on ties, first NaN, -inf rows, strided rows and outputs; on a GPU (`pytest -m cuda`), under Triton's CPU
-interpreter, and compiled for a Hopper GPU without one."""
+"""The Triton argmax over a vocabulary, in two launches and in one (`specexp.models.triton_argmax`), against
+torch.argmax: first maximum on ties, first NaN, -inf rows, strided rows and outputs; on a GPU (`pytest -m cuda`),
+under Triton's CPU interpreter, and compiled for a Hopper GPU without one."""
 
 from __future__ import annotations
 
