@@ -22,8 +22,8 @@ class TritonArgmax:
     """:func:`torch_argmax`, the same indices, on the Triton argmax where it takes x (CUDA tensors,
     `triton_argmax.supports`): one block per row of a 128K vocabulary made torch's a tenth of a small draft's
     decode step (`specexp.models.triton_argmax`). Up to `max_rows` rows run in one launch, on counters of its
-    own (`triton_argmax.new_tickets`, int32[max_rows] on `device`); more rows in two. One instance per caller
-    whose calls may overlap (each engine part on its stream)."""
+    own (`triton_argmax.new_tickets`, int32[max_rows] on `device`); more rows in two. Calls on one stream may
+    share an instance; calls that may run at the same time need one each."""
 
     def __init__(self, device: torch.device, max_rows: int) -> None:
         on_gpu = torch.device(device).type == "cuda" and triton_argmax.AVAILABLE
