@@ -7,7 +7,7 @@ from collections.abc import Callable
 import torch
 
 from specexp.engine.compiled_graphs import RandomTape
-from specexp.models import triton_argmax
+from specexp.models import triton_argmax, triton_support
 
 
 def torch_argmax(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -19,20 +19,27 @@ def torch_argmax(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tens
 
 
 class TritonArgmax:
-    """:func:`torch_argmax`, the same indices, on the Triton argmax where it takes x (CUDA tensors,
-    `triton_argmax.supports`): one block per row of a 128K vocabulary made torch's a tenth of a small draft's
-    decode step (`specexp.models.triton_argmax`). Up to `max_rows` rows run in one launch, on counters of its
-    own (`triton_argmax.new_tickets`, int32[max_rows] on `device`); more rows in two. Calls on one stream may
-    share an instance; calls that may run at the same time need one each."""
+    """:func:`torch_argmax`, the same indices, on the Triton argmax where it takes x (`triton_argmax.supports`, on
+    `device`): one block per row of a 128K vocabulary made torch's a tenth of a small draft's decode step
+    (`specexp.models.triton_argmax`). Up to `max_rows` rows run in one launch, on counters of its own
+    (`tickets`, int32[2 max_rows]: one per row, and one per request where a verification shares the launch,
+    `triton_verify.argmax_greedy_verify`); more rows in two. Calls on one stream may share an instance; calls
+    that may run at the same time need one each. On a CUDA device, or on CPU tensors under Triton's interpreter
+    (`TRITON_INTERPRET=1`, tests); elsewhere torch's argmax."""
 
-    def __init__(self, device: torch.device, max_rows: int) -> None:
-        on_gpu = torch.device(device).type == "cuda" and triton_argmax.AVAILABLE
-        self.tickets = triton_argmax.new_tickets(max_rows, device) if on_gpu else None
+    def __init__(self, device: torch.device | str, max_rows: int) -> None:
+        device = torch.device(device)
+        runs = triton_argmax.AVAILABLE and (device.type == "cuda" or triton_support.INTERPRETER)
+        self.tickets = triton_argmax.new_tickets(2 * max_rows, device) if runs else None
+
+    def launches_on(self, x: torch.Tensor) -> bool:
+        """Whether x goes to the Triton kernels (the one-launch kernel where it has at most max_rows rows)."""
+        return self.tickets is not None and x.device == self.tickets.device and triton_argmax.supports(x)
 
     def __call__(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        if x.is_cuda and triton_argmax.supports(x) and (out is None or out.dim() <= 1 or out.is_contiguous()):
-            tickets = self.tickets if self.tickets is not None and self.tickets.device == x.device else None
-            return triton_argmax.argmax(x, out, tickets)
+        if self.launches_on(x) and (out is None or out.dim() <= 1 or out.is_contiguous()):
+            rows = x.numel() // x.shape[-1]
+            return triton_argmax.argmax(x, out, self.tickets if rows <= self.tickets.shape[0] // 2 else None)
         return torch_argmax(x, out)
 
 

@@ -18,6 +18,12 @@ Why: a batch-1 decode step on an H200 is bound by its kernel count; outside the 
 small ops (counted on the CPU: compares, wheres, an arange, a cumprod, gathers, copies) to turn the argmax into
 the step's output.
 
+With the Triton argmax (`engine.argmax_kernel=triton`, `sampling.TritonArgmax`) the argmax and this kernel share
+one launch (:func:`argmax_greedy_verify`): each of the v + 1 logits rows of a request is cut into chunks, one
+program each; a row's last program to finish (a per-row ticket) reduces the row, and a request's last row to be
+reduced (a per-request ticket) verifies the request. A plain decode step then ends in one launch after the LM
+head instead of three.
+
 Importable without Triton (`AVAILABLE` False); the kernel needs a CUDA device, or Triton's interpreter
 (`TRITON_INTERPRET=1`) for CPU tensors.
 """
@@ -27,16 +33,21 @@ from __future__ import annotations
 import torch
 
 from specexp.engine.rejection_sampler import RejectionSampler
+from specexp.engine.sampling import TritonArgmax
+from specexp.models import triton_argmax
 from specexp.models.triton_support import AVAILABLE, tl, triton
 
 if AVAILABLE:
+    from specexp.models.triton_argmax import chunk_partials, reduce_partials
+
 
     @triton.jit
-    def _greedy_verify_kernel(target_ptr, rows_ptr, drafts_ptr, lengths_ptr, u_ptr, rates_ptr, out_ptr, rate,
-                              v, K, stride_target, stride_rows, stride_drafts, stride_u, stride_out,
-                              HAS_DRAFTS: tl.constexpr, CONFIDENCE: tl.constexpr, SYNTHETIC: tl.constexpr,
-                              RATES: tl.constexpr, BLOCK: tl.constexpr):
-        r = tl.program_id(0)
+    def _verify_row(r, target_ptr, rows_ptr, drafts_ptr, lengths_ptr, u_ptr, rates_ptr, out_ptr, rate, v, K,
+                    stride_target, stride_rows, stride_drafts, stride_u, stride_out, HAS_DRAFTS: tl.constexpr,
+                    CONFIDENCE: tl.constexpr, SYNTHETIC: tl.constexpr, RATES: tl.constexpr, BLOCK: tl.constexpr,
+                    FRESH_TARGET: tl.constexpr):
+        """Row r's output (the module doc). FRESH_TARGET: its target tokens were written by other programs of this
+        launch (read from L2)."""
         cols = tl.arange(0, BLOCK)
         row = rows_ptr + r * stride_rows
         d = tl.load(row + K + 1)
@@ -44,7 +55,10 @@ if AVAILABLE:
         samples = tl.load(row + K + 3) != 0
         if CONFIDENCE:
             n = tl.minimum(n, tl.load(lengths_ptr + d))
-        target = tl.load(target_ptr + r * stride_target + cols, mask=cols <= v, other=-1)
+        if FRESH_TARGET:
+            target = tl.load(target_ptr + r * stride_target + cols, mask=cols <= v, other=-1, cache_modifier=".cg")
+        else:
+            target = tl.load(target_ptr + r * stride_target + cols, mask=cols <= v, other=-1)
         is_draft = (cols < v) & (cols < n)
         if HAS_DRAFTS:
             drafts = tl.load(drafts_ptr + d * stride_drafts + cols, mask=cols < v, other=0)
@@ -68,6 +82,45 @@ if AVAILABLE:
         tl.store(out + cols, sampled, mask=cols <= K)
         tl.store(out + K + 1, tl.where(samples, a + 1, 0).to(tl.int64))
         tl.store(out + K + 2, tl.where(samples, n, 0).to(tl.int64))
+
+
+    @triton.jit
+    def _greedy_verify_kernel(target_ptr, rows_ptr, drafts_ptr, lengths_ptr, u_ptr, rates_ptr, out_ptr, rate,
+                              v, K, stride_target, stride_rows, stride_drafts, stride_u, stride_out,
+                              HAS_DRAFTS: tl.constexpr, CONFIDENCE: tl.constexpr, SYNTHETIC: tl.constexpr,
+                              RATES: tl.constexpr, BLOCK: tl.constexpr):
+        _verify_row(tl.program_id(0), target_ptr, rows_ptr, drafts_ptr, lengths_ptr, u_ptr, rates_ptr, out_ptr,
+                    rate, v, K, stride_target, stride_rows, stride_drafts, stride_u, stride_out, HAS_DRAFTS,
+                    CONFIDENCE, SYNTHETIC, RATES, BLOCK, False)
+
+
+    @triton.jit
+    def _argmax_verify_kernel(logits_ptr, max_ptr, index_ptr, nan_ptr, tickets_ptr, target_ptr, rows_ptr,
+                              drafts_ptr, lengths_ptr, u_ptr, rates_ptr, out_ptr, rate, V, stride_x, num_chunks,
+                              num_rows, v, K, stride_rows, stride_drafts, stride_u, stride_out,
+                              HAS_DRAFTS: tl.constexpr, CONFIDENCE: tl.constexpr, SYNTHETIC: tl.constexpr,
+                              RATES: tl.constexpr, BLOCK: tl.constexpr, BLOCK_V: tl.constexpr,
+                              CHUNKS: tl.constexpr):
+        """The argmax of logits row (r, j) (one program per chunk of it) and, once all v + 1 rows of request r have
+        theirs, request r's verification, in one launch: the last chunk program of a row (by tickets[row]) reduces
+        it into target[row]; the last row of a request (by tickets[num_rows + r]) verifies it. Both counters are
+        left at 0."""
+        row = tl.program_id(0)
+        chunk_partials(logits_ptr, max_ptr, index_ptr, nan_ptr, V, stride_x, num_chunks, row, tl.program_id(1),
+                        BLOCK_V)
+        tl.debug_barrier()  # every thread's stores precede the ticket, whose release publishes them
+        ticket = tl.atomic_add(tickets_ptr + row, 1, sem="acq_rel", scope="gpu")
+        if ticket == num_chunks - 1:  # the row's other chunks have stored their partials
+            reduce_partials(max_ptr, index_ptr, nan_ptr, target_ptr, V, num_chunks, 1, row, CHUNKS)
+            tl.store(tickets_ptr + row, 0)
+            tl.debug_barrier()
+            r = row // (v + 1)
+            done = tl.atomic_add(tickets_ptr + num_rows + r, 1, sem="acq_rel", scope="gpu")
+            if done == v:  # the request's other rows have their argmax
+                _verify_row(r, target_ptr, rows_ptr, drafts_ptr, lengths_ptr, u_ptr, rates_ptr, out_ptr, rate, v,
+                            K, v + 1, stride_rows, stride_drafts, stride_u, stride_out, HAS_DRAFTS, CONFIDENCE,
+                            SYNTHETIC, RATES, BLOCK, True)
+                tl.store(tickets_ptr + num_rows + r, 0)
 
 
 def greedy_verify(target_tokens: torch.Tensor, row_inputs: torch.Tensor, step_out: torch.Tensor, k: int,
@@ -100,19 +153,68 @@ def greedy_verify(target_tokens: torch.Tensor, row_inputs: torch.Tensor, step_ou
         RATES=rates_tensor is not None, BLOCK=max(triton.next_power_of_2(k + 1), 2), num_warps=1)
 
 
+def argmax_greedy_verify(logits: torch.Tensor, tickets: torch.Tensor, row_inputs: torch.Tensor,
+                         step_out: torch.Tensor, k: int, draft_tokens: torch.Tensor | None,
+                         draft_lengths: torch.Tensor | None = None, u: torch.Tensor | None = None,
+                         rates: torch.Tensor | float | None = None) -> torch.Tensor:
+    """`triton_argmax.argmax` of logits fp32[R, v+1, V] then :func:`greedy_verify`, in one launch: returns the
+    target tokens int64[R, v+1] and writes step_out[:R] as greedy_verify does (its arguments'). tickets:
+    `triton_argmax.new_tickets` of at least R (v+1) + R on logits' device (left at 0)."""
+    num_rows, v = logits.shape[0], logits.shape[1] - 1
+    num_logit_rows = num_rows * (v + 1)
+    if not triton_argmax.supports(logits) or logits.dim() != 3:
+        raise ValueError(f"triton_verify.argmax_greedy_verify takes logits [R, v+1, V] that triton_argmax takes; "
+                         f"got {logits.dtype} of shape {tuple(logits.shape)}")
+    if tickets.dtype != torch.int32 or tickets.device != logits.device or tickets.shape[0] < num_logit_rows + num_rows:
+        raise ValueError(f"triton_verify.argmax_greedy_verify: tickets must be int32 on {logits.device}, at least "
+                         f"{num_logit_rows + num_rows}; got {tickets.dtype} of shape {tuple(tickets.shape)} on "
+                         f"{tickets.device}")
+    if v > k or (v > 0 and draft_tokens is None) or (u is None) != (rates is None):
+        raise ValueError(f"triton_verify.argmax_greedy_verify: v={v} drafts for k={k}, draft buffer "
+                         f"{draft_tokens is not None}, u {u is not None}, rates {rates is not None}")
+    target = torch.empty(num_rows, v + 1, dtype=torch.int64, device=logits.device)
+    if num_rows == 0:
+        return target
+    vocab = logits.shape[-1]
+    rows = logits.reshape(-1, vocab)  # rows evenly strided (triton_argmax.argmax's view)
+    block_v = min(triton_argmax.BLOCK, triton.next_power_of_2(vocab))
+    num_chunks = triton.cdiv(vocab, block_v)
+    best = torch.empty(num_logit_rows * num_chunks, dtype=torch.float32, device=logits.device)
+    index = torch.empty(num_logit_rows * num_chunks, dtype=torch.int32, device=logits.device)
+    first_nan = torch.empty_like(index)
+    rates_tensor = rates if isinstance(rates, torch.Tensor) else None
+    dummy = row_inputs
+    _argmax_verify_kernel[(num_logit_rows, num_chunks)](
+        rows, best, index, first_nan, tickets, target, row_inputs, draft_tokens if draft_tokens is not None else dummy,
+        draft_lengths if draft_lengths is not None else dummy, u if u is not None else dummy,
+        rates_tensor if rates_tensor is not None else dummy, step_out,
+        float(rates) if rates is not None and rates_tensor is None else 0.0, vocab, rows.stride(0), num_chunks,
+        num_logit_rows, v, k, row_inputs.stride(0), draft_tokens.stride(0) if draft_tokens is not None else 0,
+        u.stride(0) if u is not None else 0, step_out.stride(0),
+        HAS_DRAFTS=v > 0, CONFIDENCE=draft_lengths is not None, SYNTHETIC=u is not None,
+        RATES=rates_tensor is not None, BLOCK=max(triton.next_power_of_2(k + 1), 2), BLOCK_V=block_v,
+        CHUNKS=max(triton.next_power_of_2(num_chunks), 2), num_warps=triton_argmax.NUM_WARPS)
+    return target
+
+
 def sample_greedy_rows(logits: torch.Tensor, rejection: RejectionSampler, speculator, row_inputs: torch.Tensor,
                        step_out: torch.Tensor, k: int) -> None:
-    """`NativeEngine._sample` under greedy verification, on :func:`greedy_verify`: the argmax of logits
-    fp32[R, v+1, V] (`rejection.argmax`), synthetic acceptance's draws where the run has them (drawn as the torch
-    path draws them), then one kernel writing step_out[:R]. speculator: the engine's (its draft buffer and, under
-    the confidence rule, its draft lengths) or None."""
+    """`NativeEngine._sample` under greedy verification, on :func:`greedy_verify`: synthetic acceptance's draws
+    where the run has them (drawn as the torch path draws them), the argmax of logits fp32[R, v+1, V]
+    (`rejection.argmax`), then one kernel writing step_out[:R]; with the Triton argmax on its device
+    (`sampling.TritonArgmax`), argmax and verification in one launch (:func:`argmax_greedy_verify`).
+    speculator: the engine's (its draft buffer and, under the confidence rule, its draft lengths) or None."""
     num_rows, v = logits.shape[0], logits.shape[1] - 1
-    target_tokens = rejection.argmax(logits)  # [R, v+1]
     u = rates = None
-    if rejection.mode == "synthetic":
+    if rejection.mode == "synthetic":  # drawn before the argmax, which draws nothing: the torch path's numbers
         u, rates = rejection.synthetic_draws(num_rows, v, logits.device)
     lengths = None
     if speculator is not None and speculator.confidence_threshold > 0:
         lengths = speculator.draft_lengths
-    greedy_verify(target_tokens, row_inputs, step_out, k, speculator.draft_tokens if speculator is not None else None,
-                  lengths, u, rates)
+    drafts = speculator.draft_tokens if speculator is not None else None
+    argmax = rejection.argmax
+    if (isinstance(argmax, TritonArgmax) and argmax.launches_on(logits) and logits.dim() == 3
+            and argmax.tickets.shape[0] >= num_rows * (v + 2)):
+        argmax_greedy_verify(logits, argmax.tickets, row_inputs, step_out, k, drafts, lengths, u, rates)
+        return
+    greedy_verify(argmax(logits), row_inputs, step_out, k, drafts, lengths, u, rates)

@@ -34,7 +34,7 @@ MAX_CHUNKS = 1024
 if AVAILABLE:
 
     @triton.jit
-    def _chunk_partials(x_ptr, max_ptr, index_ptr, nan_ptr, V, stride_x, num_chunks, row, chunk,
+    def chunk_partials(x_ptr, max_ptr, index_ptr, nan_ptr, V, stride_x, num_chunks, row, chunk,
                         BLOCK: tl.constexpr):
         """Chunk `chunk` of row `row`: store its first NaN (V where it has none) and its first maximum among the
         other values, with that maximum, at partial row * num_chunks + chunk."""
@@ -53,7 +53,7 @@ if AVAILABLE:
 
 
     @triton.jit
-    def _reduce_partials(max_ptr, index_ptr, nan_ptr, out_ptr, V, num_chunks, stride_out, row,
+    def reduce_partials(max_ptr, index_ptr, nan_ptr, out_ptr, V, num_chunks, stride_out, row,
                          CHUNKS: tl.constexpr):
         """Row `row`'s argmax from its chunks' partials, stored at out_ptr + row * stride_out as int64. The
         partials are read from L2 (`.cg`): in the one-launch kernel other programs wrote them."""
@@ -73,13 +73,13 @@ if AVAILABLE:
 
     @triton.jit
     def _chunk_argmax_kernel(x_ptr, max_ptr, index_ptr, nan_ptr, V, stride_x, num_chunks, BLOCK: tl.constexpr):
-        _chunk_partials(x_ptr, max_ptr, index_ptr, nan_ptr, V, stride_x, num_chunks, tl.program_id(0),
+        chunk_partials(x_ptr, max_ptr, index_ptr, nan_ptr, V, stride_x, num_chunks, tl.program_id(0),
                         tl.program_id(1), BLOCK)
 
 
     @triton.jit
     def _row_argmax_kernel(max_ptr, index_ptr, nan_ptr, out_ptr, V, num_chunks, stride_out, CHUNKS: tl.constexpr):
-        _reduce_partials(max_ptr, index_ptr, nan_ptr, out_ptr, V, num_chunks, stride_out, tl.program_id(0), CHUNKS)
+        reduce_partials(max_ptr, index_ptr, nan_ptr, out_ptr, V, num_chunks, stride_out, tl.program_id(0), CHUNKS)
 
 
     @triton.jit
@@ -89,11 +89,11 @@ if AVAILABLE:
         row's counter; the program that takes the row's last ticket reduces the row and sets the counter back to
         0 for the next launch."""
         row = tl.program_id(0)
-        _chunk_partials(x_ptr, max_ptr, index_ptr, nan_ptr, V, stride_x, num_chunks, row, tl.program_id(1), BLOCK)
+        chunk_partials(x_ptr, max_ptr, index_ptr, nan_ptr, V, stride_x, num_chunks, row, tl.program_id(1), BLOCK)
         tl.debug_barrier()  # every thread's stores precede the ticket, whose release publishes them
         ticket = tl.atomic_add(tickets_ptr + row, 1, sem="acq_rel", scope="gpu")
         if ticket == num_chunks - 1:  # every other chunk of the row has stored its partials
-            _reduce_partials(max_ptr, index_ptr, nan_ptr, out_ptr, V, num_chunks, stride_out, row, CHUNKS)
+            reduce_partials(max_ptr, index_ptr, nan_ptr, out_ptr, V, num_chunks, stride_out, row, CHUNKS)
             tl.store(tickets_ptr + row, 0)
 
 

@@ -20,6 +20,8 @@ except ImportError:  # CPU builds of torch ship without triton
     triton = tl = None
 
 AVAILABLE = triton is not None
+# Whether Triton runs its kernels on CPU tensors in its interpreter (chosen when triton is imported).
+INTERPRETER = AVAILABLE and os.environ.get("TRITON_INTERPRET", "").lower() in ("1", "true", "on")
 # Grid dependency control (`tl.extra.cuda.gdc_wait` / `gdc_launch_dependents`, and the `launch_pdl` launch
 # option): Triton 3.4 and later.
 HAS_GRID_DEPENDENCY_CONTROL = AVAILABLE and hasattr(getattr(tl.extra, "cuda", None), "gdc_wait")

@@ -22,6 +22,7 @@ from specexp.engine import triton_verify
 from specexp.engine.config import EngineConfig, EngineConfigError
 from specexp.engine.rejection_sampler import RejectionSampler
 from specexp.engine.runner import NativeEngine
+from specexp.engine.sampling import TritonArgmax, torch_argmax
 
 VOCAB = 50
 
@@ -51,6 +52,8 @@ def check_rows(device: str) -> None:
     """sample_greedy_rows writes what NativeEngine._sample's torch path writes, row for row, over random batches
     (one synthetic draw per case from equally seeded generators)."""
     gen = torch.Generator().manual_seed(0)
+    shared, few = TritonArgmax(device, 64), TritonArgmax(device, 1)
+    assert shared.tickets is not None, "the Triton argmax does not run here"
     cases = [(k, v, rows, mode, confidence, rates)
              for k in (0, 1, 3, 5) for v in sorted({0, k // 2, k}) for rows in (1, 4)
              for mode in ("standard", "synthetic") for confidence in ((False, True) if k else (False,))
@@ -58,19 +61,23 @@ def check_rows(device: str) -> None:
     for k, v, rows, mode, confidence, rates in cases:
         logits, row_inputs, spec = _batch(gen, device, k, v, rows, max_reqs=6, confidence=confidence)
         outs = []
-        for fused in (False, True):
+        # the torch path; the kernel after torch's argmax; argmax and kernel in one launch (tickets shared by
+        # every case, left at 0); the Triton argmax with too few tickets for one launch (two, then the kernel)
+        for fused, argmax in ((False, torch_argmax), (True, torch_argmax), (True, shared), (True, few)):
             rejection = RejectionSampler(
                 temperature=0.0, top_k=0, top_p=1.0, mode=mode, synthetic_acceptance_rate=0.55,
                 synthetic_conditional_rates=[0.9, 0.2, 0.6, 0.7, 0.4][:k] if rates else None,
-                generator=torch.Generator(device=device).manual_seed(7))
+                generator=torch.Generator(device=device).manual_seed(7), argmax=argmax)
             engine = types.SimpleNamespace(k=k, row_inputs=row_inputs, speculator=spec, req_draft_probs=None,
                                            rejection=rejection, greedy_rows_kernel=fused,
                                            step_out=torch.full((6, k + 3), 99, dtype=torch.int64, device=device))
             NativeEngine._sample(engine, logits, rows)
             outs.append(engine.step_out.cpu())
+            assert not shared.tickets.any() and not few.tickets.any()
         label = f"k={k} v={v} rows={rows} {mode} confidence={confidence} rates={rates}"
-        assert torch.equal(outs[0], outs[1]), f"{label}:\ntorch {outs[0][:rows]}\nfused {outs[1][:rows]}"
-        assert (outs[1][rows:] == 99).all(), f"{label}: wrote past the step's rows"
+        for name, out in zip(("kernel", "one launch", "two launches"), outs[1:], strict=True):
+            assert torch.equal(outs[0], out), f"{label}, {name}:\ntorch {outs[0][:rows]}\nfused {out[:rows]}"
+            assert (out[rows:] == 99).all(), f"{label}, {name}: wrote past the step's rows"
 
 
 def check_engines(device: str) -> None:
@@ -87,15 +94,17 @@ def check_engines(device: str) -> None:
                    SpeculatorConfig(num_speculative_tokens=0)]
     for speculator in speculators:
         runs = []
-        for fused in (False, True):
+        for fused, one_launch in ((False, False), (True, False), (True, True)):
             torch.manual_seed(0)
             engine = NativeEngine(target, draft if speculator.num_speculative_tokens else None,
                                   EngineConfig(device=device, max_num_seqs=3, max_model_len=64), speculator,
                                   SamplingConfig(temperature=0.0, max_new_tokens=12, ignore_eos=True))
             engine.greedy_rows_kernel = fused
+            if one_launch:  # the Triton argmax, sharing its launch with the verification
+                engine.rejection.argmax = TritonArgmax(device, engine.max_num_tokens)
             out = engine.generate(prompts)
             runs.append(([r.token_ids for r in out.requests], [r.verifies for r in out.requests]))
-        assert runs[0] == runs[1], f"{speculator}: {runs}"
+        assert runs[0] == runs[1] == runs[2], f"{speculator}: {runs}"
 
 
 def test_rows_match_the_torch_path_in_triton_interpreter():
@@ -128,6 +137,27 @@ def test_the_kernel_compiles_for_a_hopper_block():
             triton_verify._greedy_verify_kernel, {**pointers, **sizes},
             {"HAS_DRAFTS": True, "CONFIDENCE": True, "SYNTHETIC": synthetic, "RATES": synthetic, "BLOCK": 16}, 1)
         assert shared <= HOPPER_SHARED_BYTES
+        one_launch = hopper_shared_bytes(
+            triton_verify._argmax_verify_kernel,
+            {"logits_ptr": "*fp32", "max_ptr": "*fp32", "index_ptr": "*i32", "nan_ptr": "*i32", "tickets_ptr": "*i32",
+             **pointers, "rate": "fp32", "V": "i32", "stride_x": "i32", "num_chunks": "i32", "num_rows": "i32",
+             "v": "i32", "K": "i32", "stride_rows": "i32", "stride_drafts": "i32", "stride_u": "i32",
+             "stride_out": "i32"},
+            {"HAS_DRAFTS": True, "CONFIDENCE": True, "SYNTHETIC": synthetic, "RATES": synthetic, "BLOCK": 16,
+             "BLOCK_V": 4096, "CHUNKS": 32}, 8)
+        assert one_launch <= HOPPER_SHARED_BYTES
+
+
+def test_one_launch_rejects_what_it_does_not_take():
+    if not triton_verify.AVAILABLE:
+        pytest.skip("triton is not installed")
+    logits, row_inputs = torch.zeros(2, 3, 10), torch.zeros(2, 8, dtype=torch.int64)
+    out = torch.zeros(2, 6, dtype=torch.int64)
+    with pytest.raises(ValueError, match="tickets must be int32 on cpu, at least 8"):
+        triton_verify.argmax_greedy_verify(logits, torch.zeros(7, dtype=torch.int32), row_inputs, out, 3,
+                                           torch.zeros(2, 3, dtype=torch.int64))
+    with pytest.raises(ValueError, match="takes logits"):
+        triton_verify.argmax_greedy_verify(logits[0], torch.zeros(8, dtype=torch.int32), row_inputs, out, 3, None)
 
 
 @pytest.mark.parametrize("name", ["argmax_kernel", "sampler_kernel", "draft_step_kernel"])
