@@ -447,9 +447,10 @@ def main() -> None:
                              "what the last step accepted (--no-...: staged on the host after the read-back)")
     parser.add_argument("--conv-kernel", default="triton", choices=["torch", "triton"],
                         help="engine.conv_kernel: LFM2's decode/verify short conv in torch or one Triton kernel")
-    parser.add_argument("--argmax-kernel", default=CUDA_KERNELS["argmax_kernel"], choices=["torch", "triton"],
+    parser.add_argument("--argmax-kernel", default=CUDA_KERNELS["argmax_kernel"],
+                        choices=["torch", "triton", "triton_two_launches"],
                         help="engine.argmax_kernel: the argmax over the vocabulary (greedy draft and verify) in "
-                             "torch or two Triton kernels")
+                             "torch, one Triton launch (verifying too), or two")
     parser.add_argument("--sampler-kernel", default=CUDA_KERNELS["sampler_kernel"], choices=["torch", "triton"],
                         help="engine.sampler_kernel: greedy verification after the argmax in torch or one Triton "
                              "kernel")

@@ -65,9 +65,11 @@ ALONG_WITH = {"sampler_kernel": ("argmax_kernel",)}
 # Whose one-row GEMVs launch early (programmatic launch on), beside the cuts: "gemv_early_<role>" sets
 # engine.gemv_early_launch to that role (engine=cuda: both).
 LAUNCH_ORDERS = {f"gemv_early_{role}": {"gemv_early_launch": role} for role in ("target", "draft", "none")}
+# The argmax in two launches and greedy verification in a third, against the one launch of the defaults.
+ARGMAX_LAUNCHES = {"argmax_two_launches": {"argmax_kernel": "triton_two_launches"}}
 # Each configuration: the switches it changes from engine=cuda's defaults (CUDA_KERNELS). "none" turns every cut
 # off; each "only_*" turns on that cut alone (with ALONG_WITH's); each "no_*" turns that cut off alone; then
-# LAUNCH_ORDERS.
+# LAUNCH_ORDERS and ARGMAX_LAUNCHES.
 CONFIGS = {
     "defaults": {},
     "none": NO_CUTS,
@@ -75,6 +77,7 @@ CONFIGS = {
        for name, switch in CUT_NAMES.items()},
     **{f"no_{name}": {switch: NO_CUTS[switch]} for name, switch in CUT_NAMES.items()},
     **LAUNCH_ORDERS,
+    **ARGMAX_LAUNCHES,
 }
 
 

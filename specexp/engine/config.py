@@ -8,7 +8,7 @@ import torch
 
 from specexp.engine.draft_advance import DRAFT_STEP_KERNELS
 from specexp.engine.goodput import GoodputSettings
-from specexp.engine.sampling import ARGMAX_KERNELS
+from specexp.engine.sampling import ARGMAX_KERNELS, TRITON_ARGMAX_KERNELS
 from specexp.models import skinny_configs, triton_support
 from specexp.models.attention import ATTENTION_KERNELS
 from specexp.models.linear_ops import LINEAR_KERNELS
@@ -83,9 +83,11 @@ class EngineConfig:
     conv_kernel: "torch" | "triton" (LFM2's gated short conv in one Triton kernel per layer for uniform batches and
     for batches of non-spec rows alone, e.g. prompt chunks, `specexp.models.triton_short_conv`; CUDA only; batches
     mixing spec and non-spec rows keep the torch path).
-    argmax_kernel: "torch" | "triton" (the argmax over the vocabulary of greedy drafting, greedy verification and
-    sampling's exponential race in one short Triton launch, `specexp.models.triton_argmax`: the same indices as
-    torch's, where torch reduces a batch-1 row of 128K logits in one block; CUDA only).
+    argmax_kernel: "torch" | "triton" | "triton_two_launches" (the argmax over the vocabulary of greedy drafting,
+    greedy verification and sampling's exponential race in one short Triton launch, `specexp.models.triton_argmax`,
+    which with sampler_kernel=triton verifies too: the same indices as torch's, where torch reduces a batch-1 row
+    of 128K logits in one block; "triton_two_launches": the argmax in two launches and the verification in its
+    own, the baseline of the one-launch paths; CUDA only).
     sampler_kernel: "torch" | "triton" (greedy runs: from the target's argmax to each row's emitted tokens in one
     Triton kernel, `specexp.engine.triton_verify`, the same tokens as the torch path's ~20 small kernels; sampled
     runs keep the torch path; CUDA only).
@@ -198,7 +200,7 @@ class EngineConfig:
                 raise EngineConfigError(f"engine.linear_kernel=triton_skinny: {exc}") from None
         self._check_kernel("attention_kernel", ATTENTION_KERNELS, ("triton",), "sdpa")
         self._check_kernel("conv_kernel", CONV_KERNELS, ("triton",), "torch")
-        self._check_kernel("argmax_kernel", ARGMAX_KERNELS, ("triton",), "torch")
+        self._check_kernel("argmax_kernel", ARGMAX_KERNELS, TRITON_ARGMAX_KERNELS, "torch")
         self._check_kernel("sampler_kernel", ("torch", "triton"), ("triton",), "torch")
         self._check_kernel("draft_step_kernel", DRAFT_STEP_KERNELS, ("triton",), "torch")
         if self.silu_in_down_gemv and self.linear_kernel == "cublas":

@@ -30,7 +30,7 @@ class TritonArgmax:
     def __init__(self, device: torch.device | str, max_rows: int) -> None:
         device = torch.device(device)
         runs = triton_argmax.AVAILABLE and (device.type == "cuda" or triton_support.INTERPRETER)
-        self.tickets = triton_argmax.new_tickets(2 * max_rows, device) if runs else None
+        self.tickets = triton_argmax.new_tickets(2 * max_rows, device) if runs else None  # max_rows 0: two launches
 
     def launches_on(self, x: torch.Tensor) -> bool:
         """Whether x goes to the Triton kernels (the one-launch kernel where it has at most max_rows rows)."""
@@ -48,12 +48,19 @@ def torch_argmax_for(device: torch.device, max_rows: int) -> Argmax:
     return torch_argmax
 
 
+def triton_two_launches(device: torch.device, max_rows: int) -> Argmax:
+    """The Triton argmax always in two launches (no tickets), and greedy verification in a launch of its own: the
+    one-launch paths' baseline."""
+    return TritonArgmax(device, 0)
+
+
 # The argmax over the vocabulary that greedy drafting, greedy verification and the exponential race run
 # (`engine.argmax_kernel`): f(x [..., V], out=None) -> int64[...], made per caller by
 # ARGMAX_KERNELS[name](device, max_rows), max_rows the most rows one call takes in one launch.
 Argmax = Callable[..., torch.Tensor]
-ARGMAX_KERNELS: dict[str, Callable[[torch.device, int], Argmax]] = {"torch": torch_argmax_for,
-                                                                     "triton": TritonArgmax}
+ARGMAX_KERNELS: dict[str, Callable[[torch.device, int], Argmax]] = {
+    "torch": torch_argmax_for, "triton": TritonArgmax, "triton_two_launches": triton_two_launches}
+TRITON_ARGMAX_KERNELS = ("triton", "triton_two_launches")
 
 
 def logits_to_probs(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
