@@ -22,7 +22,8 @@ With the Triton argmax (`engine.argmax_kernel=triton`, `sampling.TritonArgmax`) 
 one launch (:func:`argmax_greedy_verify`): each of the v + 1 logits rows of a request is cut into chunks, one
 program each; a row's last program to finish (a per-row ticket) reduces the row, and a request's last row to be
 reduced (a per-request ticket) verifies the request. A plain decode step then ends in one launch after the LM
-head instead of three.
+head instead of three; on an H100 (2026-12-07) its time did not measurably change
+(`experiments/2026-12-07-one-launch-argmax-h100/`; `engine.argmax_kernel=triton_two_launches` keeps three).
 
 Importable without Triton (`AVAILABLE` False); the kernel needs a CUDA device, or Triton's interpreter
 (`TRITON_INTERPRET=1`) for CPU tensors.

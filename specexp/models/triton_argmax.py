@@ -7,8 +7,8 @@ over 128,256 logits, a tenth of the Llama-100M draft's step, where reading 0.5 M
 copy bandwidth. Here the row is cut into BLOCK-wide chunks read by one program each (grid rows x chunks), each
 writing its chunk's first NaN and first maximum; a second kernel (one program per row) picks among them. Given a
 counter per row (`tickets`, :func:`new_tickets`), one launch does both: each program takes a ticket after storing
-its chunk's partials, and the row's last program picks among them (a launch fewer in every decode step, whose
-chain of small dependent kernels bounds a small draft's step at batch 1).
+its chunk's partials, and the row's last program picks among them: a launch fewer in every decode step, though on
+an H100 (2026-12-07) no step was measurably shorter for it (`experiments/2026-12-07-one-launch-argmax-h100/`).
 
 Exactness: each chunk keeps its first maximum (ties to the left), and the row's reduction takes the first chunk
 that holds the row's maximum, so the index is the first maximum of the row, as torch's; a row with a NaN gives its
