@@ -6,21 +6,24 @@
 #      needs the CLI's Hydra layer);
 #   3. the steps at contexts of 1 to 2,048 keys, attention split and not (attention_context.py);
 #   4. the kernels: the targets' and drafts' GEMV chains against the copy bandwidth (gemv_bandwidth.py), and a
-#      profiled k = 0 and k = 4 run of the Llama pair, where its device idles (step_trace.py; traces in OUT/traces).
+#      profiled k = 0 and k = 4 run of the Llama pair, where its device idles (step_trace.py; traces in OUT/traces);
+#   5. the launch choices, each against engine=cuda within one process: the argmax and greedy verification in three
+#      launches instead of one, and the targets' one-row GEMVs in stream order (kernel_cuts.py, both pairs).
 #
-#   bash benchmarks/time_to_answer.sh OUT [SECTIONS]     SECTIONS: comma-separated of steps,sweep,context,kernels (all)
+#   bash benchmarks/time_to_answer.sh OUT [SECTIONS]     SECTIONS: comma-separated of steps,sweep,context,kernels,cuts
+#                                                        (all)
 #
-# Run from the repository root on a machine with a CUDA GPU; about 9 minutes on an H100 or an H200.
+# Run from the repository root on a machine with a CUDA GPU; about 9 minutes on an H100 or an H200 without `cuts`.
 set -euo pipefail
 if [[ $# -lt 1 || $# -gt 2 ]]; then
-  echo "usage: bash benchmarks/time_to_answer.sh OUT [steps,sweep,context,kernels]" >&2
+  echo "usage: bash benchmarks/time_to_answer.sh OUT [steps,sweep,context,kernels,cuts]" >&2
   exit 2
 fi
 OUT=$1
-SECTIONS=${2:-steps,sweep,context,kernels}
+SECTIONS=${2:-steps,sweep,context,kernels,cuts}
 for section in ${SECTIONS//,/ }; do
-  case $section in steps|sweep|context|kernels) ;; *)
-    echo "time_to_answer.sh: unknown section '$section'; valid: steps, sweep, context, kernels" >&2; exit 2 ;;
+  case $section in steps|sweep|context|kernels|cuts) ;; *)
+    echo "time_to_answer.sh: unknown section '$section'; valid: steps, sweep, context, kernels, cuts" >&2; exit 2 ;;
   esac
 done
 mkdir -p "$OUT"
@@ -44,4 +47,9 @@ if [[ ,$SECTIONS, == *,kernels,* ]]; then
   python benchmarks/diagnostics/gemv_bandwidth.py --out "$OUT/gemv_bandwidth.json"
   python benchmarks/diagnostics/step_trace.py record --pair $LLAMA --ks 0,4 --new-tokens 48 --out "$OUT/traces"
   python benchmarks/diagnostics/step_trace.py summarize "$OUT"/traces/trace_k*.json.gz --out "$OUT/step_trace_summary.json"
+fi
+if [[ ,$SECTIONS, == *,cuts,* ]]; then
+  python benchmarks/diagnostics/kernel_cuts.py --pairs $LLAMA,lfm2-1.2b+lfm2-350m \
+    --configs defaults,argmax_two_launches,gemv_early_draft --rounds 3 --out "$OUT/kernel_cuts.json"
+  python benchmarks/diagnostics/kernel_cuts.py --table "$OUT/kernel_cuts.json"
 fi
