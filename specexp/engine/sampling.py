@@ -36,6 +36,13 @@ class TritonArgmax:
         """Whether x goes to the Triton kernels (the one-launch kernel where it has at most max_rows rows)."""
         return self.tickets is not None and x.device == self.tickets.device and triton_argmax.supports(x)
 
+    def verify_tickets(self, logits: torch.Tensor) -> torch.Tensor | None:
+        """The tickets for `triton_verify.argmax_greedy_verify` of logits [R, v+1, V] (R (v+1) rows and R requests)
+        where they suffice and the Triton kernels take the logits; else None."""
+        if not self.launches_on(logits) or logits.dim() != 3:
+            return None
+        return self.tickets if self.tickets.shape[0] >= logits.shape[0] * (logits.shape[1] + 1) else None
+
     def __call__(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         if self.launches_on(x) and (out is None or out.dim() <= 1 or out.is_contiguous()):
             rows = x.numel() // x.shape[-1]

@@ -36,10 +36,10 @@ import torch
 from specexp.engine.rejection_sampler import RejectionSampler
 from specexp.engine.sampling import TritonArgmax
 from specexp.models import triton_argmax
-from specexp.models.triton_support import AVAILABLE, tl, triton
+from specexp.models.triton_support import AVAILABLE, arrive_last, tl, triton
 
 if AVAILABLE:
-    from specexp.models.triton_argmax import chunk_partials, reduce_partials
+    from specexp.models.triton_argmax import argmax_in_one_launch
 
 
     @triton.jit
@@ -107,21 +107,35 @@ if AVAILABLE:
         it into target[row]; the last row of a request (by tickets[num_rows + r]) verifies it. Both counters are
         left at 0."""
         row = tl.program_id(0)
-        chunk_partials(logits_ptr, max_ptr, index_ptr, nan_ptr, V, stride_x, num_chunks, row, tl.program_id(1),
-                        BLOCK_V)
-        tl.debug_barrier()  # every thread's stores precede the ticket, whose release publishes them
-        ticket = tl.atomic_add(tickets_ptr + row, 1, sem="acq_rel", scope="gpu")
-        if ticket == num_chunks - 1:  # the row's other chunks have stored their partials
-            reduce_partials(max_ptr, index_ptr, nan_ptr, target_ptr, V, num_chunks, 1, row, CHUNKS)
-            tl.store(tickets_ptr + row, 0)
-            tl.debug_barrier()
+        if argmax_in_one_launch(logits_ptr, max_ptr, index_ptr, nan_ptr, tickets_ptr, target_ptr, V, stride_x,
+                                num_chunks, 1, row, tl.program_id(1), BLOCK_V, CHUNKS):
             r = row // (v + 1)
-            done = tl.atomic_add(tickets_ptr + num_rows + r, 1, sem="acq_rel", scope="gpu")
-            if done == v:  # the request's other rows have their argmax
+            if arrive_last(tickets_ptr + num_rows + r, v + 1):  # the request's other rows have their argmax
                 _verify_row(r, target_ptr, rows_ptr, drafts_ptr, lengths_ptr, u_ptr, rates_ptr, out_ptr, rate, v,
                             K, v + 1, stride_rows, stride_drafts, stride_u, stride_out, HAS_DRAFTS, CONFIDENCE,
                             SYNTHETIC, RATES, BLOCK, True)
                 tl.store(tickets_ptr + num_rows + r, 0)
+
+
+def _verify_operands(caller: str, v: int, row_inputs: torch.Tensor, step_out: torch.Tensor, k: int,
+                     draft_tokens: torch.Tensor | None, draft_lengths: torch.Tensor | None,
+                     u: torch.Tensor | None, rates: torch.Tensor | float | None) -> dict:
+    """The verification's arguments by the name both kernels give them (rows_ptr .. out_ptr, rate, v, K, the
+    strides but the target's, the constexprs); ValueError naming `caller` where they disagree."""
+    if v > k or (v > 0 and draft_tokens is None) or (u is None) != (rates is None):
+        raise ValueError(f"triton_verify.{caller}: v={v} drafts for k={k}, draft buffer "
+                         f"{draft_tokens is not None}, u {u is not None}, rates {rates is not None}")
+    rates_tensor = rates if isinstance(rates, torch.Tensor) else None
+    dummy = row_inputs  # stands for the pointers a constexpr leaves unread
+    return {
+        "rows_ptr": row_inputs, "drafts_ptr": draft_tokens if draft_tokens is not None else dummy,
+        "lengths_ptr": draft_lengths if draft_lengths is not None else dummy, "u_ptr": u if u is not None else dummy,
+        "rates_ptr": rates_tensor if rates_tensor is not None else dummy, "out_ptr": step_out,
+        "rate": float(rates) if rates is not None and rates_tensor is None else 0.0, "v": v, "K": k,
+        "stride_rows": row_inputs.stride(0), "stride_drafts": draft_tokens.stride(0) if draft_tokens is not None else 0,
+        "stride_u": u.stride(0) if u is not None else 0, "stride_out": step_out.stride(0),
+        "HAS_DRAFTS": v > 0, "CONFIDENCE": draft_lengths is not None, "SYNTHETIC": u is not None,
+        "RATES": rates_tensor is not None, "BLOCK": max(triton.next_power_of_2(k + 1), 2)}
 
 
 def greedy_verify(target_tokens: torch.Tensor, row_inputs: torch.Tensor, step_out: torch.Tensor, k: int,
@@ -138,20 +152,9 @@ def greedy_verify(target_tokens: torch.Tensor, row_inputs: torch.Tensor, step_ou
     num_rows, v = target_tokens.shape[0], target_tokens.shape[1] - 1
     if num_rows == 0:
         return
-    if v > k or (v > 0 and draft_tokens is None) or (u is None) != (rates is None):
-        raise ValueError(f"triton_verify.greedy_verify: v={v} drafts for k={k}, draft buffer "
-                         f"{draft_tokens is not None}, u {u is not None}, rates {rates is not None}")
-    rates_tensor = rates if isinstance(rates, torch.Tensor) else None
-    dummy = row_inputs
-    _greedy_verify_kernel[(num_rows,)](
-        target_tokens, row_inputs, draft_tokens if draft_tokens is not None else dummy,
-        draft_lengths if draft_lengths is not None else dummy, u if u is not None else dummy,
-        rates_tensor if rates_tensor is not None else dummy, step_out,
-        float(rates) if rates is not None and rates_tensor is None else 0.0, v, k, target_tokens.stride(0),
-        row_inputs.stride(0), draft_tokens.stride(0) if draft_tokens is not None else 0,
-        u.stride(0) if u is not None else 0, step_out.stride(0),
-        HAS_DRAFTS=v > 0, CONFIDENCE=draft_lengths is not None, SYNTHETIC=u is not None,
-        RATES=rates_tensor is not None, BLOCK=max(triton.next_power_of_2(k + 1), 2), num_warps=1)
+    operands = _verify_operands("greedy_verify", v, row_inputs, step_out, k, draft_tokens, draft_lengths, u, rates)
+    _greedy_verify_kernel[(num_rows,)](target_ptr=target_tokens, stride_target=target_tokens.stride(0), **operands,
+                                       num_warps=1)
 
 
 def argmax_greedy_verify(logits: torch.Tensor, tickets: torch.Tensor, row_inputs: torch.Tensor,
@@ -170,31 +173,19 @@ def argmax_greedy_verify(logits: torch.Tensor, tickets: torch.Tensor, row_inputs
         raise ValueError(f"triton_verify.argmax_greedy_verify: tickets must be int32 on {logits.device}, at least "
                          f"{num_logit_rows + num_rows}; got {tickets.dtype} of shape {tuple(tickets.shape)} on "
                          f"{tickets.device}")
-    if v > k or (v > 0 and draft_tokens is None) or (u is None) != (rates is None):
-        raise ValueError(f"triton_verify.argmax_greedy_verify: v={v} drafts for k={k}, draft buffer "
-                         f"{draft_tokens is not None}, u {u is not None}, rates {rates is not None}")
+    operands = _verify_operands("argmax_greedy_verify", v, row_inputs, step_out, k, draft_tokens, draft_lengths, u,
+                                rates)
     target = torch.empty(num_rows, v + 1, dtype=torch.int64, device=logits.device)
     if num_rows == 0:
         return target
     vocab = logits.shape[-1]
     rows = logits.reshape(-1, vocab)  # rows evenly strided (triton_argmax.argmax's view)
-    block_v = min(triton_argmax.BLOCK, triton.next_power_of_2(vocab))
-    num_chunks = triton.cdiv(vocab, block_v)
-    best = torch.empty(num_logit_rows * num_chunks, dtype=torch.float32, device=logits.device)
-    index = torch.empty(num_logit_rows * num_chunks, dtype=torch.int32, device=logits.device)
-    first_nan = torch.empty_like(index)
-    rates_tensor = rates if isinstance(rates, torch.Tensor) else None
-    dummy = row_inputs
+    block_v, num_chunks, chunks_tile, partials = triton_argmax.chunk_scratch(num_logit_rows, vocab, logits.device)
+    max_partials, index_partials, nan_partials = partials
     _argmax_verify_kernel[(num_logit_rows, num_chunks)](
-        rows, best, index, first_nan, tickets, target, row_inputs, draft_tokens if draft_tokens is not None else dummy,
-        draft_lengths if draft_lengths is not None else dummy, u if u is not None else dummy,
-        rates_tensor if rates_tensor is not None else dummy, step_out,
-        float(rates) if rates is not None and rates_tensor is None else 0.0, vocab, rows.stride(0), num_chunks,
-        num_logit_rows, v, k, row_inputs.stride(0), draft_tokens.stride(0) if draft_tokens is not None else 0,
-        u.stride(0) if u is not None else 0, step_out.stride(0),
-        HAS_DRAFTS=v > 0, CONFIDENCE=draft_lengths is not None, SYNTHETIC=u is not None,
-        RATES=rates_tensor is not None, BLOCK=max(triton.next_power_of_2(k + 1), 2), BLOCK_V=block_v,
-        CHUNKS=max(triton.next_power_of_2(num_chunks), 2), num_warps=triton_argmax.NUM_WARPS)
+        logits_ptr=rows, max_ptr=max_partials, index_ptr=index_partials, nan_ptr=nan_partials, tickets_ptr=tickets,
+        target_ptr=target, V=vocab, stride_x=rows.stride(0), num_chunks=num_chunks, num_rows=num_logit_rows,
+        **operands, BLOCK_V=block_v, CHUNKS=chunks_tile, num_warps=triton_argmax.NUM_WARPS)
     return target
 
 
@@ -214,8 +205,8 @@ def sample_greedy_rows(logits: torch.Tensor, rejection: RejectionSampler, specul
         lengths = speculator.draft_lengths
     drafts = speculator.draft_tokens if speculator is not None else None
     argmax = rejection.argmax
-    if (isinstance(argmax, TritonArgmax) and argmax.launches_on(logits) and logits.dim() == 3
-            and argmax.tickets.shape[0] >= num_rows * (v + 2)):
-        argmax_greedy_verify(logits, argmax.tickets, row_inputs, step_out, k, drafts, lengths, u, rates)
+    tickets = argmax.verify_tickets(logits) if isinstance(argmax, TritonArgmax) else None
+    if tickets is not None:
+        argmax_greedy_verify(logits, tickets, row_inputs, step_out, k, drafts, lengths, u, rates)
         return
     greedy_verify(argmax(logits), row_inputs, step_out, k, drafts, lengths, u, rates)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from specexp.models.triton_support import AVAILABLE, tl, triton
+from specexp.models.triton_support import AVAILABLE, arrive_last, tl, triton
 
 # Values per program of the first kernel: 128,256 logits make 32 chunks (a 32-wide second reduction).
 BLOCK = 4096
@@ -83,18 +83,24 @@ if AVAILABLE:
 
 
     @triton.jit
-    def _argmax_kernel(x_ptr, max_ptr, index_ptr, nan_ptr, tickets_ptr, out_ptr, V, stride_x, num_chunks,
-                       stride_out, BLOCK: tl.constexpr, CHUNKS: tl.constexpr):
-        """Both kernels' work in one launch: each program stores its chunk's partials and takes a ticket from its
-        row's counter; the program that takes the row's last ticket reduces the row and sets the counter back to
-        0 for the next launch."""
-        row = tl.program_id(0)
-        chunk_partials(x_ptr, max_ptr, index_ptr, nan_ptr, V, stride_x, num_chunks, row, tl.program_id(1), BLOCK)
-        tl.debug_barrier()  # every thread's stores precede the ticket, whose release publishes them
-        ticket = tl.atomic_add(tickets_ptr + row, 1, sem="acq_rel", scope="gpu")
-        if ticket == num_chunks - 1:  # every other chunk of the row has stored its partials
+    def argmax_in_one_launch(x_ptr, max_ptr, index_ptr, nan_ptr, tickets_ptr, out_ptr, V, stride_x, num_chunks,
+                             stride_out, row, chunk, BLOCK: tl.constexpr, CHUNKS: tl.constexpr):
+        """Both kernels' work for chunk `chunk` of row `row`, in a launch of one program per chunk: store the
+        chunk's partials and arrive at tickets[row]; the row's last program to arrive reduces the row (into
+        out_ptr + row * stride_out) and sets the ticket back to 0. Returns whether this program reduced it."""
+        chunk_partials(x_ptr, max_ptr, index_ptr, nan_ptr, V, stride_x, num_chunks, row, chunk, BLOCK)
+        last = arrive_last(tickets_ptr + row, num_chunks)
+        if last:  # every other chunk of the row has stored its partials
             reduce_partials(max_ptr, index_ptr, nan_ptr, out_ptr, V, num_chunks, stride_out, row, CHUNKS)
             tl.store(tickets_ptr + row, 0)
+        return last
+
+
+    @triton.jit
+    def _argmax_kernel(x_ptr, max_ptr, index_ptr, nan_ptr, tickets_ptr, out_ptr, V, stride_x, num_chunks,
+                       stride_out, BLOCK: tl.constexpr, CHUNKS: tl.constexpr):
+        argmax_in_one_launch(x_ptr, max_ptr, index_ptr, nan_ptr, tickets_ptr, out_ptr, V, stride_x, num_chunks,
+                             stride_out, tl.program_id(0), tl.program_id(1), BLOCK, CHUNKS)
 
 
 def supports(x: torch.Tensor) -> bool:
@@ -102,6 +108,17 @@ def supports(x: torch.Tensor) -> bool:
     is contiguous, non-empty and at most BLOCK * MAX_CHUNKS long (values compare in fp32: exact for these)."""
     return (AVAILABLE and x.dim() >= 1 and x.dtype in (torch.float32, torch.float16, torch.bfloat16)
             and 1 <= x.shape[-1] <= BLOCK * MAX_CHUNKS and x.stride(-1) == 1)
+
+
+def chunk_scratch(num_rows: int, v: int, device: torch.device) -> tuple[int, int, int, tuple[torch.Tensor, ...]]:
+    """For num_rows rows of v values: (BLOCK the chunks take, chunks a row, the reduction's power-of-2 tile of
+    them, the partials' scratch: fp32 maxima, int32 first maximum's index, int32 first NaN's index, each
+    [num_rows * chunks])."""
+    block = min(BLOCK, triton.next_power_of_2(v))
+    num_chunks = triton.cdiv(v, block)
+    best = torch.empty(num_rows * num_chunks, dtype=torch.float32, device=device)
+    index = torch.empty(num_rows * num_chunks, dtype=torch.int32, device=device)
+    return block, num_chunks, max(triton.next_power_of_2(num_chunks), 2), (best, index, torch.empty_like(index))
 
 
 def new_tickets(max_rows: int, device: torch.device | str) -> torch.Tensor:
@@ -136,19 +153,14 @@ def argmax(x: torch.Tensor, out: torch.Tensor | None = None, tickets: torch.Tens
     if num_rows == 0:
         return out
     flat_out = out.view(-1) if out.dim() != 1 else out
-    block = min(BLOCK, triton.next_power_of_2(v))
-    num_chunks = triton.cdiv(v, block)
-    chunks_tile = max(triton.next_power_of_2(num_chunks), 2)
-    best = torch.empty(num_rows * num_chunks, dtype=torch.float32, device=x.device)
-    index = torch.empty(num_rows * num_chunks, dtype=torch.int32, device=x.device)
-    first_nan = torch.empty_like(index)
+    block, num_chunks, chunks_tile, partials = chunk_scratch(num_rows, v, x.device)
     if tickets is not None and tickets.shape[0] >= num_rows:
-        _argmax_kernel[(num_rows, num_chunks)](rows, best, index, first_nan, tickets, flat_out, v, rows.stride(0),
-                                               num_chunks, flat_out.stride(0), BLOCK=block, CHUNKS=chunks_tile,
+        _argmax_kernel[(num_rows, num_chunks)](rows, *partials, tickets, flat_out, v, rows.stride(0), num_chunks,
+                                               flat_out.stride(0), BLOCK=block, CHUNKS=chunks_tile,
                                                num_warps=NUM_WARPS)
         return out
-    _chunk_argmax_kernel[(num_rows, num_chunks)](rows, best, index, first_nan, v, rows.stride(0), num_chunks,
-                                                 BLOCK=block, num_warps=NUM_WARPS)
-    _row_argmax_kernel[(num_rows,)](best, index, first_nan, flat_out, v, num_chunks, flat_out.stride(0),
-                                    CHUNKS=chunks_tile, num_warps=1)
+    _chunk_argmax_kernel[(num_rows, num_chunks)](rows, *partials, v, rows.stride(0), num_chunks, BLOCK=block,
+                                                 num_warps=NUM_WARPS)
+    _row_argmax_kernel[(num_rows,)](*partials, flat_out, v, num_chunks, flat_out.stride(0), CHUNKS=chunks_tile,
+                                    num_warps=1)
     return out

@@ -30,7 +30,14 @@ from collections.abc import Callable
 
 import torch
 
-from specexp.models.triton_support import AVAILABLE, early_launch_flags, tl, triton, wait_for_earlier_kernels
+from specexp.models.triton_support import (
+    AVAILABLE,
+    arrive_last,
+    early_launch_flags,
+    tl,
+    triton,
+    wait_for_earlier_kernels,
+)
 
 MAX_QUERY_ROWS = 128  # G * Q per program: beyond this the default path is used
 KEYS_PER_TILE = 64  # keys per online-softmax step (a multiple of 16 for tl.dot)
@@ -223,9 +230,7 @@ if AVAILABLE:
         tl.store(part_ptr + slot * BLOCK_M * BLOCK_D + m[:, None] * BLOCK_D + d[None, :], acc)
         tl.store(ml_ptr + slot * 2 * BLOCK_M + m, running_max)
         tl.store(ml_ptr + slot * 2 * BLOCK_M + BLOCK_M + m, running_sum)
-        tl.debug_barrier()  # every thread's partial is written before the count says so
-        arrived = tl.atomic_add(counter_ptr + pair, 1, sem="acq_rel", scope="gpu")
-        if arrived == active - 1:
+        if arrive_last(counter_ptr + pair, active):
             total_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
             total_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
             total = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)

@@ -35,8 +35,17 @@ if AVAILABLE:
         if GDC:
             tl.extra.cuda.gdc_launch_dependents()
             tl.extra.cuda.gdc_wait()
+
+    @triton.jit
+    def arrive_last(counter_ptr, count):
+        """Count this program's arrival at counter_ptr (int32 in global memory) once every thread's stores so far
+        are done; True in the program that arrives `count`-th, whose acquire makes the others' stores before their
+        arrival visible (read them with cache_modifier=".cg"). That program then sets the counter back to 0 for the next
+        launch: a launch's counters start and end at 0."""
+        tl.debug_barrier()  # every thread's stores precede the arrival, whose release publishes them
+        return tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu") == count - 1
 else:
-    wait_for_earlier_kernels = None
+    wait_for_earlier_kernels = arrive_last = None
 
 
 def cuda_index(device: torch.device) -> int:
