@@ -115,23 +115,6 @@ def default_seq_len_buckets(max_seq_len: int, block_size: int, smallest: int = 2
     return [*buckets, max_seq_len]
 
 
-@contextlib.contextmanager
-def frozen_gc():
-    """Move every live object out of the garbage collector's view for the block (`gc.freeze`).
-
-    Each capture calls `gc.collect()` (inside `torch.cuda.graph`, and around every memory reading) and a
-    collection walks every tracked object: with a model and its engine loaded that costs ~0.1 s, several times
-    per captured graph. Frozen objects are skipped, so those collections only see what the capture itself
-    creates; capture timings then measure capture, not the interpreter's heap (vLLM freezes gc likewise).
-    """
-    gc.collect()
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()
-
-
 def free_device_bytes(device: torch.device) -> int:
     """Free device memory after syncing and returning the allocator's cached blocks (vLLM's measure)."""
     torch.cuda.synchronize(device)

@@ -26,7 +26,6 @@ from specexp.engine.cudagraph import (
     CudaGraphManager,
     default_capture_sizes,
     free_device_bytes,
-    frozen_gc,
     graph_key,
 )
 from specexp.engine.goodput import StepCostTable
@@ -35,6 +34,7 @@ from specexp.engine.output import StepRecord
 from specexp.engine.progress import CAPTURING, COMPILING, ProgressCallback, capture_reporter
 from specexp.engine.reuse import depth_graph_summary
 from specexp.engine.scheduler import ScheduledBatch
+from specexp.frozen_heap import frozen_gc
 from specexp.models.metadata import ForwardContext
 
 

@@ -4,6 +4,10 @@ workload once per repeat, reading the machine's state around each repeat.
 ``pace`` (a sweep measuring in rounds, :mod:`specexp.sweep_rounds`) is asked before each repeat and once
 after the last (``wait("repeat 0")``, ..., ``wait("finish")``); it returns when this job may go on, with the
 repeat's slot in the sweep's order. Without it the repeats run back to back.
+
+Each pass runs with the garbage collector's view of the heap frozen (:func:`specexp.frozen_heap.frozen_gc`):
+collections inside it walk only what the pass allocates, so a pass costs the same whatever else its process holds
+(one job's engine, or a reused sweep's engine and every earlier job's results).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from specexp.frozen_heap import frozen_gc
 from specexp.measure import machine
 from specexp.measure.settings import MeasureSettings
 
@@ -48,9 +53,10 @@ def warmup_prompts(prompts: list, count: int) -> list:
 
 def _repeat(number: int, slot: int | None, device: str, before: dict, serve) -> tuple[object, dict]:
     started_at = dt.datetime.now().isoformat(timespec="milliseconds")
-    cpu0, t0 = time.process_time(), time.perf_counter()
-    result = serve()
-    wall_s, cpu_s = time.perf_counter() - t0, time.process_time() - cpu0
+    with frozen_gc():  # a collection inside the pass walks what the pass allocates, not the whole process
+        cpu0, t0 = time.process_time(), time.perf_counter()
+        result = serve()
+        wall_s, cpu_s = time.perf_counter() - t0, time.process_time() - cpu0
     record = {"repeat": number, "sweep_slot": slot, "started_at": started_at, "wall_s": wall_s,
               "process_cpu_s": cpu_s, "machine": {"before": before, "after": machine.snapshot(device)}}
     return result, record

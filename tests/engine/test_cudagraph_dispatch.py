@@ -11,8 +11,8 @@ from specexp.engine.cudagraph import (
     CudaGraphManager,
     default_capture_sizes,
     default_seq_len_buckets,
-    frozen_gc,
 )
+from specexp.frozen_heap import frozen_gc
 
 
 def _manager(sizes=(1, 2, 4, 8), tokens_per_req=3):
@@ -114,7 +114,7 @@ def test_eager_steps_carry_their_own_key_length_and_execute_runs_them_eagerly():
     assert ran == [eager] and replayed == [BatchExecutionDescriptor(1, 1, FULL, 16)]  # the (emulated) replay
 
 
-def test_capture_freezes_the_collector_and_always_restores_it():
+def test_frozen_gc_freezes_the_collector_and_always_restores_it():
     import gc
 
     assert gc.get_freeze_count() == 0

@@ -122,3 +122,15 @@ def test_an_interrupted_sweep_stops_every_job_waiting_for_its_round_and_records_
     statuses = [json.loads((sweep / str(n) / "result.json").read_text())["status"] for n in (0, 1)]
     assert statuses == ["interrupted", "interrupted"], "".join(seen) + out
     assert "sweep: 2 jobs, 0 ok, 2 not ok (interrupted by SIGINT)" in out
+
+
+def test_a_measured_pass_runs_with_the_heap_frozen_and_leaves_it_thawed():
+    import gc
+
+    from specexp.measure import loop
+
+    frozen_inside = []
+    result, record = loop._repeat(0, None, "cpu", {}, lambda: frozen_inside.append(gc.get_freeze_count()) or "done")
+    assert result == "done" and record["repeat"] == 0 and record["wall_s"] >= 0
+    assert frozen_inside[0] > 0  # the process's objects were out of the collector's view during the pass
+    assert gc.get_freeze_count() == 0
