@@ -149,8 +149,9 @@ def model_bytes(model: torch.nn.Module) -> int:
 
 
 def make_engine(target, draft, k, max_num_seqs, graphs, rejection="standard", rate=0.7, max_model_len=512,
-                kernels=None):
-    """kernels: EngineConfig switches (compile_pointwise, the kernels, plain_decode_lookahead); None = defaults."""
+                kernels=None, serve_depths=(), max_new_tokens=128):
+    """kernels: EngineConfig switches (compile_pointwise, the kernels, plain_decode_lookahead); None = defaults.
+    serve_depths: the static depths besides k the engine captures graphs for (`NativeEngine(serve_depths=...)`)."""
     mode = FULL if graphs else "none"
     return NativeEngine(
         target, draft,
@@ -159,7 +160,8 @@ def make_engine(target, draft, k, max_num_seqs, graphs, rejection="standard", ra
                      cudagraph_mode=mode, **(kernels or {})),
         SpeculatorConfig(num_speculative_tokens=k, rejection=rejection, synthetic_acceptance_rate=rate,
                          cudagraph_mode=mode),
-        SamplingConfig(temperature=0.0, max_new_tokens=128, ignore_eos=True),
+        SamplingConfig(temperature=0.0, max_new_tokens=max_new_tokens, ignore_eos=True),
+        serve_depths=serve_depths,
     )
 
 

@@ -12,8 +12,9 @@ Each variant's graph is replayed in alternating rounds; per variant the mean ms 
 interval (n = rounds), and whether its logits match `apart`'s within bf16 rounding.
 
     python benchmarks/diagnostics/head_norm_fusion.py --out head_norm_fusion.json [--rounds 5] [--chain 8]
+    python benchmarks/diagnostics/head_norm_fusion.py --table head_norm_fusion.json [...]   (any machine)
 
-Needs torch, triton and a CUDA GPU.
+Measuring needs torch, triton and a CUDA GPU.
 """
 
 from __future__ import annotations
@@ -93,13 +94,38 @@ def bench_model(name: str, rounds: int, chain: int) -> dict:
     return result
 
 
+def render_table(results: list[tuple[str, dict]]) -> str:
+    """Markdown: per file and head shape, each variant's ms a head [95% t interval], the fused head's time over
+    `apart`'s, and whether every variant's logits matched `apart`'s within bf16 rounding."""
+    names = ("apart", "apart_head_tile", "fused_head_tile", "fused_norm_tile")
+    lines = ["| file | GPU | model | head [vocab, hidden] | " + " | ".join(f"{v} ms" for v in names)
+             + " | fused_head_tile / apart | logits within rounding | n |",
+             "|---|---|---|---|" + "---|" * len(names) + "---|---|---|"]
+    for file, result in results:
+        for model, row in result["models"].items():
+            stats = {v: row["variants"][v]["ms_per_head"] for v in names}
+            cells = [f"{s['mean']:.4f} [{s['low']:.4f}, {s['high']:.4f}]" for s in stats.values()]
+            ratio = stats["fused_head_tile"]["mean"] / stats["apart"]["mean"]
+            ok = "yes" if all(row["variants"][v]["within_rounding"] for v in names) else "**no**"
+            lines.append(f"| `{file}` | {result['machine']['gpu']} | {model} | {row['head_shape']} | "
+                         + " | ".join(cells) + f" | {ratio:.3f} | {ok} | {result['rounds']} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--table", nargs="+", metavar="FILE", help="print the files' table and exit (any machine)")
     parser.add_argument("--out", default="head_norm_fusion.json")
     parser.add_argument("--models", default=",".join(MODELS), help="comma-separated, of " + ", ".join(MODELS))
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--chain", type=int, default=8, help="heads a graph replays back to back")
     args = parser.parse_args(argv)
+    if args.table:
+        missing = [f for f in args.table if not Path(f).is_file()]
+        if missing:
+            parser.error(f"--table: no such file {missing[0]}")
+        print(render_table([(Path(f).name, json.loads(Path(f).read_text())) for f in args.table]))
+        return
     models = args.models.split(",")
     if set(models) - set(MODELS) or args.rounds < 2 or args.chain < 1:
         parser.error(f"--models of {', '.join(MODELS)}; --rounds >= 2; --chain >= 1")

@@ -22,7 +22,8 @@ TABLE_SCRIPTS = ("benchmarks/cudagraphs_report.py", "benchmarks/backends_report.
                  "benchmarks/load_gpu_report.py", "benchmarks/sweep_time.py", "benchmarks/dynamic_depth_report.py",
                  "benchmarks/diagnostics/goodput_replay.py", "benchmarks/diagnostics/kernel_cuts.py",
                  "benchmarks/diagnostics/skinny_alternatives.py", "benchmarks/diagnostics/tune_skinny.py",
-                 "benchmarks/diagnostics/attention_context.py")
+                 "benchmarks/diagnostics/attention_context.py", "benchmarks/diagnostics/reuse_cost.py",
+                 "benchmarks/diagnostics/head_norm_fusion.py")
 # the scripts that draw a report's figures: `python SCRIPT NAME OUT.png ...`
 FIGURE_SCRIPTS = ("benchmarks/cudagraphs_figures.py", "benchmarks/load_figures.py", "benchmarks/dynamic_depth_report.py",
                   "benchmarks/load_gpu_report.py")
