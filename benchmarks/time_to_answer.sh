@@ -8,22 +8,24 @@
 #   4. the kernels: the targets' and drafts' GEMV chains against the copy bandwidth (gemv_bandwidth.py), and a
 #      profiled k = 0 and k = 4 run of the Llama pair, where its device idles (step_trace.py; traces in OUT/traces);
 #   5. the launch choices, each against engine=cuda within one process: the argmax and greedy verification in three
-#      launches instead of one, and the targets' one-row GEMVs in stream order (kernel_cuts.py, both pairs).
+#      launches instead of one, and the targets' one-row GEMVs in stream order (kernel_cuts.py, both pairs);
+#   6. a reused engine against engines built at k, in one process (reuse_cost.py, k = 1 and 4 from K = 8).
 #
-#   bash benchmarks/time_to_answer.sh OUT [SECTIONS]     SECTIONS: comma-separated of steps,sweep,context,kernels,cuts
-#                                                        (all)
+#   bash benchmarks/time_to_answer.sh OUT [SECTIONS]     SECTIONS: comma-separated of steps,sweep,context,kernels,cuts,
+#                                                        reuse (all)
 #
-# Run from the repository root on a machine with a CUDA GPU; about 9 minutes on an H100 or an H200 without `cuts`.
+# Run from the repository root on a machine with a CUDA GPU; on an H100 (2026-12-07) steps took 4.4 minutes, sweep
+# 5.5 (a fresh machine), kernels 0.7, cuts 0.8, reuse 1.6: split the sections over calls where a call's time is capped.
 set -euo pipefail
 if [[ $# -lt 1 || $# -gt 2 ]]; then
-  echo "usage: bash benchmarks/time_to_answer.sh OUT [steps,sweep,context,kernels,cuts]" >&2
+  echo "usage: bash benchmarks/time_to_answer.sh OUT [steps,sweep,context,kernels,cuts,reuse]" >&2
   exit 2
 fi
 OUT=$1
-SECTIONS=${2:-steps,sweep,context,kernels,cuts}
+SECTIONS=${2:-steps,sweep,context,kernels,cuts,reuse}
 for section in ${SECTIONS//,/ }; do
-  case $section in steps|sweep|context|kernels|cuts) ;; *)
-    echo "time_to_answer.sh: unknown section '$section'; valid: steps, sweep, context, kernels, cuts" >&2; exit 2 ;;
+  case $section in steps|sweep|context|kernels|cuts|reuse) ;; *)
+    echo "time_to_answer.sh: unknown section '$section'; valid: steps, sweep, context, kernels, cuts, reuse" >&2; exit 2 ;;
   esac
 done
 mkdir -p "$OUT"
@@ -52,4 +54,8 @@ if [[ ,$SECTIONS, == *,cuts,* ]]; then
   python benchmarks/diagnostics/kernel_cuts.py --pairs $LLAMA,lfm2-1.2b+lfm2-350m \
     --configs defaults,argmax_two_launches,gemv_early_draft --rounds 3 --out "$OUT/kernel_cuts.json"
   python benchmarks/diagnostics/kernel_cuts.py --table "$OUT/kernel_cuts.json"
+fi
+if [[ ,$SECTIONS, == *,reuse,* ]]; then
+  python benchmarks/diagnostics/reuse_cost.py --ks 1,4 --max-k 8 --rounds 4 --out "$OUT/reuse_cost.json"
+  python benchmarks/diagnostics/reuse_cost.py --table "$OUT/reuse_cost.json"
 fi

@@ -17,8 +17,8 @@ def test_the_script_parses():
 
 
 @pytest.mark.parametrize("args, message", [
-    ([], "usage: bash benchmarks/time_to_answer.sh OUT [steps,sweep,context,kernels,cuts]"),
-    (["out", "steps,speed"], "unknown section 'speed'; valid: steps, sweep, context, kernels, cuts"),
+    ([], "usage: bash benchmarks/time_to_answer.sh OUT [steps,sweep,context,kernels,cuts,reuse]"),
+    (["out", "steps,speed"], "unknown section 'speed'; valid: steps, sweep, context, kernels, cuts, reuse"),
 ])
 def test_bad_arguments_are_one_line_and_exit_2(args, message, tmp_path):
     done = subprocess.run(["bash", str(SCRIPT), *[str(tmp_path / a) if a == "out" else a for a in args]],
