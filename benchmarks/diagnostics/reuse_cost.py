@@ -5,15 +5,18 @@ between runs (`NativeEngine.use_static_depth`); an isolated job builds its engin
 and acceptance. Is the reused engine's step as fast? This script builds, for each `--ks` value, the engine an
 isolated job builds (K = k) and one engine at K = `--max-k` serving all of them, each with `engine.max_model_len=auto`
 as the CLI resolves it for its K (the longest prompt + new tokens + K, rounded up to a block), and `engine=cuda`'s
-kernels. Then `--rounds` rounds, each running every (k, engine) once over the same random prompts (batch 1,
-synthetic acceptance), the two engines of a k in alternating order, the garbage collector paused inside each run.
+kernels; the K engine captures every depth 0..K, as a reused sweep over k = 0..K does (`--serve ks`: only `--ks`).
+First `--rounds` rounds of the engines built at k alone, before the K engine exists; then `--rounds` rounds, each
+running every (k, engine) once over the same random prompts (batch 1, synthetic acceptance), the two engines of a k
+in alternating order. The garbage collector is paused inside each run.
 (`depth_headroom.py` asks the dynamic-depth form: a K engine whose batch-size schedule picks k, at larger batches.)
 
 Per k and engine: output tokens/s per run and their mean with its 95% t interval, the median step, verify and draft
-phase; the reused / isolated ratio of each round's pair of runs (mean, 95% t interval, n = rounds); whether both
-engines realized the same acceptance and emitted the same tokens; the engines' max_model_len and key-length buckets.
+phase; the reused / isolated ratio of each round's pair of runs (mean, 95% t interval, n = rounds); the engine built
+at k's tokens/s before the K engine was built (does another engine's presence in the process, its graphs and
+memory, slow it?); whether both engines emitted the same tokens; the engines' max_model_len and key-length buckets.
 
-    python benchmarks/diagnostics/reuse_cost.py --ks 1,4 --max-k 8 --rounds 4 --out reuse_cost.json
+    python benchmarks/diagnostics/reuse_cost.py --ks 1,4 --max-k 8 --rounds 4 [--serve all] --out reuse_cost.json
     python benchmarks/diagnostics/reuse_cost.py --table reuse_cost.json [...]   (any machine)
 
 Measuring needs torch, safetensors, triton and a CUDA GPU.
@@ -51,7 +54,7 @@ def engine_row(outs: list, engine) -> dict:
 
 
 def measure(pair: str, ks: list[int], max_k: int, rounds: int, num_prompts: int, prompt_len: int, new_tokens: int,
-            rate: float) -> dict:
+            rate: float, serve: str = "all") -> dict:
     import torch
     from gpu_cudagraphs import CUDA_KERNELS, RANDOM_PAIRS, ZOO, make_engine, timed_generate
 
@@ -76,7 +79,6 @@ def measure(pair: str, ks: list[int], max_k: int, rounds: int, num_prompts: int,
         return engine
 
     isolated = {k: build(k) for k in ks}
-    reused = build(max_k, tuple(ks))
 
     def run(name: str, k: int):
         engine = isolated[k] if name == "isolated" else reused
@@ -85,9 +87,15 @@ def measure(pair: str, ks: list[int], max_k: int, rounds: int, num_prompts: int,
         engine.reseed(0)
         return timed_generate(engine, prompts)
 
+    alone = {k: [] for k in ks}
     for k in ks:  # untimed: first-use costs
-        for name in ("isolated", "reused"):
-            run(name, k)
+        run("isolated", k)
+    for _ in range(rounds):
+        for k in ks:
+            alone[k].append(run("isolated", k))
+    reused = build(max_k, tuple(range(max_k + 1)) if serve == "all" else tuple(ks))
+    for k in ks:
+        run("reused", k)
     outs = {(k, name): [] for k in ks for name in ("isolated", "reused")}
     for r in range(rounds):
         for k in ks:
@@ -101,16 +109,18 @@ def measure(pair: str, ks: list[int], max_k: int, rounds: int, num_prompts: int,
         same_tokens = all(ra.output_token_ids == rb.output_token_ids
                           for a, b in zip(iso, reu) for ra, rb in zip(a.requests, b.requests))
         row = {"k": k, "isolated": engine_row(iso, isolated[k]),
-               "reused": engine_row(reu, reused),
+               "reused": engine_row(reu, reused), "isolated_alone": engine_row(alone[k], isolated[k]),
                "reused_over_isolated": repeat_summary(ratios), "same_tokens": same_tokens}
         rows.append(row)
         s = row["reused_over_isolated"]
-        print(f"  k = {k}: isolated {row['isolated']['output_tokens_per_s']['mean']:.1f}, reused "
+        print(f"  k = {k}: isolated alone {row['isolated_alone']['output_tokens_per_s']['mean']:.1f}, beside the K "
+              f"engine {row['isolated']['output_tokens_per_s']['mean']:.1f}, reused "
               f"{row['reused']['output_tokens_per_s']['mean']:.1f} tokens/s, reused / isolated {s['mean']:.4f} "
               f"[{s['low']:.4f}, {s['high']:.4f}] (n = {rounds}), same tokens {same_tokens}", flush=True)
     return {"machine": {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
                         "python": platform.python_version()},
-            "settings": {"pair": pair, "ks": ks, "max_k": max_k, "rounds": rounds, "num_prompts": num_prompts,
+            "settings": {"pair": pair, "ks": ks, "max_k": max_k, "serve": serve, "rounds": rounds,
+                         "num_prompts": num_prompts,
                          "prompt_len": prompt_len, "new_tokens": new_tokens, "synthetic_acceptance_rate": rate},
             "rows": rows}
 
@@ -121,8 +131,9 @@ def render_table(results: list[tuple[str, dict]]) -> str:
         return f"{s['mean']:.{digits}f} [{s['low']:.{digits}f}, {s['high']:.{digits}f}]"
 
     lines = [("| file | GPU | k | isolated (K = k) tokens/s | reused (K = max) tokens/s | reused / isolated | "
-              "step ms, isolated / reused | verify ms | draft ms | same tokens | n |"),
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+              "step ms, isolated / reused | verify ms | draft ms | same tokens | isolated before the K engine "
+              "existed, tokens/s | n |"),
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for file, result in results:
         for row in result["rows"]:
             a, b = row["isolated"], row["reused"]
@@ -131,7 +142,9 @@ def render_table(results: list[tuple[str, dict]]) -> str:
                 f"{interval(b['output_tokens_per_s'], 1)} | {interval(row['reused_over_isolated'], 4)} | "
                 f"{a['step_ms_p50']:.3f} / {b['step_ms_p50']:.3f} | {a['verify_ms_p50']:.3f} / "
                 f"{b['verify_ms_p50']:.3f} | {a['draft_ms_p50']:.3f} / {b['draft_ms_p50']:.3f} | "
-                f"{'yes' if row['same_tokens'] else '**no**'} | {result['settings']['rounds']} |")
+                f"{'yes' if row['same_tokens'] else '**no**'} | "
+                f"{interval(row['isolated_alone']['output_tokens_per_s'], 1) if 'isolated_alone' in row else '-'} | "
+                f"{result['settings']['rounds']} |")
     return "\n".join(lines)
 
 
@@ -147,6 +160,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--rate", type=float, default=0.8, help="synthetic acceptance rate")
+    parser.add_argument("--serve", choices=["all", "ks"], default="all",
+                        help="the depths the K engine captures: all of 0..K (as a reused sweep over them) or --ks")
     args = parser.parse_args(argv)
     if args.table:
         missing = [f for f in args.table if not Path(f).is_file()]
@@ -167,7 +182,7 @@ def main(argv: list[str] | None = None) -> None:
     if not torch.cuda.is_available():
         sys.exit("reuse_cost.py needs a CUDA GPU")
     result = measure(args.pair, ks, args.max_k, args.rounds, args.prompts, args.prompt_len, args.new_tokens,
-                     args.rate)
+                     args.rate, args.serve)
     Path(args.out).write_text(json.dumps(result, indent=1))
     print(f"wrote {args.out}")
 
