@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/diagnosti
 
 from gemv_bandwidth import capture
 from gpu_cudagraphs import cuda_ms
+from result_tables import print_result_tables
 
 from specexp.measure.intervals import repeat_summary
 from specexp.models import triton_gemv, triton_support
@@ -121,10 +122,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--chain", type=int, default=8, help="heads a graph replays back to back")
     args = parser.parse_args(argv)
     if args.table:
-        missing = [f for f in args.table if not Path(f).is_file()]
-        if missing:
-            parser.error(f"--table: no such file {missing[0]}")
-        print(render_table([(Path(f).name, json.loads(Path(f).read_text())) for f in args.table]))
+        print_result_tables(parser, args.table, render_table)
         return
     models = args.models.split(",")
     if set(models) - set(MODELS) or args.rounds < 2 or args.chain < 1:

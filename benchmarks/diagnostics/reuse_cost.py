@@ -35,6 +35,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root (specexp)
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ (gpu_cudagraphs)
 
+from result_tables import print_result_tables
+
 from specexp.measure.intervals import repeat_summary
 
 BLOCK_SIZE = 16
@@ -164,10 +166,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="the depths the K engine captures: all of 0..K (as a reused sweep over them) or --ks")
     args = parser.parse_args(argv)
     if args.table:
-        missing = [f for f in args.table if not Path(f).is_file()]
-        if missing:
-            parser.error(f"--table: no such file {missing[0]}")
-        print(render_table([(Path(f).name, json.loads(Path(f).read_text())) for f in args.table]))
+        print_result_tables(parser, args.table, render_table)
         return
     try:
         ks = [int(k) for k in args.ks.split(",")]
