@@ -6,8 +6,8 @@ after the last (``wait("repeat 0")``, ..., ``wait("finish")``); it returns when 
 repeat's slot in the sweep's order. Without it the repeats run back to back.
 
 Each pass runs with the garbage collector's view of the heap frozen (:func:`specexp.frozen_heap.frozen_gc`):
-collections inside it walk only what the pass allocates, so a pass costs the same whatever else its process holds
-(one job's engine, or a reused sweep's engine and every earlier job's results).
+collections inside it walk only what the pass allocates, so the collector's share of a pass does not grow with what
+else its process holds (one job's engine, or a reused sweep's engine and every earlier job's results).
 """
 
 from __future__ import annotations
