@@ -28,13 +28,13 @@ from specexp.engine.cudagraph import (
     free_device_bytes,
     graph_key,
 )
+from specexp.engine.frozen_heap import frozen_gc
 from specexp.engine.goodput import StepCostTable
 from specexp.engine.inputs import uniform_dummy_inputs
 from specexp.engine.output import StepRecord
 from specexp.engine.progress import CAPTURING, COMPILING, ProgressCallback, capture_reporter
 from specexp.engine.reuse import depth_graph_summary
 from specexp.engine.scheduler import ScheduledBatch
-from specexp.frozen_heap import frozen_gc
 from specexp.models.metadata import ForwardContext
 
 

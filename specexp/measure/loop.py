@@ -5,9 +5,10 @@ workload once per repeat, reading the machine's state around each repeat.
 after the last (``wait("repeat 0")``, ..., ``wait("finish")``); it returns when this job may go on, with the
 repeat's slot in the sweep's order. Without it the repeats run back to back.
 
-Each pass runs with the garbage collector's view of the heap frozen (:func:`specexp.frozen_heap.frozen_gc`):
-collections inside it walk only what the pass allocates, so the collector's share of a pass does not grow with what
-else its process holds (one job's engine, or a reused sweep's engine and every earlier job's results).
+Each pass runs with the garbage collector's view of the heap frozen
+(:func:`specexp.engine.frozen_heap.frozen_gc`): collections inside it walk only what the pass allocates, so the
+collector's share of a pass does not grow with what else its process holds (one job's engine, or a reused sweep's
+engine and every earlier job's results).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from specexp.frozen_heap import frozen_gc
+from specexp.engine.frozen_heap import frozen_gc
 from specexp.measure import machine
 from specexp.measure.settings import MeasureSettings
 

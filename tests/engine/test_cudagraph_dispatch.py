@@ -12,7 +12,7 @@ from specexp.engine.cudagraph import (
     default_capture_sizes,
     default_seq_len_buckets,
 )
-from specexp.frozen_heap import frozen_gc
+from specexp.engine.frozen_heap import frozen_gc
 
 
 def _manager(sizes=(1, 2, 4, 8), tokens_per_req=3):
