@@ -38,6 +38,7 @@ import time
 from pathlib import Path
 
 STARTUP_PHASES = ("import", "model_load", "engine_build", "warmup")
+PHASES = ("step", "verify", "draft", "schedule")  # a step's device phases (`metrics.<phase>_ms`)
 
 
 def sweep_command(args, mode: str) -> list[str]:
@@ -66,6 +67,8 @@ def job_record(result_path: Path) -> dict:
         "duration_s": record.get("duration_s"), "startup_s": startup,
         "graph_capture_s": metrics.get("graph_capture_s"),
         "gpu": env.get("gpu"), "git_sha": env.get("git_sha"),
+        # the job's median step and phases (ms, pooled over its passes): where a reused point's time differs
+        "phase_ms_p50": {phase: (metrics.get(f"{phase}_ms") or {}).get("p50") for phase in PHASES},
     }
 
 
@@ -153,7 +156,29 @@ def render(result: dict) -> str:
     lines.append("")
     lines.append("acceptance identical in every mode at every k" if not mismatches
                  else f"acceptance differs between sweeps at k = {mismatches}")
+    lines += phase_table(by_mode)
     return "\n".join(lines)
+
+
+def phase_table(by_mode: dict) -> list[str]:
+    """Per k, each phase's median ms (a job's p50 over its steps, the mean over rounds) in each mode, joined by " / "
+    in the modes' order; [] for results written before the jobs kept their phases."""
+    jobs = [j for sweeps in by_mode.values() for s in sweeps for j in s["jobs"]]
+    if not any(j.get("phase_ms_p50") for j in jobs):
+        return []
+    lines = ["", f"Median ms of a step's phases ({' / '.join(by_mode)}):", "",
+             "| k | " + " | ".join(f"{phase} ms" for phase in PHASES) + " |", "|---|" + "---|" * len(PHASES)]
+    for k in sorted({j["k"] for j in jobs}):
+        cells = []
+        for phase in PHASES:
+            means = []
+            for sweeps in by_mode.values():
+                values = [j["phase_ms_p50"][phase] for s in sweeps for j in s["jobs"]
+                          if j["k"] == k and (j.get("phase_ms_p50") or {}).get(phase) is not None]
+                means.append(f"{statistics.mean(values):.3f}" if values else "-")
+            cells.append(" / ".join(means))
+        lines.append(f"| {k} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -43,6 +43,10 @@ def test_both_modes_sweep_every_k_with_the_same_acceptance(tmp_path):
     assert len(result["sweeps"]) == 2  # the warm-up sweep is in no round
     table = sweep_time.render(result)
     assert "acceptance identical" in table and table.startswith("warm-up sweep, not in the rounds (reused): ")
+    # each job keeps its median phases (CPU wall-clock ms here), and the table shows them per mode
+    assert all(j["phase_ms_p50"]["step"] > 0 and j["phase_ms_p50"]["verify"] > 0
+               for sweep in by_mode.values() for j in sweep["jobs"])
+    assert "Median ms of a step's phases (reused / isolated):" in table
 
 
 def _sweep(mode: str, gpu: str | None) -> dict:
@@ -58,3 +62,15 @@ def test_table_says_which_gpu_the_jobs_ran_on_and_nothing_for_cpu_runs():
     assert sweep_time.render(gpu).startswith("Jobs ran on: NVIDIA H200, commit abc1234.\n\n| mode |")
     cpu = {**gpu, "sweeps": [_sweep("reused", None), _sweep("isolated", None)]}
     assert sweep_time.render(cpu).startswith("| mode |")
+
+
+def test_phase_table_joins_the_modes_and_is_left_out_for_results_without_phases():
+    result = {"modes": ["reused", "isolated"], "acceptance_mismatches": [],
+              "sweeps": [_sweep("reused", None), _sweep("isolated", None)]}
+    assert "Median ms" not in sweep_time.render(result)  # results written before the jobs kept their phases
+    for sweep, step in zip(result["sweeps"], (2.0, 1.5)):
+        sweep["jobs"][0]["phase_ms_p50"] = {"step": step, "verify": 1.0, "draft": step - 1.0, "schedule": None}
+    assert sweep_time.render(result).endswith("| k | step ms | verify ms | draft ms | schedule ms |\n"
+                                              "|---|---|---|---|---|\n"
+                                              "| 1 | 2.000 / 1.500 | 1.000 / 1.000 | 1.000 / 0.500 | - / - |")
+
