@@ -124,3 +124,15 @@ def test_frozen_gc_freezes_the_collector_and_always_restores_it():
     with pytest.raises(RuntimeError), frozen_gc():
         raise RuntimeError("a capture that fails")
     assert gc.get_freeze_count() == 0
+
+
+def test_frozen_gc_leaves_what_was_frozen_before_it_frozen():
+    import gc
+
+    gc.freeze()  # as a library that freezes the heap for good after its start-up
+    try:
+        with frozen_gc():
+            assert gc.get_freeze_count() > 0
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
