@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 
 STARTUP_PHASES = ("import", "model_load", "engine_build", "warmup")
-PHASES = ("step", "verify", "draft", "schedule")  # a step's device phases (`metrics.<phase>_ms`)
+PHASES = ("step", "verify", "draft", "schedule")  # a step's phases (`metrics.<phase>_ms`)
 
 
 def sweep_command(args, mode: str) -> list[str]:
@@ -67,7 +67,7 @@ def job_record(result_path: Path) -> dict:
         "duration_s": record.get("duration_s"), "startup_s": startup,
         "graph_capture_s": metrics.get("graph_capture_s"),
         "gpu": env.get("gpu"), "git_sha": env.get("git_sha"),
-        # the job's median step and phases (ms, pooled over its passes): where a reused point's time differs
+        # the job's median step and phases (ms, its record's: the mean over its passes): where a reused point differs
         "phase_ms_p50": {phase: (metrics.get(f"{phase}_ms") or {}).get("p50") for phase in PHASES},
     }
 

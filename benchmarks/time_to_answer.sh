@@ -15,7 +15,8 @@
 #                                                        reuse (all)
 #
 # Run from the repository root on a machine with a CUDA GPU; on an H100 (2026-12-07) steps took 4.4 minutes, sweep
-# 5.5 (a fresh machine), kernels 0.7, cuts 0.8, reuse 1.6: split the sections over calls where a call's time is capped.
+# 5.5 (a fresh machine), kernels 0.7, cuts 0.8, reuse 1.6 (before it measured the engines alone and captured every
+# depth: expect more): split the sections over calls where a call's time is capped.
 set -euo pipefail
 if [[ $# -lt 1 || $# -gt 2 ]]; then
   echo "usage: bash benchmarks/time_to_answer.sh OUT [steps,sweep,context,kernels,cuts,reuse]" >&2
