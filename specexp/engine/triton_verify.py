@@ -114,7 +114,6 @@ if AVAILABLE:
                 _verify_row(r, target_ptr, rows_ptr, drafts_ptr, lengths_ptr, u_ptr, rates_ptr, out_ptr, rate, v,
                             K, v + 1, stride_rows, stride_drafts, stride_u, stride_out, HAS_DRAFTS, CONFIDENCE,
                             SYNTHETIC, RATES, BLOCK, True)
-                tl.store(tickets_ptr + num_rows + r, 0)
 
 
 def _verify_operands(caller: str, v: int, row_inputs: torch.Tensor, step_out: torch.Tensor, k: int,

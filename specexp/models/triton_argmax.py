@@ -87,12 +87,12 @@ if AVAILABLE:
                              stride_out, row, chunk, BLOCK: tl.constexpr, CHUNKS: tl.constexpr):
         """Both kernels' work for chunk `chunk` of row `row`, in a launch of one program per chunk: store the
         chunk's partials and arrive at tickets[row]; the row's last program to arrive reduces the row (into
-        out_ptr + row * stride_out) and sets the ticket back to 0. Returns whether this program reduced it."""
+        out_ptr + row * stride_out); the ticket is 0 again after it (`arrive_last`). Returns whether this program
+        reduced the row."""
         chunk_partials(x_ptr, max_ptr, index_ptr, nan_ptr, V, stride_x, num_chunks, row, chunk, BLOCK)
         last = arrive_last(tickets_ptr + row, num_chunks)
         if last:  # every other chunk of the row has stored its partials
             reduce_partials(max_ptr, index_ptr, nan_ptr, out_ptr, V, num_chunks, stride_out, row, CHUNKS)
-            tl.store(tickets_ptr + row, 0)
         return last
 
 

@@ -247,7 +247,6 @@ if AVAILABLE:
                 total = total * old_scale[:, None] + part * part_scale[:, None]
                 total_max = new_max
             tl.store(out_ptrs, (total / total_sum[:, None]).to(out_ptrs.dtype.element_ty), mask=out_mask)
-            tl.atomic_xchg(counter_ptr + pair, 0, sem="relaxed", scope="gpu")
 
     @triton.jit
     def _head_prologue(row_ptr, cos, sin, mask, d, d_swapped, norm_ptr, eps,

@@ -40,10 +40,13 @@ if AVAILABLE:
     def arrive_last(counter_ptr, count):
         """Count this program's arrival at counter_ptr (int32 in global memory) once every thread's stores so far
         are done; True in the program that arrives `count`-th, whose acquire makes the others' stores before their
-        arrival visible (read them with cache_modifier=".cg"). That program then sets the counter back to 0 for the next
-        launch: a launch's counters start and end at 0."""
+        arrival visible (read them with cache_modifier=".cg"). That program sets the counter back to 0 for the
+        next launch (no program of this one arrives after it): a launch's counters start and end at 0."""
         tl.debug_barrier()  # every thread's stores precede the arrival, whose release publishes them
-        return tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu") == count - 1
+        last = tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu") == count - 1
+        if last:
+            tl.atomic_xchg(counter_ptr, 0, sem="relaxed", scope="gpu")
+        return last
 else:
     wait_for_earlier_kernels = arrive_last = None
 
