@@ -31,11 +31,12 @@ SWITCHES = ("compile_pointwise", "linear_kernel", "silu_in_down_gemv", "silu_in_
             "attention_kernel", "conv_kernel", "argmax_kernel", "sampler_kernel", "draft_step_kernel",
             "programmatic_launch", "gemv_early_launch", "skinny_early_launch", "plain_decode_lookahead",
             "cudagraph_prefill_tokens",
-            "cudagraph_shared_pool", "steady_inputs_on_device")
+            "cudagraph_shared_pool", "steady_inputs_on_device", "draft_prefill_region")
 # what results written before a switch existed ran: the behaviour the switch's first default kept
 BEFORE_THE_SWITCH = {"argmax_kernel": "torch", "silu_in_down_gemv": False, "silu_in_gate_up": False,
                      "sampler_kernel": "torch", "draft_step_kernel": "torch", "programmatic_launch": False,
-                     "gemv_early_launch": "both", "skinny_early_launch": "both", "steady_inputs_on_device": False}
+                     "gemv_early_launch": "both", "skinny_early_launch": "both", "steady_inputs_on_device": False,
+                     "draft_prefill_region": "full"}
 SHORT_PAIR = {"lfm2-1.2b+lfm2-350m": "LFM2-1.2B + 350M", "llama-3.2-1b+llama-100m": "Llama-3.2-1B + 100M"}
 # graph managers grouped as the memory table shows them (prompt-graph managers carry their token count)
 MANAGER_GROUPS = (("target verify", "target_verify"), ("target prompt graphs", "target_prefill_"),

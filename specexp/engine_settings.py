@@ -43,7 +43,7 @@ def engine_configs(spec):
                         "fold_norm_weights", "attention_kernel", "conv_kernel", "argmax_kernel", "sampler_kernel",
                         "draft_step_kernel", "programmatic_launch", "gemv_early_launch", "skinny_early_launch",
                         "plain_decode_lookahead", "steady_inputs_on_device", "cudagraph_shared_pool",
-                        "cudagraph_mixed")},
+                        "cudagraph_mixed", "draft_prefill_region")},
     )
     speculator = SpeculatorConfig(
         num_speculative_tokens=s.num_speculative_tokens, rejection=s.options.get("rejection", "standard"),

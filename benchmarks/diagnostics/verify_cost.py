@@ -84,7 +84,9 @@ def measure_k(target, draft, k: int, kernels: dict) -> dict:
     row = {"target_verify": measure_graph(lambda: engine.verify_graphs.replay(verify))}
     spec = engine.speculator
     if k >= 1:
-        prefill = BatchExecutionDescriptor(1, k + 2, FULL, keys, k)
+        # v + 2 slots keyed by k, or two slots under one key for every k (`engine.draft_prefill_region`)
+        region_k = k if spec.prefill_graphs.per_k else 0
+        prefill = BatchExecutionDescriptor(1, spec.prefill_graphs.tokens_for(region_k), FULL, keys, region_k)
         spec._prepare_prefill_capture(prefill)
         row["draft_prefill"] = measure_graph(lambda: spec.prefill_graphs.replay(prefill))
     if k >= 2:

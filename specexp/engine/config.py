@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from specexp.engine.draft_advance import DRAFT_STEP_KERNELS
+from specexp.engine.errors import EngineConfigError
 from specexp.engine.goodput import GoodputSettings
 from specexp.engine.sampling import ARGMAX_KERNELS, TRITON_ARGMAX_KERNELS
 from specexp.models import skinny_configs, triton_support
@@ -21,10 +22,8 @@ MODEL_ROLES = ("target", "draft")
 # engine.gemv_early_launch / skinny_early_launch: whose one-row GEMVs / skinny kernels launch early (see
 # EngineConfig).
 EARLY_LAUNCH_ROLES = ("both", *MODEL_ROLES, "none")
-
-
-class EngineConfigError(ValueError):
-    """A setting the engine cannot run with; the message names the value and what would be valid."""
+# engine.draft_prefill_region: the draft's prefill regions of verify rows (see EngineConfig).
+DRAFT_PREFILL_REGIONS = ("auto", "full", "last_two")
 
 
 @dataclass(frozen=True)
@@ -121,6 +120,12 @@ class EngineConfig:
     no prompt row) is staged by one kernel on the device from what the last step accepted
     (`specexp.engine.verify_advance`) instead of from the host after the read-back: the host's staging, which the
     device waits for when the draft is shorter, leaves the path between the read-back and the next verify.
+    draft_prefill_region: "auto" | "full" | "last_two": the draft's prefill after a verify of v drafts, over each
+    row's v + 2 slots from t_last ("full": the verified inputs kept, the new token, padding) or over the last two
+    (the last accepted input and the new token, `specexp.engine.draft_catch_up`): an attention-only draft's cache
+    already holds the rest, so the prefill runs 2 tokens a row at every v, one graph a batch size for every k.
+    "auto": last_two for drafts without short-conv layers, whose conv state needs the full region. Prompt rows,
+    and verify rows beside prompt chunks in one joined graph, keep the full region either way.
     """
 
     device: str = "cpu"
@@ -151,6 +156,7 @@ class EngineConfig:
     skinny_early_launch: str = "both"
     plain_decode_lookahead: bool = True
     steady_inputs_on_device: bool = True
+    draft_prefill_region: str = "auto"
     seed: int = 0
 
     def validate(self) -> None:
@@ -182,6 +188,9 @@ class EngineConfig:
                      "silu_in_down_gemv", "steady_inputs_on_device"):
             if not isinstance(getattr(self, name), bool):
                 raise EngineConfigError(f"engine.{name}={getattr(self, name)!r}: must be true or false")
+        if self.draft_prefill_region not in DRAFT_PREFILL_REGIONS:
+            raise EngineConfigError(f"engine.draft_prefill_region={self.draft_prefill_region!r}: valid are "
+                                    + ", ".join(repr(m) for m in DRAFT_PREFILL_REGIONS))
         if not isinstance(self.programmatic_launch, bool) and self.programmatic_launch != "auto":
             raise EngineConfigError(f"engine.programmatic_launch={self.programmatic_launch!r}: must be true, false "
                                     "or auto")

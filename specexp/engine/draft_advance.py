@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from specexp.engine import triton_draft_step
+from specexp.engine.draft_catch_up import place_last_two, place_last_two_on_gpu
 
 
 def advance_draft_rows(draft_tokens: torch.Tensor, step: int, input_ids: torch.Tensor, positions: torch.Tensor,
@@ -97,13 +98,15 @@ def fill_prefill_ids_on_gpu(staged: torch.Tensor, *rest) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class DraftStepKernels:
-    """What one `engine.draft_step_kernel` setting runs: `advance` and `fill_prefill_ids` (see the module doc)."""
+    """What one `engine.draft_step_kernel` setting runs: `advance` and `fill_prefill_ids` (see the module doc), and
+    `place_last_two` (the two-slot prefill regions, `draft_catch_up`)."""
 
     advance: Callable[..., None]
     fill_prefill_ids: Callable[..., torch.Tensor]
+    place_last_two: Callable[..., torch.Tensor]
 
 
 DRAFT_STEP_KERNELS: dict[str, DraftStepKernels] = {
-    "torch": DraftStepKernels(advance_draft_rows, fill_prefill_ids),
-    "triton": DraftStepKernels(advance_draft_rows_on_gpu, fill_prefill_ids_on_gpu),
+    "torch": DraftStepKernels(advance_draft_rows, fill_prefill_ids, place_last_two),
+    "triton": DraftStepKernels(advance_draft_rows_on_gpu, fill_prefill_ids_on_gpu, place_last_two_on_gpu),
 }

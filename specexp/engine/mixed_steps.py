@@ -208,7 +208,9 @@ class DraftMixedSteps(GraphedStepCounts):
             joined[1].dispatch(num_verify, num_verify * (desc.num_speculative_tokens + 2), True, max(ends),
                                k=desc.num_speculative_tokens)  # counts the replay
             return MixedParts(num_verify, None, [], joined)
-        if num_verify and self.prefill_graphs.lookup(num_verify, max(ends[:num_verify]), v) is None:
+        # verify rows' regions: v + 2 slots, or two at every v (`draft_catch_up`), one graph for every v
+        region_v = 0 if self.last_two_regions else v
+        if num_verify and self.prefill_graphs.lookup(num_verify, max(ends[:num_verify]), region_v) is None:
             return None
         prompts = list(zip(query_lens[num_verify:], ends[num_verify:]))
         if not all(self.prompt_graphs.holds(q + 1, end) for q, end in prompts):
@@ -216,7 +218,8 @@ class DraftMixedSteps(GraphedStepCounts):
         self._count_mixed(num_verify, joined=False)
         verify = None
         if num_verify:
-            verify = self.prefill_graphs.dispatch(num_verify, num_verify * (v + 2), True, max(ends[:num_verify]), k=v)
+            verify = self.prefill_graphs.dispatch(num_verify, num_verify * (region_v + 2), True, max(ends[:num_verify]),
+                                                  k=region_v)
         return MixedParts(num_verify, verify, [self.prompt_graphs.dispatch(q + 1, end) for q, end in prompts])
 
     def _prefill_in_parts(self, batch: VerifiedBatch, parts: MixedParts) -> StagedRows:

@@ -207,7 +207,6 @@ class NativeEngine(TargetGraphs, TargetStepInputs, TargetMixedSteps, TargetMixed
         self.speculator: AutoRegressiveSpeculator | None = None
         self.req_draft_probs: torch.Tensor | None = None
         if self.k > 0:
-            draft_kernels = DRAFT_STEP_KERNELS[engine.draft_step_kernel]
             self.speculator = AutoRegressiveSpeculator(
                 draft, num_speculative_tokens=self.k, max_num_reqs=engine.max_num_seqs,
                 max_num_tokens=self.max_num_tokens, num_blocks=num_blocks + 1, block_size=engine.block_size,
@@ -222,8 +221,7 @@ class NativeEngine(TargetGraphs, TargetStepInputs, TargetMixedSteps, TargetMixed
                 # the chunks' draft regions: each its tokens + the sampled one
                 mixed_chunk_shapes=tuple((rows, count + 1) for rows, count in self.mixed_graphs.managers),
                 argmax=ARGMAX_KERNELS[engine.argmax_kernel](self.device, self.max_num_tokens),
-                advance=draft_kernels.advance,
-                fill_prefill_ids=draft_kernels.fill_prefill_ids,
+                step_kernels=DRAFT_STEP_KERNELS[engine.draft_step_kernel], prefill_region=engine.draft_prefill_region,
             )
             if not sampling.greedy:
                 # Draft probabilities of each request's pending drafts, by conv slot (a request's stable id).
@@ -250,7 +248,8 @@ class NativeEngine(TargetGraphs, TargetStepInputs, TargetMixedSteps, TargetMixed
         if self.use_graphs:
             log.info(describe_graph_cost(self.graph_keys, self.static_graph_keys, len(self.seq_len_buckets),
                                          set().union(*(self.depth.step_depths(n)
-                                                       for n in range(1, engine.max_num_seqs + 1)))))
+                                                       for n in range(1, engine.max_num_seqs + 1))),
+                                         self.speculator is not None and self.speculator.last_two_regions))
             self.capture()
             if engine.compile_pointwise and self.device.type == "cuda":
                 # The graphs hold the fused kernels. Steps that run eagerly (prefills, mixed batches) call the

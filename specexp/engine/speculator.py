@@ -16,6 +16,10 @@ Each engine step, after the target verified its rows, the speculator proposes th
    Positions run on from the row's first query position, so the region's shape never depends on how
    many drafts were accepted: the CPU builds it without reading anything back from the device; the
    accepted count enters only through device tensors (token ids, `last_token_indices`).
+   An attention-only draft (`last_two_regions`, `engine.draft_prefill_region`) runs each verify row's region over
+   its last two slots instead, the target input at num_valid - 1 and the new token (`draft_catch_up`): its decode
+   steps already wrote the KV of the accepted drafts before d_k, so only those two can be missing. Two tokens a row
+   at every v: one prefill graph a batch size serves every k.
 2. **k - 1 draft decode steps**, one token per row, each advancing positions, seq_lens and slot mappings
    on the device (`advance_draft_positions`). With k = 0 the prefill still runs (the draft's KV and conv state
    follow the committed tokens) and its sample is never verified.
@@ -44,25 +48,38 @@ prefill as one joined graph (`specexp.engine.mixed_graphs`) or in parts, one gra
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 
 import torch
 
-from specexp.engine.cudagraph import FULL, NONE, BatchExecutionDescriptor, CudaGraphManager, PromptGraphs, graph_key
-from specexp.engine.draft_advance import advance_draft_rows, fill_prefill_ids, prefill_regions
+from specexp.engine.cudagraph import (
+    FULL,
+    NONE,
+    BatchExecutionDescriptor,
+    CudaGraphManager,
+    PromptGraphs,
+    graph_key,
+)
+from specexp.engine.draft_advance import DRAFT_STEP_KERNELS, DraftStepKernels, prefill_regions
+from specexp.engine.draft_catch_up import stage_last_two, takes_last_two
+from specexp.engine.draft_decode_inputs import DraftDecodeInputs
 from specexp.engine.draft_steady import StagedPrefill, advance_prefill, prefill_layout_key
-from specexp.engine.inputs import InputBuffers, StepInputsCPU, build_step_inputs, stride_rows, uniform_dummy_inputs
+from specexp.engine.inputs import (
+    InputBuffers,
+    StepInputsCPU,
+    build_step_inputs,
+    stride_rows,
+    uniform_dummy_inputs,
+)
 from specexp.engine.mixed_graphs import DraftMixedGraphs
 from specexp.engine.mixed_steps import DraftMixedSteps
 from specexp.engine.sampling import Argmax, RandomSource, logits_to_probs, sample_from_probs, torch_argmax
 from specexp.engine.short_conv import ShortConvMetadataBuilder
-from specexp.engine.verified import StagedRows, VerifiedBatch
+from specexp.engine.verified import StagedRows, VerifiedBatch, is_uniform_verify
 from specexp.models.caches import allocate_conv_state_stack, allocate_kv_caches
 from specexp.models.metadata import ForwardContext
-from specexp.models.short_conv_ops import seed_scratch_windows
 
 
-class AutoRegressiveSpeculator(DraftMixedSteps, DraftMixedGraphs):
+class AutoRegressiveSpeculator(DraftMixedSteps, DraftMixedGraphs, DraftDecodeInputs):
     """Owns the draft model, its caches and persistent input buffers; proposes k drafts per row.
 
     The draft shares the target's block ids (its own KV tensors, same block table). Conv slots: a request's
@@ -99,13 +116,14 @@ class AutoRegressiveSpeculator(DraftMixedSteps, DraftMixedGraphs):
         confidence_threshold: float = 0.0,
         mixed_chunk_shapes: tuple[tuple[int, int], ...] = (),
         argmax: Argmax = torch_argmax,
-        advance: Callable[..., None] = advance_draft_rows,
-        fill_prefill_ids: Callable[..., torch.Tensor] = fill_prefill_ids,
+        step_kernels: DraftStepKernels = DRAFT_STEP_KERNELS["torch"],
+        prefill_region: str = "auto",
     ) -> None:
         self.model = draft_model
         self.argmax = argmax  # over the vocabulary, into the draft buffer's column (`sampling.ARGMAX_KERNELS`)
-        self.advance = advance  # the rows one position further between decode steps (`draft_advance`)
-        self.fill_prefill_ids = fill_prefill_ids  # the prefill regions' input ids from a verify (`draft_advance`)
+        self.advance = step_kernels.advance  # the rows one position further between decode steps (`draft_advance`)
+        self.fill_prefill_ids = step_kernels.fill_prefill_ids  # the prefill regions' input ids from a verify
+        self.place_last_two = step_kernels.place_last_two  # two-slot regions of verify rows (`draft_catch_up`)
         self.k = num_speculative_tokens
         self.max_num_reqs = max_num_reqs
         self.block_size = block_size
@@ -121,6 +139,8 @@ class AutoRegressiveSpeculator(DraftMixedSteps, DraftMixedGraphs):
                                                           dtype)
         self.conv_states = [] if self.conv_state_stack is None else list(self.conv_state_stack.unbind(0))
         self.conv_width = getattr(draft_model.config, "conv_L_cache", 0) or 0
+        # Uniform verify rows' prefill over two slots a row, whatever their v (`draft_catch_up`).
+        self.last_two_regions = takes_last_two(prefill_region, bool(self.conv_states))
         builder = dict(use_full_cuda_graph=use_cuda_graphs, max_num_seqs=max_num_reqs, max_capture_size=None,
                        device=device)
         self.prefill_conv_builder = ShortConvMetadataBuilder(num_spec_tokens=self.k + 1, **builder)
@@ -139,6 +159,9 @@ class AutoRegressiveSpeculator(DraftMixedSteps, DraftMixedGraphs):
             torch.zeros(max_num_reqs, self.k, vocab, dtype=torch.float32, device=device) if temperature > 0 else None
         )
         self.last_token_indices = torch.zeros(max_num_reqs, dtype=torch.int64, device=device)
+        # Two-slot regions' per-row facts for the decode steps: start position, num_valid, samples (all 1).
+        self.last_two_rows = torch.ones(3, max_num_reqs, dtype=torch.int64, device=device)
+        self.last_two_layout: tuple | None = None  # (padded rows, rows, prefill buffers' version) loaded last
         self.confidence_threshold = confidence_threshold
         # Per row of the last proposal: its drafts up to its first below the threshold (K: none below).
         self.draft_lengths = torch.full((max_num_reqs,), self.k, dtype=torch.int64, device=device)
@@ -148,10 +171,16 @@ class AutoRegressiveSpeculator(DraftMixedSteps, DraftMixedGraphs):
             prefill_graph_keys = tuple((size, self.k) for size in sizes)
         if decode_graph_keys is None:
             decode_graph_keys = tuple((size, self.k) for size in sizes if self.k >= 2)
-        # Verify rows of v drafts: regions of v + 2 slots; decode: one token a row, k - 1 steps.
-        self.prefill_graphs = CudaGraphManager("draft_prefill", sizes, 2, device, enabled=use_cuda_graphs,
-                                               seq_len_buckets=buckets, pool=graph_pool, tokens_per_draft=1,
-                                               capture_keys=prefill_graph_keys)
+        # Verify rows of v drafts: regions of v + 2 slots (two slots, at every v, with last_two_regions: one graph
+        # a size for every k); decode: one token a row, k - 1 steps.
+        if self.last_two_regions:
+            self.prefill_graphs = CudaGraphManager("draft_prefill", sorted({size for size, _ in prefill_graph_keys}),
+                                                   2, device, enabled=use_cuda_graphs, seq_len_buckets=buckets,
+                                                   pool=graph_pool)
+        else:
+            self.prefill_graphs = CudaGraphManager("draft_prefill", sizes, 2, device, enabled=use_cuda_graphs,
+                                                   seq_len_buckets=buckets, pool=graph_pool, tokens_per_draft=1,
+                                                   capture_keys=prefill_graph_keys)
         self.decode_graphs = CudaGraphManager("draft_decode", sizes, 1, device,
                                               enabled=use_cuda_graphs and bool(decode_graph_keys),
                                               seq_len_buckets=buckets, pool=graph_pool,
@@ -178,7 +207,8 @@ class AutoRegressiveSpeculator(DraftMixedSteps, DraftMixedGraphs):
         return True
 
     def persistent_buffer_bytes(self) -> int:
-        tensors = [self.draft_tokens, self.last_token_indices, self.decode_writes, self.draft_lengths]
+        tensors = [self.draft_tokens, self.last_token_indices, self.decode_writes, self.draft_lengths,
+                   self.last_two_rows]
         if self.draft_probs is not None:
             tensors.append(self.draft_probs)
         own = sum(t.numel() * t.element_size() for t in tensors)
@@ -258,8 +288,7 @@ class AutoRegressiveSpeculator(DraftMixedSteps, DraftMixedGraphs):
         engine's next step gathers its drafts from `draft_tokens` on the device before it calls again)."""
         k = self.k if k is None else k
         num_reqs = batch.query_lens.numel()
-        query_lens = batch.query_lens.tolist()
-        uniform = bool(batch.is_spec.all()) and min(query_lens) == max(query_lens)
+        uniform = is_uniform_verify(batch)
         # Keys of the longest row: the whole q+1-slot region (prefill); + k-1 decode steps past its new token.
         max_region_end = int((batch.start_positions + batch.query_lens).max()) + 1
         parts = None if uniform else self._prefill_parts(batch)  # a mixed batch: replayed in parts
@@ -291,6 +320,8 @@ class AutoRegressiveSpeculator(DraftMixedSteps, DraftMixedGraphs):
             prompt = self.prompt_graphs.dispatch(num_slots, max_region_end)
             if prompt is not None:
                 return prompt
+        if uniform and self.last_two_regions:  # verify rows, two slots each (`draft_catch_up`)
+            return self.prefill_graphs.dispatch(num_reqs, 2 * num_reqs, True, max_region_end), self.prefill_graphs
         v = int(batch.query_lens[0]) - 1  # drafts each verify row carried (uniform batches)
         return self.prefill_graphs.dispatch(num_reqs, num_slots, uniform, max_region_end, k=v), self.prefill_graphs
 
@@ -304,6 +335,13 @@ class AutoRegressiveSpeculator(DraftMixedSteps, DraftMixedGraphs):
         and where its first slot sits in the forward; row_stride: prompt regions laid out in rows of that many
         slots (a joined graph's chunk segment)."""
         main = buffers is None and row_offset == token_offset == 0 and row_stride is None
+        # two slots a row where desc was dispatched for them (a joined mixed graph's verify segment keeps v + 2)
+        if main and self.last_two_regions and is_uniform_verify(batch) and desc.num_tokens == 2 * desc.num_reqs:
+            rows = stage_last_two(self, batch, desc)
+            n = rows.start.numel()
+            self._prefill_ctx = (self._prefill_graph_ctx.get(graph_key(desc)) if desc.cg_mode == FULL else self._ctx(
+                self.prefill_buffers.attention_metadata(n, 2 * n, desc.max_seq_len, 2, 2 * n), None))
+            return rows
         key = prefill_layout_key(batch, desc, bool(self.conv_states)) if main else None
         last = self._staged_prefill  # a steady step's regions follow from the target's (`draft_steady`)
         if (key is not None and batch.target_buffers is not None and last is not None and last.key == key
@@ -412,58 +450,6 @@ class AutoRegressiveSpeculator(DraftMixedSteps, DraftMixedGraphs):
         hidden = self.model(buffers.input_ids[:num_tokens], buffers.positions[:num_tokens], self._prefill_ctx)
         logits = self.model.compute_logits(hidden[self.last_token_indices[: desc.num_reqs]])
         self._sample_draft(logits, desc.num_reqs, 0)
-
-    def _load_decode_rows(self, num_reqs: int, num_reqs_padded: int, rows: StagedRows | None = None,
-                          block_table: torch.Tensor | None = None) -> None:
-        """Decode buffers for rows [0, num_reqs) and padding up to num_reqs_padded: one token per row, row r at
-        position rows.start[r] + rows.num_valid[r] (its new token) with that seq_len + 1, writing its KV where
-        rows.samples[r]; block_table int32[R, max_blocks] (CPU). Padding rows (all rows when rows is None: dummy
-        rows) sit at position 0 with seq_len 0 and write no request's KV. Four device operations for real rows,
-        four more where there is padding: this runs between the draft's prefill and decode graphs."""
-        buffers = self.decode_buffers  # query_start_loc and token_req_indices: fixed at init (arange)
-        first_pad = 0 if rows is None else num_reqs
-        if first_pad < num_reqs_padded:
-            buffers.positions[first_pad:num_reqs_padded].zero_()
-            buffers.seq_lens[first_pad:num_reqs_padded].zero_()
-            buffers.block_table[first_pad:num_reqs_padded].zero_()
-            self.decode_writes[first_pad:num_reqs_padded].zero_()
-        if rows is None:
-            return
-        positions = buffers.positions[:num_reqs]
-        torch.add(rows.start, rows.num_valid, out=positions)
-        torch.add(positions, 1, out=buffers.seq_lens[:num_reqs])  # int64 -> the int32 seq_lens, in one kernel
-        buffers.block_table[:num_reqs].copy_(block_table, non_blocking=True)
-        self.decode_writes[:num_reqs].copy_(rows.samples)
-
-    def _prepare_decode_inputs(self, batch: VerifiedBatch, rows: StagedRows,
-                               desc: BatchExecutionDescriptor) -> None:
-        """Decode state before step 1: position of the new token, its seq_len, the block table, and the
-        scratch conv windows ending at the new token."""
-        num_reqs = batch.query_lens.numel()
-        dev = self.device
-        # Rows that sampled nothing (mid-prompt chunks) must not write KV.
-        self._load_decode_rows(num_reqs, desc.num_reqs, rows, batch.block_table)
-        conv = None
-        if self.conv_states:
-            slots = batch.conv_slots.to(torch.int64)
-            scratch = slots + self.max_num_reqs
-            staged = torch.stack((slots, scratch))
-            slots_d, scratch_d = (staged.pin_memory() if self.pin_memory else staged).to(dev, non_blocking=True)
-            seed_scratch_windows(self.conv_state_stack, slots_d, scratch_d, batch.num_sampled, self.conv_width)
-            conv = self.decode_conv_builder.build(
-                query_start_loc_cpu=torch.arange(num_reqs + 1, dtype=torch.int32),
-                num_computed_tokens_cpu=torch.ones(num_reqs, dtype=torch.int32),
-                num_decode_draft_tokens_cpu=torch.zeros(num_reqs, dtype=torch.int32),
-                num_accepted_tokens_cpu=torch.ones(num_reqs, dtype=torch.int32),
-                state_indices_cpu=scratch.to(torch.int32),
-                num_reqs_padded=desc.num_reqs if desc.cg_mode == FULL else None,
-            )
-        if desc.cg_mode == FULL:
-            self._decode_ctx = self._decode_graph_ctx[graph_key(desc)]
-            return
-        # desc.max_seq_len: propose's CPU upper bound of the last decode step's seq_len (num_valid <= q).
-        attn = self.decode_buffers.attention_metadata(num_reqs, num_reqs, desc.max_seq_len, 1, num_reqs)
-        self._decode_ctx = self._ctx(attn, conv)
 
     def _fused_multi_step_decode(self, desc: BatchExecutionDescriptor) -> None:
         """All k-1 decode steps (k = desc.num_speculative_tokens); every per-step update happens in place on the

@@ -44,3 +44,9 @@ class VerifiedBatch:
     num_sampled: torch.Tensor
     # The target's input buffers when the step was advanced on the device (a steady step), else None.
     target_buffers: InputBuffers | None = None
+
+
+def is_uniform_verify(batch: VerifiedBatch) -> bool:
+    """Whether every row of `batch` is a verify row (decode row) of one query length (one v): a uniform batch."""
+    lens = batch.query_lens
+    return lens.numel() > 0 and bool(batch.is_spec.all()) and bool((lens == lens[0]).all())

@@ -28,7 +28,7 @@ def models(pair_dirs):
 
 
 def _engine(models, pair, k, steady, *, max_num_seqs=3, budget=None, temperature=0.0, max_new=12, eos=(2,),
-            lookahead=True, spec=None):
+            lookahead=True, spec=None, region="auto"):
     """An engine replaying full graphs (emulated on a CPU; captured on a GPU, with the Triton kernels) on the
     models' device."""
     target, draft = models[pair]
@@ -38,7 +38,8 @@ def _engine(models, pair, k, steady, *, max_num_seqs=3, budget=None, temperature
         target, draft if k else None,
         EngineConfig(device=device, max_num_seqs=max_num_seqs, max_model_len=64, block_size=4,
                      max_num_batched_tokens=budget, cudagraph_mode="full", cudagraph_capture_sizes=(1, 2, 4),
-                     steady_inputs_on_device=steady, plain_decode_lookahead=lookahead, **kernels),
+                     steady_inputs_on_device=steady, plain_decode_lookahead=lookahead, draft_prefill_region=region,
+                     **kernels),
         SpeculatorConfig(num_speculative_tokens=k, cudagraph_mode="full", **(spec or {})),
         SamplingConfig(temperature=temperature, max_new_tokens=max_new, ignore_eos=False),
         eos_token_ids=list(eos), emulate_graphs_on_cpu=device == "cpu",
@@ -84,17 +85,16 @@ def checked_against_the_host(engine: NativeEngine) -> list[int]:
 
 
 def _check_draft_prefill_against_the_host(spec, advanced: list) -> None:
-    """As checked_against_the_host, for the draft's prefill (`draft_steady.advance_prefill`): its buffers, the rows'
-    last-token indices and the device facts it hands the decode steps. Counts the draft's advances in `advanced`
-    as -R."""
+    """As checked_against_the_host, for the draft's prefill (`draft_steady.advance_prefill`, or the two-slot
+    regions' `draft_catch_up`): its buffers, the rows' last-token indices and the device facts it hands the decode
+    steps. Counts the draft's advances in `advanced` as -R."""
     prepare = spec._prepare_prefill_inputs
 
     def prepare_and_check(batch, desc, *args, **kwargs):
-        last = spec._staged_prefill
         version = spec.prefill_buffers.version
         rows = prepare(batch, desc, *args, **kwargs)
-        if last is None or spec._staged_prefill is not last or spec.prefill_buffers.version != version:
-            return rows  # staged from the host
+        if spec.prefill_buffers.version != version:
+            return rows  # staged from the host (a load counts a version)
         assert batch.target_buffers is not None and not args and not kwargs
         advanced.append(-batch.query_lens.numel())
         b = spec.prefill_buffers
@@ -138,11 +138,14 @@ def _check(models, pair, k, prompts, *, expect_advanced=True, **kw):
 
 @pytest.mark.parametrize("k", [0, 1, 3])
 @pytest.mark.parametrize("max_num_seqs", [1, 3])
-def test_advanced_steps_equal_host_staging(models, k, max_num_seqs):
-    """Requests of different lengths stopping at EOS or max_new_tokens, a batch that shrinks and refills."""
+@pytest.mark.parametrize("region", ["full", "last_two"])
+def test_advanced_steps_equal_host_staging(models, k, max_num_seqs, region):
+    """Requests of different lengths stopping at EOS or max_new_tokens, a batch that shrinks and refills; the draft's
+    prefill over each row's v + 2 slots or its last two."""
     prompts = random_prompts([5, 11, 2, 9, 14], seed=3)
-    _check(models, "llama+llama", k, prompts, max_num_seqs=max_num_seqs, max_new=16, eos=(2, 19))
-    advanced = _check(models, "llama+llama", k, prompts, max_num_seqs=max_num_seqs, max_new=16, eos=())
+    _check(models, "llama+llama", k, prompts, max_num_seqs=max_num_seqs, max_new=16, eos=(2, 19), region=region)
+    advanced = _check(models, "llama+llama", k, prompts, max_num_seqs=max_num_seqs, max_new=16, eos=(),
+                      region=region)
     assert max(advanced) == min(max_num_seqs, 2)  # batches of several rows advanced too
     if k:
         assert -min(advanced) == min(max_num_seqs, 2)
@@ -188,7 +191,7 @@ def test_advanced_steps_property(models, data):
     _check(models, data.draw(st.sampled_from(["llama+llama", "lfm2+llama"])), data.draw(st.integers(0, 4)), prompts,
            expect_advanced=False,
            max_num_seqs=data.draw(st.integers(1, 4)), budget=data.draw(st.sampled_from([None, 5, 9])),
-           max_new=data.draw(st.integers(1, 14)),
+           max_new=data.draw(st.integers(1, 14)), region=data.draw(st.sampled_from(["full", "last_two"])),
            eos=data.draw(st.lists(st.integers(0, VOCAB - 1), max_size=3, unique=True)))
 
 

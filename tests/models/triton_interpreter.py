@@ -38,16 +38,16 @@ def run_in_triton_interpreter(module: str, check: str, *args: str) -> None:
     assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-3000:]
 
 
-def tiny_hybrid_pair(device: str, prompt_lengths: tuple[int, ...]) -> tuple:
-    """(target, draft, prompts): the zoo's random tiny LFM2 target and hybrid LFM2 draft (fp32, on `device`) and one
-    random prompt of each length, for checks that run whole engines (in the interpreter: CPU tensors)."""
+def tiny_hybrid_pair(device: str, prompt_lengths: tuple[int, ...], draft: str = "tiny-random-lfm2-draft") -> tuple:
+    """(target, draft, prompts): the zoo's random tiny LFM2 target and hybrid LFM2 draft (or the zoo config `draft`;
+    fp32, on `device`) and one random prompt of each length, for checks that run whole engines (in the interpreter:
+    CPU tensors)."""
     from specexp.models import load_model
     from specexp.models.loader import ZOO_DIR
 
     configs = ZOO_DIR / "configs"
     target = load_model(configs / "tiny-random-lfm2", dtype=torch.float32, device=device, weights="random", seed=0)
-    draft = load_model(configs / "tiny-random-lfm2-draft", dtype=torch.float32, device=device, weights="random",
-                       seed=1)
+    draft = load_model(configs / draft, dtype=torch.float32, device=device, weights="random", seed=1)
     gen = torch.Generator().manual_seed(0)
     return target, draft, [torch.randint(3, 500, (n,), generator=gen).tolist() for n in prompt_lengths]
 
@@ -91,14 +91,15 @@ def hopper_shared_bytes(kernel, signature: dict[str, str], constexprs: dict[str,
 
 
 def engines_emit_the_same_tokens(device: str, speculator_kernels: dict, num_speculative_tokens: int,
-                                 max_new_tokens: int) -> None:
+                                 max_new_tokens: int, draft: str = "tiny-random-lfm2-draft") -> None:
     """Two engines on `tiny_hybrid_pair` (max 3 rows, prompts of 5, 20, 3 and 7 tokens: a changing batch), the
     second's speculator running `speculator_kernels` ({attribute: kernel}, set after it is built), emit the same
-    tokens, greedy and at T = 1."""
+    tokens, greedy and at T = 1. draft: the zoo config of the draft (the hybrid LFM2 draft, or an attention-only
+    one, e.g. tiny-random-llama-draft of the same vocabulary)."""
     from specexp.engine.config import EngineConfig, SamplingConfig, SpeculatorConfig
     from specexp.engine.runner import NativeEngine
 
-    target, draft, prompts = tiny_hybrid_pair(device, (5, 20, 3, 7))
+    target, draft, prompts = tiny_hybrid_pair(device, (5, 20, 3, 7), draft)
     for temperature in (0.0, 1.0):
         runs = []
         for changed in (False, True):
