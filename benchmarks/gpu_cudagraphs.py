@@ -55,7 +55,7 @@ from leviathan import add_theory
 from specexp.engine.config import EARLY_LAUNCH_ROLES, EngineConfig, SamplingConfig, SpeculatorConfig
 from specexp.engine.cudagraph import FULL, BatchExecutionDescriptor
 from specexp.engine.runner import NativeEngine
-from specexp.models import load_model, skinny_configs, triton_attention
+from specexp.models import load_model, skinny_configs, triton_attention, triton_gemv
 
 ZOO = Path(__file__).resolve().parents[1] / "specexp" / "zoo"
 RANDOM_PAIRS = {
@@ -447,6 +447,9 @@ def main() -> None:
     parser.add_argument("--steady-inputs-on-device", action=argparse.BooleanOptionalAction, default=True,
                         help="engine.steady_inputs_on_device: a steady step's inputs advanced by one kernel from "
                              "what the last step accepted (--no-...: staged on the host after the read-back)")
+    parser.add_argument("--draft-prefill-region", default="auto", choices=["auto", "full", "last_two"],
+                        help="engine.draft_prefill_region: the draft's prefill after a verify over each row's last "
+                             "two slots or its v + 2 (auto: two for attention-only drafts)")
     parser.add_argument("--conv-kernel", default="triton", choices=["torch", "triton"],
                         help="engine.conv_kernel: LFM2's decode/verify short conv in torch or one Triton kernel")
     parser.add_argument("--argmax-kernel", default=CUDA_KERNELS["argmax_kernel"],
@@ -469,6 +472,9 @@ def main() -> None:
     parser.add_argument("--attention-splits", type=int, default=None,
                         help="most programs the attention kernel splits a row's keys over "
                              "(triton_attention.MAX_SPLITS; 1: one program walks them all)")
+    parser.add_argument("--two-row-max-n", type=int, default=None,
+                        help="products of two rows with at most this many outputs on the GEMV kernel "
+                             "(triton_gemv.TWO_ROW_MAX_N; 0: every two-row product on the skinny kernel)")
     parser.add_argument("--attention-min-split-keys", type=int, default=None,
                         help="launches over fewer keys keep one program (triton_attention.MIN_SPLIT_KEYS)")
     parser.add_argument("--shared-graph-pool", action=argparse.BooleanOptionalAction, default=True,
@@ -507,6 +513,10 @@ def main() -> None:
         triton_attention.MAX_SPLITS = args.attention_splits
     if args.attention_min_split_keys is not None:
         triton_attention.MIN_SPLIT_KEYS = args.attention_min_split_keys
+    if args.two_row_max_n is not None:
+        if args.two_row_max_n < 0:
+            parser.error(f"--two-row-max-n={args.two_row_max_n}: must be >= 0")
+        triton_gemv.TWO_ROW_MAX_N = args.two_row_max_n
     kernels = {"compile_pointwise": args.compile_pointwise, "linear_kernel": args.linear_kernel,
                "silu_in_down_gemv": args.silu_in_down_gemv, "silu_in_gate_up": args.silu_in_gate_up,
                "gemv_early_launch": args.gemv_early_launch, "skinny_early_launch": args.skinny_early_launch,
@@ -516,6 +526,7 @@ def main() -> None:
                "draft_step_kernel": args.draft_step_kernel, "programmatic_launch": args.programmatic_launch,
                "plain_decode_lookahead": not args.no_plain_decode_lookahead,
                "steady_inputs_on_device": args.steady_inputs_on_device,
+               "draft_prefill_region": args.draft_prefill_region,
                "cudagraph_prefill_tokens": prefill_tokens, "cudagraph_shared_pool": args.shared_graph_pool}
     # the engine switches are recorded as run (JSON writes the tuple of token counts as a list)
     result = {"machine": {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
@@ -523,6 +534,7 @@ def main() -> None:
               "skinny_tiles": skinny_configs.table_in_use(torch.device("cuda")),
               "attention_max_splits": triton_attention.MAX_SPLITS,
               "attention_min_split_keys": triton_attention.MIN_SPLIT_KEYS,
+              "two_row_max_n": triton_gemv.TWO_ROW_MAX_N,
               "end_to_end_grid": e2e}
     result["copy_bandwidth_bytes_per_s"] = copy_bandwidth_bytes_per_s()
     print(f"copy bandwidth {result['copy_bandwidth_bytes_per_s'] / 1e12:.2f} TB/s", flush=True)
