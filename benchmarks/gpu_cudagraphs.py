@@ -22,6 +22,7 @@ Measures, per pair (trained demo pairs when present, and real-size random-weight
                                         [--skinny-early-launch both|target|draft|none]
                                         [--no-shared-graph-pool] [--attention-splits 16]
                                         [--attention-min-split-keys 512]
+                                        [--draft-prefill-region auto|full|last_two]
                                         [--ks 0,1,4] [--rates 0.8] [--repeats 3] [--prompts 4]
                                         [--warm-up-rounds 1]
                                         [--no-plain-decode-lookahead]
@@ -55,7 +56,7 @@ from leviathan import add_theory
 from specexp.engine.config import EARLY_LAUNCH_ROLES, EngineConfig, SamplingConfig, SpeculatorConfig
 from specexp.engine.cudagraph import FULL, BatchExecutionDescriptor
 from specexp.engine.runner import NativeEngine
-from specexp.models import load_model, skinny_configs, triton_attention, triton_gemv
+from specexp.models import load_model, skinny_configs, triton_attention
 
 ZOO = Path(__file__).resolve().parents[1] / "specexp" / "zoo"
 RANDOM_PAIRS = {
@@ -472,9 +473,6 @@ def main() -> None:
     parser.add_argument("--attention-splits", type=int, default=None,
                         help="most programs the attention kernel splits a row's keys over "
                              "(triton_attention.MAX_SPLITS; 1: one program walks them all)")
-    parser.add_argument("--two-row-max-n", type=int, default=None,
-                        help="products of two rows with at most this many outputs on the GEMV kernel "
-                             "(triton_gemv.TWO_ROW_MAX_N; 0: every two-row product on the skinny kernel)")
     parser.add_argument("--attention-min-split-keys", type=int, default=None,
                         help="launches over fewer keys keep one program (triton_attention.MIN_SPLIT_KEYS)")
     parser.add_argument("--shared-graph-pool", action=argparse.BooleanOptionalAction, default=True,
@@ -513,10 +511,6 @@ def main() -> None:
         triton_attention.MAX_SPLITS = args.attention_splits
     if args.attention_min_split_keys is not None:
         triton_attention.MIN_SPLIT_KEYS = args.attention_min_split_keys
-    if args.two_row_max_n is not None:
-        if args.two_row_max_n < 0:
-            parser.error(f"--two-row-max-n={args.two_row_max_n}: must be >= 0")
-        triton_gemv.TWO_ROW_MAX_N = args.two_row_max_n
     kernels = {"compile_pointwise": args.compile_pointwise, "linear_kernel": args.linear_kernel,
                "silu_in_down_gemv": args.silu_in_down_gemv, "silu_in_gate_up": args.silu_in_gate_up,
                "gemv_early_launch": args.gemv_early_launch, "skinny_early_launch": args.skinny_early_launch,
@@ -534,7 +528,6 @@ def main() -> None:
               "skinny_tiles": skinny_configs.table_in_use(torch.device("cuda")),
               "attention_max_splits": triton_attention.MAX_SPLITS,
               "attention_min_split_keys": triton_attention.MIN_SPLIT_KEYS,
-              "two_row_max_n": triton_gemv.TWO_ROW_MAX_N,
               "end_to_end_grid": e2e}
     result["copy_bandwidth_bytes_per_s"] = copy_bandwidth_bytes_per_s()
     print(f"copy bandwidth {result['copy_bandwidth_bytes_per_s'] / 1e12:.2f} TB/s", flush=True)

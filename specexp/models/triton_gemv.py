@@ -48,7 +48,12 @@ only with the skinny kernels launched in stream order (`engine.skinny_early_laun
 `experiments/2026-12-06-verify-launch-order-h100/`).
 
 A multi-row GEMV (one fp32 accumulator per row of x, each weight chunk loaded once) lost to cuBLAS at 2-4 rows on
-every 1B-class shape even tuned (LFM2-1.2B shape at M = 2: 0.87 ms against 0.80) and was removed.
+every 1B-class shape even tuned (LFM2-1.2B shape at M = 2: 0.87 ms against 0.80) and was removed. At exactly two
+rows it beat this skinny kernel in chains of products alone on an H100 (2026-12-06, every narrow product;
+`experiments/2026-12-06-skinny-alternatives-h100/`), but inside the engine (this GEMV kernel with a second
+accumulator, for two rows and outputs up to 8192 wide) it bought nothing measurable end to end: the draft's
+two-slot prefill and its later steps took 0.79 ms a k = 4 step either way, 1.52 at k = 8 (Llama-1B-shaped pair,
+synthetic 0.8, step medians; `experiments/2026-12-07-draft-catch-up-h100/`), so it was removed again.
 
 Importable without Triton (`AVAILABLE` is then False); the kernel itself needs a CUDA device, or Triton's
 interpreter (`TRITON_INTERPRET=1`) for CPU tensors.
@@ -80,16 +85,6 @@ HEAD_CONFIG = (16, 256, 8)
 # Rows per program of the gated GEMV (the SiLU product computed in the down projection): each program recomputes
 # silu(gate) * up from [gate, up] for its rows, which more rows amortise (as NORM_BLOCK_N; not tuned on a GPU).
 GATED_BLOCK_N = 8
-# Two rows of x (a verify of k = 1, the draft's two-slot prefill regions, `engine.draft_prefill_region`) on the GEMV
-# kernel with a second accumulator, where the output has at most TWO_ROW_MAX_N rows; wider outputs, and three rows or
-# more, take the skinny kernel. On an H100 (2026-12-06, `experiments/2026-12-06-skinny-alternatives-h100/`, a chain
-# of one product per weight in a CUDA graph, norms and residuals fused as in the engine) two rows this way took
-# 0.029 against the skinny kernel's 0.043 ms on the Llama-100M draft's 8 q/k/v products, 0.026 against 0.033 on o,
-# 0.032 against 0.043 on down, 0.051 against 0.051 on gate/up; on the Llama-3.2-1B target's 16: q/k/v 0.123 against
-# 0.133, o 0.095 against 0.108, down 0.235 against 0.243, but gate/up [16384, 2048] 0.457 against 0.402 (the bound).
-# 0 turns the path off.
-TWO_ROW_MAX_N = 8192
-TWO_ROW_CONFIG = (4, 1024, 4)  # (BLOCK_N, largest BLOCK_K, num_warps): the best tile there on every narrow shape
 # Rows of x the skinny kernel takes (a verify of k + 1 <= 16 tokens, a draft prefill region of k + 2); more go to
 # torch's GEMMs.
 MAX_TOKENS = 16
@@ -144,20 +139,17 @@ if AVAILABLE:
 
 
     @triton.jit
-    def _gemv_kernel(x_ptr, norm_w_ptr, w_ptr, bias_ptr, res_ptr, y_ptr, N, K, stride_w, eps, stride_x, stride_y,
+    def _gemv_kernel(x_ptr, norm_w_ptr, w_ptr, bias_ptr, res_ptr, y_ptr, N, K, stride_w, eps,
                      HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, NORM: tl.constexpr,
                      SCALE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                     GATED: tl.constexpr = False, PREFETCH_W: tl.constexpr = False, GDC: tl.constexpr = False,
-                     TWO_ROWS: tl.constexpr = False):
+                     GATED: tl.constexpr = False, PREFETCH_W: tl.constexpr = False, GDC: tl.constexpr = False):
         rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         cols = tl.arange(0, BLOCK_K)
         row_ok = rows < N
         w_rows = w_ptr + rows[:, None] * stride_w
         acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-        squares = tl.zeros([BLOCK_K], dtype=tl.float32)  # x's sum of squares (NORM)
-        if TWO_ROWS:  # x's second row (stride_x further) against the same weight chunks, into y's (stride_y)
-            acc_2 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-            squares_2 = tl.zeros([BLOCK_K], dtype=tl.float32)
+        if NORM:
+            squares = tl.zeros([BLOCK_K], dtype=tl.float32)
         if PREFETCH_W:  # each weight chunk loaded one chunk ahead; the first before waiting on the kernel before
             if GDC:
                 tl.extra.cuda.gdc_launch_dependents()
@@ -170,10 +162,6 @@ if AVAILABLE:
             x, scaled = _gemv_x_chunk(x_ptr, norm_w_ptr, k, k_ok, K, SCALE, GATED)
             if NORM:  # the 1/rms scale is applied to the dot products at the end
                 squares += x * x
-            if TWO_ROWS:
-                x_2, scaled_2 = _gemv_x_chunk(x_ptr + stride_x, norm_w_ptr, k, k_ok, K, SCALE, GATED)
-                if NORM:
-                    squares_2 += x_2 * x_2
             if PREFETCH_W:
                 w = w_next
                 k_ahead = k + BLOCK_K
@@ -182,20 +170,6 @@ if AVAILABLE:
             else:
                 w = tl.load(w_rows + k[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
             acc += w.to(tl.float32) * scaled[None, :]
-            if TWO_ROWS:
-                acc_2 += w.to(tl.float32) * scaled_2[None, :]
-        _gemv_epilogue(acc, squares, x_ptr, bias_ptr, res_ptr, y_ptr, rows, row_ok, K, eps,
-                       HAS_BIAS, HAS_RESIDUAL, NORM)
-        if TWO_ROWS:
-            _gemv_epilogue(acc_2, squares_2, x_ptr, bias_ptr, res_ptr + stride_y, y_ptr + stride_y, rows, row_ok, K,
-                           eps, HAS_BIAS, HAS_RESIDUAL, NORM)
-
-
-    @triton.jit
-    def _gemv_epilogue(acc, squares, x_ptr, bias_ptr, res_ptr, y_ptr, rows, row_ok, K, eps, HAS_BIAS: tl.constexpr,
-                       HAS_RESIDUAL: tl.constexpr, NORM: tl.constexpr):
-        """One row of x's outputs from its per-lane sums acc [BLOCK_N, BLOCK_K] (and its squares [BLOCK_K]): the
-        tree over the lanes, the norm's 1/rms, the bias, the residual; stored at y_ptr + rows."""
         y = tl.sum(acc, axis=1)
         if NORM:
             y = y / tl.sqrt(tl.sum(squares, axis=0) / K + eps)
@@ -309,19 +283,19 @@ def _pdl_flags(pdl: bool, device: torch.device) -> dict:
 def _launch_gemv(x: torch.Tensor, norm_weight: torch.Tensor | None, weight: torch.Tensor, bias: torch.Tensor | None,
                  residual: torch.Tensor | None, out: torch.Tensor, eps: float, config: tuple[int, ...],
                  *, normalize: bool = False, gated: bool = False, pdl: bool = False) -> torch.Tensor:
-    """The GEMV kernel over weight [N, K] for one or two rows of x into out [M, N] (the residual's storage when
-    given; rows contiguous); x is [M, K] (rows contiguous), or [1, 2K] (gate then up) when `gated`. config:
-    (BLOCK_N, BLOCK_K, num_warps[, num_stages]). Returns out."""
+    """The GEMV kernel over weight [N, K] for one row of x into out [1, N] (the residual's storage when given);
+    x is [1, K], or [1, 2K] (gate then up) when `gated`. config: (BLOCK_N, BLOCK_K, num_warps[, num_stages]).
+    Returns out."""
     n, k = weight.shape
     block_n, block_k, warps, *stages = config
     options = {"num_warps": warps} | ({"num_stages": stages[0]} if stages else {})
     placeholder = x  # any pointer of x's type, for the operands a flag switches off
     _gemv_kernel[(triton.cdiv(n, block_n),)](
         x, norm_weight if norm_weight is not None else placeholder, weight,
-        bias if bias is not None else placeholder, out, out, n, k, weight.stride(0), eps, x.stride(0), out.stride(0),
+        bias if bias is not None else placeholder, out, out, n, k, weight.stride(0), eps,
         HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None, NORM=normalize,
-        SCALE=norm_weight is not None, BLOCK_N=block_n, BLOCK_K=block_k, GATED=gated, TWO_ROWS=x.shape[0] == 2,
-        **options, **_pdl_flags(pdl, x.device))
+        SCALE=norm_weight is not None, BLOCK_N=block_n, BLOCK_K=block_k, GATED=gated, **options,
+        **_pdl_flags(pdl, x.device))
     return out
 
 
@@ -398,14 +372,11 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     `norm_weight` [K] (and `eps`), or with `rms_only` (no norm_weight) rms_norm(x) alone: a norm whose weight is
     folded into `weight` (:mod:`specexp.models.norm_folding`), which spares the kernels the scaling of x.
 
-    M = 1 runs the GEMV kernel, M = 2 too where N <= TWO_ROW_MAX_N (each weight chunk against both rows), M >= 2
-    otherwise the skinny kernel. With `residual` ([M, N], contiguous) the sum is added to
+    M = 1 runs the GEMV kernel, M >= 2 the skinny kernel. With `residual` ([M, N], contiguous) the sum is added to
     it in place and residual is returned: one rounding of (residual + product + bias), as `residual.addmm_` rounds.
     config: (BLOCK_N, BLOCK_K, num_warps[, num_stages]), for tuning (None: for M = 1, BLOCK_N rows per program,
-    NORM_BLOCK_N with a norm, min(MAX_BLOCK_K, K rounded up to a power of 2) and NUM_WARPS; for two rows on the GEMV,
-    TWO_ROW_CONFIG likewise; for the skinny kernel, the device's tuned tile for this weight shape
-    (:mod:`specexp.models.skinny_configs`), else :func:`skinny_config`; a config given for M >= 2 is the skinny
-    kernel's).
+    NORM_BLOCK_N with a norm, min(MAX_BLOCK_K, K rounded up to a power of 2) and NUM_WARPS; for M >= 2, the
+    device's tuned tile for this weight shape (:mod:`specexp.models.skinny_configs`), else :func:`skinny_config`).
 
     pdl (`engine.programmatic_launch`): on a GPU of compute capability 9.0 or later, the kernel is launched with
     programmatic dependent launch. It may then start while the kernel before it on the stream is finishing: the
@@ -432,10 +403,6 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
                             NUM_WARPS)
         return _launch_gemv(x, norm_weight, weight, bias, residual, out, eps, config, normalize=normalize,
                             pdl=pdl)
-    if m == 2 and n <= TWO_ROW_MAX_N and config is None:
-        block_n, block_k, warps = TWO_ROW_CONFIG
-        return _launch_gemv(x, norm_weight, weight, bias, residual, out, eps,
-                            (block_n, min(block_k, triton.next_power_of_2(k)), warps), normalize=normalize, pdl=pdl)
     block_n, block_k, warps, *stages = (config or skinny_configs.tuned_config(x.device, n, k, x.element_size())
                                         or skinny_config(n, k, x.element_size()))
     flags = {"HAS_BIAS": bias is not None, "HAS_RESIDUAL": residual is not None, "NORM": normalize,

@@ -32,12 +32,9 @@ FUSIONS = ("none", "norm", "rms")
 TOKENS = (1, 2, 3, 5, 9, 16)
 
 
-def check_products(device: str, dtypes, fusions=FUSIONS, tokens=TOKENS, two_row_max_n: int | None = None) -> None:
+def check_products(device: str, dtypes, fusions=FUSIONS, tokens=TOKENS) -> None:
     """Every SHAPES x dtypes x fusions x tokens x (bias, residual) product of triton_gemv.gemv vs a float64
-    reference. Two rows take the GEMV kernel at every shape here (N <= TWO_ROW_MAX_N); two_row_max_n: that bound
-    for this check (0: two rows on the skinny kernel)."""
-    if two_row_max_n is not None:
-        triton_gemv.TWO_ROW_MAX_N = two_row_max_n
+    reference."""
     gen = torch.Generator().manual_seed(0)
     cases = [(s, d, f, m) for s in SHAPES for d in dtypes for f in fusions for m in tokens]
     for (k, n), dtype, fusion, m in cases:
@@ -158,8 +155,7 @@ def test_every_launch_fits_a_hopper_block(dtype, norm):
     k = 2500  # past one 1024-wide chunk: the widest BLOCK_K each kernel takes
     gemv_block_n = triton_gemv.NORM_BLOCK_N if norm != "none" else triton_gemv.BLOCK_N
     shared = {"gemv": hopper_shared_bytes(
-        triton_gemv._gemv_kernel, {**pointers, "N": "i32", "K": "i32", "stride_w": "i32", "eps": "fp32",
-         "stride_x": "i32", "stride_y": "i32"},
+        triton_gemv._gemv_kernel, {**pointers, "N": "i32", "K": "i32", "stride_w": "i32", "eps": "fp32"},
         {**flags, "BLOCK_N": gemv_block_n, "BLOCK_K": triton_gemv.MAX_BLOCK_K}, triton_gemv.NUM_WARPS)}
     sizes = {"N": "i32", "K": "i32", "stride_x": "i32", "stride_w": "i32", "stride_y": "i32", "eps": "fp32"}
     for bound, _ in triton_gemv.SKINNY_CONFIGS_BY_N:
@@ -170,18 +166,13 @@ def test_every_launch_fits_a_hopper_block(dtype, norm):
              "BLOCK_K": block_k}, warps, stages)
     shared["gemv, fp32 logits"] = hopper_shared_bytes(
         triton_gemv._gemv_kernel, {**pointers, "y_ptr": "*fp32", "N": "i32", "K": "i32", "stride_w": "i32",
-                                   "eps": "fp32", "stride_x": "i32", "stride_y": "i32"},
+                                   "eps": "fp32"},
         {**flags, "HAS_RESIDUAL": False, "BLOCK_N": gemv_block_n, "BLOCK_K": triton_gemv.MAX_BLOCK_K},
         triton_gemv.NUM_WARPS)
-    shared["gemv, two rows"] = hopper_shared_bytes(
-        triton_gemv._gemv_kernel, {**pointers, "N": "i32", "K": "i32", "stride_w": "i32", "eps": "fp32",
-                                   "stride_x": "i32", "stride_y": "i32"},
-        {**flags, "BLOCK_N": triton_gemv.TWO_ROW_CONFIG[0], "BLOCK_K": triton_gemv.TWO_ROW_CONFIG[1],
-         "TWO_ROWS": True, "PREFETCH_W": True}, triton_gemv.TWO_ROW_CONFIG[2])
     head_n, head_k, head_warps = triton_gemv.head_config(k)
     shared["LM head"] = hopper_shared_bytes(
         triton_gemv._gemv_kernel, {**pointers, "y_ptr": "*fp32", "N": "i32", "K": "i32", "stride_w": "i32",
-                                   "eps": "fp32", "stride_x": "i32", "stride_y": "i32"},
+                                   "eps": "fp32"},
         {**flags, "HAS_RESIDUAL": False, "BLOCK_N": head_n, "BLOCK_K": head_k}, head_warps)
     too_big = {name: size for name, size in shared.items() if size > HOPPER_SHARED_BYTES}
     assert not too_big, f"{dtype}, norm={norm}: shared memory over {HOPPER_SHARED_BYTES} bytes: {too_big}"
@@ -205,12 +196,6 @@ def test_triton_table_takes_single_rows_only():
 def test_gemv_matches_reference_in_triton_interpreter():
     """The kernel's arithmetic on CPU tensors, in Triton's interpreter (skipped without triton)."""
     run_in_triton_interpreter('test_triton_gemv', 'check_products', "(torch.float32,)")
-
-
-def test_two_rows_on_the_skinny_kernel_in_triton_interpreter():
-    """Two rows where the GEMV kernel does not take them (outputs wider than TWO_ROW_MAX_N; here every one)."""
-    run_in_triton_interpreter('test_triton_gemv', 'check_products', "(torch.float32,)", "tokens=(2,)",
-                              "two_row_max_n=0")
 
 
 def test_triton_table_falls_back_to_torch_off_the_gpu():
