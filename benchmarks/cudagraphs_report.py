@@ -7,6 +7,7 @@ today's baseline rule. Needs only the standard library and PyYAML (for `conf/eng
     python benchmarks/cudagraphs_report.py summary RESULT.json ...     # one row per (result, pair): step, c, end to end
     python benchmarks/cudagraphs_report.py memory RESULT.json ...      # graph memory per manager (--sections capture)
     python benchmarks/cudagraphs_report.py speedups RESULT.json ...    # end-to-end speedup per k: measured / formula
+    python benchmarks/cudagraphs_report.py phases RESULT.json ...      # per k: draft, verify and step medians, side by side
     python benchmarks/cudagraphs_report.py verify VERIFY_COST.json ... # verify and draft graphs in plain decode steps
 
 `cudagraphs_report.py RESULT.json` alone means `full`. Tables name each result by its file name.
@@ -370,6 +371,28 @@ def render_speedups(results: list[dict], tolerance: float = 0.15, realized: bool
     return "\n".join(lines)
 
 
+def render_phases(results: list[dict]) -> str:
+    """Where each end-to-end run's step goes, per k: the medians over every step of its runs of the draft phase,
+    the verify and the whole step (ms), one column per (file, pair), its draft_prefill_region named (`full` for
+    results written before the setting existed): the table to set runs of two settings side by side."""
+    columns = [(result, name, pair["end_to_end"]) for result in results for name, pair in result["pairs"].items()
+               if pair.get("end_to_end")]
+    labels = [f"`{result['file']}` ({result.get('draft_prefill_region', 'full')})" for result, _, _ in columns]
+    if len({name for _, name, _ in columns}) > 1:
+        labels = [f"{label} {_pair_name(name)}" for label, (_, name, _) in zip(labels, columns, strict=True)]
+    lines = ["| k | " + " | ".join(f"{label}: draft / verify / step ms" for label in labels) + " |",
+             "|---|" + "---|" * len(columns)]
+    ks = sorted({r["k"] for *_, rows in columns for r in rows})
+    for k in ks:
+        cells = []
+        for *_, rows in columns:
+            at_k = [r for r in rows if r["k"] == k]
+            cells.append(" / ".join(f"{at_k[0][key]:.2f}" for key in ("draft_ms_p50", "verify_ms_p50", "step_ms_p50"))
+                         if at_k else "-")
+        lines.append(f"| {k} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 # ----------------------------------------------------------------------------------------------------- verify
 
 
@@ -417,7 +440,7 @@ def render_verify_kernels(results: list[dict], ks: set[int] | None = None, top: 
 
 
 RENDERERS = {"summary": render_summary, "memory": render_memory, "speedups": render_speedups,
-             "verify": render_verify, "verify-kernels": render_verify_kernels}
+             "phases": render_phases, "verify": render_verify, "verify-kernels": render_verify_kernels}
 
 
 def main(argv: list[str] | None = None) -> str:

@@ -172,3 +172,19 @@ def test_acceptance_length_of_a_run_counts_every_verify():
 
     assert gpu_cudagraphs.acceptance_length([]) == 1.0
     assert gpu_cudagraphs.acceptance_length([(4, 4), (4, 0), (2, 2)]) == pytest.approx(1 + 6 / 3)
+
+
+def test_phases_set_each_files_draft_verify_and_step_medians_side_by_side():
+    """One column per file, named with its draft_prefill_region (`full` where the result predates the setting), a
+    row per k of draft / verify / step medians; a k one file lacks is a dash."""
+    newer = {**_result(draft_prefill_region="last_two"), "file": "two.json"}
+    newer["pairs"]["llama-3.2-1b+llama-100m"]["end_to_end"][2]["draft_ms_p50"] = 0.55
+    older = _result()
+    older["pairs"]["llama-3.2-1b+llama-100m"]["end_to_end"].pop()  # no k = 3
+    lines = cudagraphs_report.render_phases([older, newer]).splitlines()
+    assert lines[0] == ("| k | `r.json` (full): draft / verify / step ms | `two.json` (last_two): draft / verify / "
+                        "step ms |")
+    assert lines[2:] == ["| 0 | 0.00 / 1.00 / 1.00 | 0.00 / 1.00 / 1.00 |",
+                         "| 1 | 0.30 / 1.00 / 2.00 | 0.30 / 1.00 / 2.00 |",
+                         "| 2 | 0.60 / 1.00 / 3.00 | 0.55 / 1.00 / 3.00 |",
+                         "| 3 | - | 0.90 / 1.00 / 4.00 |"]
