@@ -67,13 +67,17 @@ def engine_configs(spec):
 
 
 def check_engine_settings(spec) -> None:
-    """The engine's own validation of ``spec``'s values, as one-line :class:`ConfigError`s (loads nothing)."""
+    """The engine's own validation of ``spec``'s values, as one-line :class:`ConfigError`s (loads nothing): the
+    settings alone, then those the draft's layers decide (`engine.draft_prefill_region`)."""
     from specexp.engine.config import EngineConfigError
+    from specexp.engine.draft_catch_up import takes_last_two
 
     engine, speculator, sampling = engine_configs(spec)
     try:
         engine.validate()
         speculator.validate(engine.max_model_len)
         sampling.validate()
+        if speculator.num_speculative_tokens > 0:
+            takes_last_two(engine.draft_prefill_region, spec.pair.draft.num_conv_layers > 0)
     except EngineConfigError as e:
         raise ConfigError(str(e)) from None

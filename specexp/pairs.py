@@ -106,7 +106,7 @@ def describe_model(source: str, weights: str, role: str = "model") -> ModelSpec:
     return ModelSpec(
         path=str(model_dir), source=source, architecture=architecture, vocab_size=model_config.vocab_size,
         tokenizer_path=str(tokenizer) if tokenizer.is_file() else None, weights=got, weights_note=note,
-        max_position_embeddings=model_config.max_position_embeddings,
+        max_position_embeddings=model_config.max_position_embeddings, num_conv_layers=model_config.num_conv_layers,
     )
 
 

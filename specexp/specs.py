@@ -27,7 +27,8 @@ class ModelSpec:
     named (a directory, a zoo name or a hub id); ``tokenizer_path``: its tokenizer.json, ``None`` if it ships
     none. ``weights``: what this model gets, ``"trained"`` (its safetensors) or ``"random"`` (seeded init),
     as ``PairSpec.weights`` resolved for this directory; ``weights_note`` says why.
-    ``max_position_embeddings``: positions the model was trained for (config.json)."""
+    ``max_position_embeddings``: positions the model was trained for (config.json); ``num_conv_layers``: its
+    short-conv layers (LFM2), 0 for attention-only models."""
 
     path: str
     source: str
@@ -37,6 +38,7 @@ class ModelSpec:
     weights: str = "trained"
     weights_note: str = ""
     max_position_embeddings: int | None = None
+    num_conv_layers: int = 0
 
 
 @dataclass

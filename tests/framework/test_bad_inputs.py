@@ -112,6 +112,16 @@ def test_cuda_without_a_gpu(pair_overrides, tmp_path):
     expect_error(pair_overrides + ["engine=cuda"], tmp_path, "engine.device=cuda", "no CUDA GPU", "engine=cpu")
 
 
+def test_draft_prefill_region_last_two_is_refused_for_a_conv_draft_only(pair_overrides, tiny_lfm2_draft_dir,
+                                                                       tmp_path):
+    assert build(pair_overrides + ["engine.draft_prefill_region=last_two"], tmp_path)  # an attention draft
+    hybrid = [o for o in pair_overrides if not o.startswith("pair.draft")] + [f"pair.draft.path={tiny_lfm2_draft_dir}"]
+    expect_error(hybrid + ["engine.draft_prefill_region=last_two"], tmp_path, "engine.draft_prefill_region=last_two",
+                 "short-conv layers", "'auto' or 'full'")
+    assert build(hybrid + ["engine.draft_prefill_region=auto"], tmp_path)
+    assert build(hybrid + ["engine.draft_prefill_region=last_two", "speculator.num_speculative_tokens=0"], tmp_path)
+
+
 def test_bad_enum_values_name_the_choices(pair_overrides, tmp_path):
     expect_error(pair_overrides + ["pair.weights=pretty"], tmp_path, "pair.weights='pretty'", "trained, random")
     expect_error(pair_overrides + ["engine.device=tpu"], tmp_path, "engine.device='tpu'", "cpu, cuda")
@@ -157,6 +167,8 @@ def run_cli(args, tmp_path):
     (["run", "-m", "+exp=quickstart", "speculator.num_speculative_tokens=1,2", "sweep.devices=0,x"],
      "sweep.devices=0,x is not valid: 'x' is not a GPU index"),
     (["run", "+exp=quickstart", "sweep.gpus_per_job=0"], "sweep.gpus_per_job=0 is not valid"),
+    (["run", "+exp=quickstart", "pair=tiny_lfm2_hybrid", "engine.draft_prefill_region=last_two"],
+     "engine.draft_prefill_region=last_two rebuilds the draft's KV only: this draft has short-conv layers"),
 ])
 def test_cli_rejects_unknown_names_with_one_line_and_status_2(args, fragment, tmp_path):
     proc = run_cli(args, tmp_path)
