@@ -20,9 +20,11 @@ q on a steady step (`verify_advance`), or the region buffers' own seq_lens less 
 their start (any other step). a + 1 = num_sampled (the tokens the verify emitted; at least 1 for a verify row,
 taken as 1 if a row emitted none).
 
-    place_last_two(...)            torch (CPU, or eager on a GPU: about twenty small kernels)
-    place_last_two_triton(...)     one Triton kernel, one program a row (`engine.draft_step_kernel=triton`)
-    stage_last_two(spec, batch, desc)   the speculator's prefill buffers for a uniform verify batch, by either
+    place_last_two(...)                 torch (CPU, or eager on a GPU: about twenty small kernels)
+    place_last_two_triton(...)          one Triton kernel, one program a row (`engine.draft_step_kernel=triton`)
+    stage_last_two(spec, batch, desc)   a uniform verify batch's regions in the speculator's prefill buffers, the
+                                        start taken either way above
+    takes_last_two(region, has_conv)    whether a draft takes two-slot regions under the setting
 """
 
 from __future__ import annotations
@@ -151,10 +153,10 @@ def takes_last_two(prefill_region: str, has_conv_state: bool) -> bool:
 
 def stage_last_two(spec, batch: VerifiedBatch, desc: BatchExecutionDescriptor) -> StagedRows:
     """Fill the draft prefill's buffers with uniform verify rows' two-slot regions, padded to desc (`spec`: the
-    `AutoRegressiveSpeculator`). The host loads the rows at their start
-    positions unless the buffers still hold this layout and the target's were advanced on the device (a steady
-    step): then the one device step places every region from the target's advanced seq_lens and block table.
-    Returns the rows' device facts for the decode steps (`StagedRows`)."""
+    `AutoRegressiveSpeculator`). The host loads the rows at their start positions unless the buffers still hold
+    this layout and the target's were advanced on the device (a steady step): then the one device step places
+    every region from the target's advanced seq_lens and block table. Returns the rows' device facts for the
+    decode steps (`StagedRows`)."""
     num_reqs = batch.query_lens.numel()
     q = int(batch.query_lens[0])
     buffers = spec.prefill_buffers
