@@ -182,8 +182,10 @@ def graph_cost(engine: NativeEngine) -> dict:
     summary = engine.graph_summary()
     if summary is None:
         return {}
-    return {"graph_keys": engine.graph_keys.num_keys,
-            "depth_graphs": engine.graph_keys.num_keys * len(engine.seq_len_buckets),
+    spec = engine.speculator  # the k-specialised managers' keys, as captured (a two-slot draft prefill: one a size)
+    num_keys = len(engine.verify_graphs.keys) + (len(spec.prefill_graphs.keys) + len(spec.decode_graphs.keys)
+                                                 if spec is not None else 0)
+    return {"graph_keys": num_keys, "depth_graphs": num_keys * len(engine.seq_len_buckets),
             "graphs": sum(len(m.graphs) for m in engine.graph_managers()),
             "graph_capture_bytes": summary["graph_capture_bytes"], "graph_capture_s": summary["graph_capture_s"],
             "graph_capture_reserved_bytes": summary.get("graph_capture_reserved_bytes"),

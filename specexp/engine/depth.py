@@ -155,19 +155,10 @@ class GraphKeys:
     left_out_verify: tuple[tuple[int, int], ...] = ()
     left_out_decode: tuple[tuple[int, int], ...] = ()
 
-    @property
-    def num_keys(self) -> int:
-        """Keys captured by the three managers together (target verify, draft prefill, draft decode)."""
-        return 2 * len(self.verify) + len(self.decode)
-
     def draft_prefill_sizes(self) -> tuple[int, ...]:
         """The capture sizes of the verify keys: a draft prefill of two-slot regions (`draft_catch_up`) captures one
         graph a size for every k (a size whose every k was left out runs it eagerly)."""
         return tuple(sorted({size for size, _ in self.verify}))
-
-    def num_keys_last_two(self) -> int:
-        """Keys captured when the draft's prefill takes two-slot regions: one draft prefill key a size."""
-        return len(self.verify) + len(self.draft_prefill_sizes()) + len(self.decode)
 
 
 def graph_keys(step_depths: Callable[[int], Collection[int]], capture_sizes: list[int], max_num_seqs: int,
@@ -203,10 +194,13 @@ def describe_graph_cost(keys: GraphKeys, static: GraphKeys, num_buckets: int, de
     """The start-up line saying what the depth policy's graphs cost: keys captured per manager (x buckets), next
     to what a static K would capture, and the keys left out. last_two_regions: the draft's prefill takes two-slot
     regions (`draft_catch_up`), one key a size for every k."""
-    def count(ks: GraphKeys) -> int:
-        return ks.num_keys_last_two() if last_two_regions else ks.num_keys
+    def draft_prefill(ks: GraphKeys) -> int:
+        return len(ks.draft_prefill_sizes()) if last_two_regions else len(ks.verify)
 
-    prefill = len(keys.draft_prefill_sizes()) if last_two_regions else len(keys.verify)
+    def count(ks: GraphKeys) -> int:
+        return len(ks.verify) + draft_prefill(ks) + len(ks.decode)
+
+    prefill = draft_prefill(keys)
     line = (f"depth policy needs CUDA graphs for k in {sorted(depths)}: {count(keys) * num_buckets} graphs "
             f"(target verify {len(keys.verify)}, draft prefill {prefill}, draft decode {len(keys.decode)} "
             f"keys x {num_buckets} key-length buckets); a static k would capture {count(static) * num_buckets}")
