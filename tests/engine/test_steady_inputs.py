@@ -136,12 +136,11 @@ def _check(models, pair, k, prompts, *, expect_advanced=True, **kw):
     return advanced
 
 
-@pytest.mark.parametrize("k", [0, 1, 3])
+@pytest.mark.parametrize("k, region", [(0, "full"), (1, "full"), (1, "last_two"), (3, "full"), (3, "last_two")])
 @pytest.mark.parametrize("max_num_seqs", [1, 3])
-@pytest.mark.parametrize("region", ["full", "last_two"])
 def test_advanced_steps_equal_host_staging(models, k, max_num_seqs, region):
     """Requests of different lengths stopping at EOS or max_new_tokens, a batch that shrinks and refills; the draft's
-    prefill over each row's v + 2 slots or its last two."""
+    prefill over each row's v + 2 slots or its last two (k = 0 runs no draft: one region setting)."""
     prompts = random_prompts([5, 11, 2, 9, 14], seed=3)
     _check(models, "llama+llama", k, prompts, max_num_seqs=max_num_seqs, max_new=16, eos=(2, 19), region=region)
     advanced = _check(models, "llama+llama", k, prompts, max_num_seqs=max_num_seqs, max_new=16, eos=(),
