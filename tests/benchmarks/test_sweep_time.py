@@ -24,22 +24,22 @@ def test_bad_arguments_are_one_line():
 @pytest.mark.slow
 def test_both_modes_sweep_every_k_with_the_same_acceptance(tmp_path):
     out = tmp_path / "st.json"
-    result = sweep_time.main(["--out", str(out), "--pair", "tiny_lfm2", "--engine", "cpu", "--ks", "0,1,2",
+    result = sweep_time.main(["--out", str(out), "--pair", "tiny_lfm2", "--engine", "cpu", "--ks", "1,2",
                               "--num-prompts", "2", "--output-len", "8", "--warm-up", "--", "measure.repeats=2"])
     assert json.loads(out.read_text()) == result
     by_mode = {s["mode"]: s for s in result["sweeps"]}
     assert set(by_mode) == {"reused", "isolated"}
     for sweep in by_mode.values():
-        assert sweep["returncode"] == 0 and [j["k"] for j in sweep["jobs"]] == [0, 1, 2]
+        assert sweep["returncode"] == 0 and [j["k"] for j in sweep["jobs"]] == [1, 2]
         assert all(j["status"] == "ok" and j["startup_s"]["total"] > 0 for j in sweep["jobs"])
-    # k = 1 and 2 share one engine when reused: the later job loads no model
+    # k = 1 and 2 share one engine when reused: the later job loads no model (k = 0 in a group: test_engine_groups)
     reused = {j["k"]: j for j in by_mode["reused"]["jobs"]}
     isolated = {j["k"]: j for j in by_mode["isolated"]["jobs"]}
     assert min(reused[1]["startup_s"]["model_load"], reused[2]["startup_s"]["model_load"]) == 0.0
     assert all(j["startup_s"]["model_load"] > 0 for j in isolated.values())
     assert result["acceptance_mismatches"] == []
     assert reused[2]["acceptance_length"] == isolated[2]["acceptance_length"] > 1.0
-    assert result["warm_up"]["mode"] == "reused" and [j["k"] for j in result["warm_up"]["jobs"]] == [0, 1, 2]
+    assert result["warm_up"]["mode"] == "reused" and [j["k"] for j in result["warm_up"]["jobs"]] == [1, 2]
     assert len(result["sweeps"]) == 2  # the warm-up sweep is in no round
     table = sweep_time.render(result)
     assert "acceptance identical" in table and table.startswith("warm-up sweep, not in the rounds (reused): ")
