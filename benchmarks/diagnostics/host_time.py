@@ -5,9 +5,10 @@ conv metadata, the rejection sampler and the draft's inputs, is a large share of
 while the device waits. Per k this script:
   1. runs `--rounds` timed generates per engine, every engine once per round in alternating order. Without
      `--no-twin`, k = 0 gets a second, identical engine ("0b"): two engines that cannot differ, so any gap between
-     them is the host's run-to-run noise;
+     them is the host's run-to-run noise; with `--eager-launches`, each k also gets an engine ("ke") whose steady
+     advance kernel is launched from Python instead of replayed from its small graph (`launch_graphs`);
   2. times one more generate with the engine's host-side pieces wrapped (wall clock, median µs per call):
-     target step inputs, conv metadata builds, rejection sampler, draft prefill / decode inputs, commit.
+     target step inputs (staged from the host, or advanced on the device), conv metadata builds, rejection sampler, draft prefill / decode inputs, commit.
 
     python benchmarks/diagnostics/host_time.py --pair lfm2-1.2b+lfm2-350m [--ks 0,3] [--rounds 4] [--out host.json]
 
@@ -30,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ (gpu
 
 from gpu_cudagraphs import CUDA_KERNELS, RANDOM_PAIRS, ZOO, make_engine, timed_generate
 
+from specexp.engine.launch_graphs import LaunchGraphs
 from specexp.models import load_model
 
 
@@ -45,7 +47,8 @@ def run_summary(out) -> dict:
 def host_pieces(engine) -> list[tuple[object, str, str]]:
     """(object, method name, label) of the host-side pieces of a step worth timing."""
     pieces = [(engine, "step", "step"), (engine.scheduler, "schedule", "schedule"),
-              (engine, "_prepare_target_inputs", "target_inputs"), (engine.verify_graphs, "replay", "verify_replay"),
+              (engine, "_prepare_target_inputs", "target_inputs"), (engine, "_advance_steady_rows", "target_advance"),
+              (engine.verify_graphs, "replay", "verify_replay"),
               (engine, "rejection", "rejection_sampler"), (engine, "_start_read_back", "start_read_back"),
               (engine, "_commit", "commit"), (engine, "_commit_provisional", "commit_provisional"),
               (engine, "_commit_read_back", "commit_read_back"), (engine, "finish_timing", "finish_timing")]
@@ -116,6 +119,8 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=0.8, help="synthetic acceptance rate")
     parser.add_argument("--no-twin", action="store_true", help="no second k = 0 engine")
     parser.add_argument("--cprofile", action="store_true", help="also profile one generate per k (cProfile)")
+    parser.add_argument("--eager-launches", action="store_true",
+                        help="per k also an engine (k'e') that launches its steady advance kernel without a graph")
     parser.add_argument("--out", default="host_time.json")
     args = parser.parse_args()
     ks = [int(k) for k in args.ks.split(",")]
@@ -129,11 +134,14 @@ def main() -> None:
     prompts = [torch.randint(3, target.config.vocab_size, (64,), generator=gen).tolist()
                for _ in range(args.prompts)]
     names = [str(k) for k in ks] + (["0b"] if 0 in ks and not args.no_twin else [])
+    names += [f"{k}e" for k in ks] if args.eager_launches else []
     engines = {}
     for name in names:
-        k = int(name.rstrip("b"))
+        k = int(name.rstrip("be"))
         engines[name] = make_engine(target, draft if k else None, k, 1, graphs=True, rejection="synthetic",
                                     rate=args.rate, kernels=CUDA_KERNELS)
+        if name.endswith("e"):
+            engines[name]._advance_launches = LaunchGraphs(enabled=False)
         engines[name].generate(prompts[:1], max_new_tokens=8)
     result = {"machine": {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__},
               "pair": args.pair, "rate": args.rate, "runs": {n: [] for n in names}, "host_us": {}}

@@ -434,9 +434,11 @@ class NativeEngine(TargetGraphs, TargetStepInputs, TargetMixedSteps, TargetMixed
                 finished = self._commit_read_back(previous)
             record = self._commit_provisional(self._in_flight, t_start)
         else:
+            # The previous step's marks (its draft ran before this verify), read while this verify runs: off the
+            # host's path from this read-back to the next launch, which a short draft must cover.
+            finished = self.finish_timing()
             if done is not None:
                 done.synchronize()  # the verify and the sampler are done; the draft may still run
-            finished = self.finish_timing()  # the previous step's draft ran before this verify: its times are in
             record = self._commit(batch, host, t_start)
         self._pending = (record, timer.stamps())
         self.steps.append(record)

@@ -13,6 +13,7 @@ kernel advances the last step's inputs on the device from what it accepted (`spe
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,9 +21,11 @@ import torch
 
 from specexp.engine.cudagraph import FULL, BatchExecutionDescriptor
 from specexp.engine.inputs import InputBuffers, build_step_inputs, host_tensor, stride_rows
+from specexp.engine.launch_graphs import LaunchGraphs
 from specexp.engine.scheduler import ScheduledBatch
 from specexp.engine.verified import VerifiedBatch
 from specexp.engine.verify_advance import advance_verify_rows_on_gpu
+from specexp.models import triton_support
 
 
 @dataclass
@@ -41,6 +44,7 @@ class TargetStepInputs:
     builder). `_prepare_target_inputs` stages one step; `_verified_batch` hands its facts to the speculator."""
 
     _staged: StagedStep | None = None  # the last step staged from the host, while the buffers still hold it
+    _advance_launches: LaunchGraphs | None = None  # the steady advance's graphs, made at the first steady step
 
     def _stage_step(self, batch: ScheduledBatch, desc: BatchExecutionDescriptor) -> dict | None:
         """Stage a step that runs alone (not in parts): on the device from the last step when it is steady (the
@@ -75,15 +79,19 @@ class TargetStepInputs:
         return tuple(key)
 
     def _advance_steady_rows(self, batch: ScheduledBatch) -> None:
-        """Advance the buffers from the last step to this one on the device (`verify_advance`)."""
+        """Advance the buffers from the last step to this one on the device (`verify_advance`): on a GPU replayed
+        from one small graph per (rows, tokens) (`launch_graphs`: the launch sits on the host's critical path)."""
         buffers = self.buffers
         k = self.k
-        advance_verify_rows_on_gpu(
+        if self._advance_launches is None:
+            self._advance_launches = LaunchGraphs(self.step_out.is_cuda and triton_support.AVAILABLE)
+        self._advance_launches.run((batch.num_reqs, batch.num_tokens), functools.partial(
+            advance_verify_rows_on_gpu,
             self.step_out, k + 1, batch.num_reqs, batch.num_tokens, buffers.query_start_loc,
             buffers.token_req_indices, buffers.seq_lens, buffers.positions, buffers.slot_mapping, buffers.input_ids,
             buffers.block_table, self.row_inputs[:, k + 1], self.speculator.draft_tokens if self.drafting else None,
             self.cfg.block_size,
-            self.conv_builder.spec_graph_buffers.num_accepted_tokens if self.conv_states else None)
+            self.conv_builder.spec_graph_buffers.num_accepted_tokens if self.conv_states else None))
 
     def _prepare_target_inputs(self, batch: ScheduledBatch, desc: BatchExecutionDescriptor,
                                buffers: InputBuffers | None = None, row_offset: int = 0, token_offset: int = 0,
