@@ -80,12 +80,13 @@ class TargetStepInputs:
 
     def _advance_steady_rows(self, batch: ScheduledBatch) -> None:
         """Advance the buffers from the last step to this one on the device (`verify_advance`): on a GPU replayed
-        from one small graph per (rows, tokens) (`launch_graphs`: the launch sits on the host's critical path)."""
+        from one small graph per (rows, tokens, drafting) (`launch_graphs`: the launch sits on the host's critical
+        path; everything else it reads is a persistent buffer or fixed for the engine)."""
         buffers = self.buffers
         k = self.k
         if self._advance_launches is None:
             self._advance_launches = LaunchGraphs(self.step_out.is_cuda and triton_support.AVAILABLE)
-        self._advance_launches.run((batch.num_reqs, batch.num_tokens), functools.partial(
+        self._advance_launches.run((batch.num_reqs, batch.num_tokens, self.drafting), functools.partial(
             advance_verify_rows_on_gpu,
             self.step_out, k + 1, batch.num_reqs, batch.num_tokens, buffers.query_start_loc,
             buffers.token_req_indices, buffers.seq_lens, buffers.positions, buffers.slot_mapping, buffers.input_ids,
