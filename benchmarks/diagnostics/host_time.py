@@ -8,7 +8,8 @@ while the device waits. Per k this script:
      them is the host's run-to-run noise; with `--eager-launches`, each k also gets an engine ("ke") whose steady
      advance kernel is launched from Python instead of replayed from its small graph (`launch_graphs`);
   2. times one more generate with the engine's host-side pieces wrapped (wall clock, median µs per call):
-     target step inputs (staged from the host, or advanced on the device), conv metadata builds, rejection sampler, draft prefill / decode inputs, commit.
+     target step inputs (staged from the host, or advanced on the device), conv metadata builds, rejection
+     sampler, draft prefill / decode inputs, commit.
 
     python benchmarks/diagnostics/host_time.py --pair lfm2-1.2b+lfm2-350m [--ks 0,3] [--rounds 4] [--out host.json]
 
@@ -47,8 +48,8 @@ def run_summary(out) -> dict:
 def host_pieces(engine) -> list[tuple[object, str, str]]:
     """(object, method name, label) of the host-side pieces of a step worth timing."""
     pieces = [(engine, "step", "step"), (engine.scheduler, "schedule", "schedule"),
-              (engine, "_prepare_target_inputs", "target_inputs"), (engine, "_advance_steady_rows", "target_advance"),
-              (engine.verify_graphs, "replay", "verify_replay"),
+              (engine, "_prepare_target_inputs", "target_inputs"),
+              (engine, "_advance_steady_rows", "target_advance"), (engine.verify_graphs, "replay", "verify_replay"),
               (engine, "rejection", "rejection_sampler"), (engine, "_start_read_back", "start_read_back"),
               (engine, "_commit", "commit"), (engine, "_commit_provisional", "commit_provisional"),
               (engine, "_commit_read_back", "commit_read_back"), (engine, "finish_timing", "finish_timing")]

@@ -24,8 +24,7 @@ from specexp.engine.inputs import InputBuffers, build_step_inputs, host_tensor, 
 from specexp.engine.launch_graphs import LaunchGraphs
 from specexp.engine.scheduler import ScheduledBatch
 from specexp.engine.verified import VerifiedBatch
-from specexp.engine.verify_advance import advance_verify_rows_on_gpu
-from specexp.models import triton_support
+from specexp.engine.verify_advance import advance_verify_rows_on_gpu, advances_in_triton
 
 
 @dataclass
@@ -85,7 +84,7 @@ class TargetStepInputs:
         buffers = self.buffers
         k = self.k
         if self._advance_launches is None:
-            self._advance_launches = LaunchGraphs(self.step_out.is_cuda and triton_support.AVAILABLE)
+            self._advance_launches = LaunchGraphs(advances_in_triton(self.step_out))  # one kernel, no allocation
         self._advance_launches.run((batch.num_reqs, batch.num_tokens, self.drafting), functools.partial(
             advance_verify_rows_on_gpu,
             self.step_out, k + 1, batch.num_reqs, batch.num_tokens, buffers.query_start_loc,

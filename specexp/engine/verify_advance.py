@@ -123,10 +123,16 @@ def advance_verify_rows_triton(step_out: torch.Tensor, num_sampled_col: int, num
         BLOCK=max(triton.next_power_of_2(width), 2), num_warps=1)
 
 
+def advances_in_triton(step_out: torch.Tensor) -> bool:
+    """Whether :func:`advance_verify_rows_on_gpu` runs the one Triton kernel for this engine's `step_out` (CUDA
+    tensors, Triton installed) rather than torch's ops."""
+    return step_out.is_cuda and AVAILABLE
+
+
 def advance_verify_rows_on_gpu(step_out: torch.Tensor, *rest) -> None:
-    """:func:`advance_verify_rows_triton` for CUDA tensors where Triton is installed; :func:`advance_verify_rows`
-    (torch) elsewhere."""
-    if step_out.is_cuda and AVAILABLE:
+    """:func:`advance_verify_rows_triton` where :func:`advances_in_triton`; :func:`advance_verify_rows` (torch)
+    elsewhere."""
+    if advances_in_triton(step_out):
         advance_verify_rows_triton(step_out, *rest)
     else:
         advance_verify_rows(step_out, *rest)

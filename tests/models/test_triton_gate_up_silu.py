@@ -15,6 +15,7 @@ from triton_interpreter import (
     compile_for_hopper,
     on_triton_gpu,
     run_in_triton_interpreter,
+    variants_to_check,
 )
 
 from specexp.models import triton_gemv
@@ -24,7 +25,6 @@ ZOO = Path(__file__).resolve().parents[2] / "specexp" / "zoo"
 
 # (I, K): widths below, at and past a program's rows; K below, at and past one chunk and not a multiple of it
 SHAPES = [(5, 3), (40, 64), (300, 130), (1100, 600)]
-BIG_SHAPE = 100_000  # 2I * K from which the interpreter checks a case with or without the norm, not both
 
 
 def check_gate_up_silu(device: str, dtypes=(torch.float32, torch.bfloat16)) -> None:
@@ -37,9 +37,7 @@ def check_gate_up_silu(device: str, dtypes=(torch.float32, torch.bfloat16)) -> N
         for rows in (2, 5, 16):
             x = (torch.randn(rows, k, generator=gen) * 3).to(dtype).to(device)
             norms = [{}, {"rms_only": True, "eps": 1e-5}]
-            if device == "cpu" and 2 * i * k >= BIG_SHAPE:  # slow to interpret: with and without the norm in turn
-                norms = [norms[(rows + (dtype == torch.float32)) % 2]]
-            for norm in norms:
+            for norm in variants_to_check(norms, device, 2 * i * k, rows + (dtype == torch.float32)):
                 gate, up = triton_gemv.gemv(x, w, **norm).split(i, dim=-1)
                 expected = (F.silu(gate.float()).to(dtype).float() * up.float()).to(dtype)
                 got = triton_gemv.gate_up_silu(x, w, **norm)

@@ -13,6 +13,7 @@ from triton_interpreter import (
     hopper_shared_bytes,
     on_triton_gpu,
     run_in_triton_interpreter,
+    variants_to_check,
 )
 
 from specexp.engine.config import EngineConfig, EngineConfigError
@@ -23,7 +24,6 @@ from specexp.models.triton_gemv import skinny_config
 
 # (K, N): K below, at and past one 1024-wide chunk and not a multiple of it; N odd, below and past BLOCK_N
 SHAPES = [(5, 3), (64, 1), (1000, 37), (1024, 256), (2500, 130)]
-BIG_SHAPE = 100_000  # K * N from which a shape takes one epilogue (bias, residual) a case in the interpreter
 
 
 # the RMSNorm before the product fused in ("norm"), with its weight folded into W ("rms": 1/rms(x) alone), or not
@@ -40,10 +40,8 @@ def check_products(device: str, dtypes, fusions=FUSIONS, tokens=TOKENS) -> None:
     cases = [(s, d, f, m) for s in SHAPES for d in dtypes for f in fusions for m in tokens]
     epilogues = [(False, False), (True, False), (False, True), (True, True)]
     for i, ((k, n), dtype, fusion, m) in enumerate(cases):
-        # every epilogue on a GPU and on the small shapes; on the large ones in the interpreter (slow there) one a
-        # case, in turn, so each fusion and row count still meets several
-        every = device != "cpu" or k * n < BIG_SHAPE
-        for with_bias, with_residual in epilogues if every else [epilogues[i % len(epilogues)]]:
+        # on the large shapes in the interpreter one epilogue a case, in turn: each fusion and row count meets several
+        for with_bias, with_residual in variants_to_check(epilogues, device, k * n, i):
             x, w = torch.randn(m, k, generator=gen) * 3, torch.randn(n, k, generator=gen) / k**0.5
             # rows of very different scale: each row's RMSNorm must use its own rms
             x = x * torch.logspace(-1, 1, m).unsqueeze(1)

@@ -14,6 +14,7 @@ from triton_interpreter import (
     on_triton_gpu,
     run_in_triton_interpreter,
     tiny_hybrid_pair,
+    variants_to_check,
 )
 
 from specexp.engine.config import EngineConfig, EngineConfigError
@@ -27,13 +28,12 @@ from specexp.models.short_conv_ops import TORCH_CONV, TRITON_CONV
 # (K, N): one chunk, exactly one, past one and not a multiple of it (the prefetch of the chunk after the last is
 # masked off); N below and past the rows a program takes
 SHAPES = [(5, 3), (1024, 37), (2500, 130), (3072, 9)]
-BIG_SHAPE = 100_000  # K * N from which a shape takes one fusion a case in the interpreter
 POINTERS = ("x_ptr", "norm_w_ptr", "w_ptr", "bias_ptr", "res_ptr", "y_ptr")
 
 
 def check_same_values(device: str, dtypes=(torch.float32, torch.bfloat16)) -> None:
     """gemv(pdl=True) == gemv(pdl=False) bit for bit: 1, 2 and 5 rows, every norm fusion, bias and residual (in the
-    interpreter, shapes of K * N >= BIG_SHAPE one of those a case, in turn), fp32 logits; gated_gemv too."""
+    interpreter, large shapes one of those a case, in turn: `variants_to_check`), fp32 logits; gated_gemv too."""
     gen = torch.Generator().manual_seed(0)
     case = 0
     for (k, n), dtype in [(s, d) for s in SHAPES for d in dtypes]:
@@ -46,10 +46,9 @@ def check_same_values(device: str, dtypes=(torch.float32, torch.bfloat16)) -> No
             fusions = [(norm, epilogue) for norm in ({}, {"norm_weight": norm_weight, "eps": 1e-5},
                                                      {"rms_only": True, "eps": 1e-5})
                        for epilogue in ((None, None), (bias, residual))]
-            if device == "cpu" and k * n >= BIG_SHAPE:  # slow to interpret: one fusion a case, in turn
-                fusions = [fusions[case % len(fusions)]]
-                case += 1
-            for norm, (b, r) in fusions:
+            checked = variants_to_check(fusions, device, k * n, case)
+            case += len(checked) == 1  # the next large case takes the next fusion
+            for norm, (b, r) in checked:
                 plain = triton_gemv.gemv(x, w, b, None if r is None else r.clone(), **norm)
                 early = triton_gemv.gemv(x, w, b, None if r is None else r.clone(), pdl=True, **norm)
                 label = f"K={k} N={n} M={rows} {dtype} {sorted(norm)} bias={b is not None}"

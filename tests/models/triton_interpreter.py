@@ -26,6 +26,19 @@ def on_triton_gpu(test):
     return pytest.mark.cuda(needs(test))
 
 
+# Elements of a weight (K * N, or 2I * K) from which Triton's interpreter is slow enough that a check takes one of
+# its variants (bias / residual, norm fusion) a case, in turn, instead of all of them
+BIG_SHAPE = 100_000
+
+
+def variants_to_check(variants: list, device: str, num_elements: int, turn: int) -> list:
+    """All of `variants` on a GPU and for small weights; under the interpreter (CPU tensors) for a weight of
+    `num_elements` >= BIG_SHAPE, the one at `turn` (mod their count), so that consecutive cases meet each in turn."""
+    if device != "cpu" or num_elements < BIG_SHAPE:
+        return variants
+    return [variants[turn % len(variants)]]
+
+
 def run_in_triton_interpreter(module: str, check: str, *args: str) -> None:
     """`from {module} import {check}; {check}("cpu", *args)` with TRITON_INTERPRET=1; args are Python
     expressions (torch is imported). Fails with the subprocess's stderr when the check fails."""
