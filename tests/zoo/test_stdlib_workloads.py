@@ -34,6 +34,23 @@ def test_a_prefix_of_the_code_workload_spans_many_files():
     assert len({p.id.rsplit(":", 1)[0] for p in prompts}) >= 16
 
 
+@pytest.mark.parametrize("name", ["code", "prose"])
+def test_the_first_n_prompts_are_the_head_of_the_whole_round_robin(name):
+    """Cutting only the blocks the first n prompts need gives what cutting every file first, then taking the
+    first of each, the second of each, ... gives."""
+    tokenizer = load_tokenizer()
+
+    def count_tokens(text):
+        return len(tokenizer.encode(text, add_special_tokens=False).ids)
+
+    per_file = [list(stdlib._file_prompts(name, rel, blocks, 48, count_tokens))
+                for rel, blocks in stdlib.frozen_blocks(name)]
+    whole = [ps[depth] for depth in range(max(map(len, per_file))) for ps in per_file if depth < len(ps)]
+    assert build_prompts(name, 48, None, tokenizer) == whole
+    for n in (0, 1, 7, len(per_file) + 3, len(whole), len(whole) + 5):
+        assert build_prompts(name, 48, n, tokenizer) == whole[:n]
+
+
 def test_code_prompts_start_at_a_def_or_class():
     for p in build_prompts("code", input_len=128, num_prompts=64):
         first_code_line = next(line for line in p.text.splitlines() if not line.startswith("@"))
