@@ -41,6 +41,15 @@ class RMSNorm(nn.Module):
         return self.ops.rms_norm(x, self.weight, self.eps)
 
 
+class TokenEmbedding(nn.Embedding):
+    """nn.Embedding (weight [vocab, hidden]) without its N(0, 1) initialisation: a model's weights are always
+    loaded or drawn by :func:`specexp.models.loader.init_random_` afterwards. Models are built on the meta
+    device, where that initialisation alone imports torch._dynamo: ~1 s of every run's start-up on a CPU."""
+
+    def reset_parameters(self) -> None:
+        """Nothing: the weight stays as allocated until loaded."""
+
+
 def add_projection_(ops: LinearOps, residual: torch.Tensor, x: torch.Tensor, linear: nn.Linear) -> torch.Tensor:
     """residual += linear(x) in place, on `ops`' kernels (:func:`specexp.models.linear_ops.add_linear_`);
     residual [T, out], x [T, in] -> residual."""
@@ -48,8 +57,10 @@ def add_projection_(ops: LinearOps, residual: torch.Tensor, x: torch.Tensor, lin
 
 
 def rope_inv_freq(rope: RopeConfig, head_dim: int) -> torch.Tensor:
-    """float32[head_dim // 2] inverse frequencies (radians per position), on the CPU."""
-    inv_freq = 1.0 / (rope.theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    """float32[head_dim // 2] inverse frequencies (radians per position), on the CPU whatever the default device
+    (on the meta device, where models are built, these few ops would import torch._dynamo: ~1 s a process)."""
+    positions = torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu")
+    inv_freq = 1.0 / (rope.theta ** (positions.float() / head_dim))
     if rope.rope_type == "default":
         return inv_freq
     # llama3: long wavelengths slowed down by `factor`, short ones kept, the band between interpolated.
@@ -76,7 +87,8 @@ class RotaryEmbedding(nn.Module):
         super().__init__()
         self.rope = rope
         self.head_dim = head_dim
-        self.register_buffer("inv_freq", rope_inv_freq(rope, head_dim), persistent=False)
+        inv_freq = rope_inv_freq(rope, head_dim).to(torch.get_default_device())
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def reset_inv_freq(self) -> None:
         self.inv_freq = rope_inv_freq(self.rope, self.head_dim).to(self.inv_freq.device)

@@ -22,7 +22,14 @@ from specexp.models.attention import AttentionPlan
 from specexp.models.causal_lm import CausalLM
 from specexp.models.config import ModelConfig
 from specexp.models.kernels import UniformKernel
-from specexp.models.layers import QKVAttention, RMSNorm, RotaryEmbedding, add_projection_, gated_mlp_
+from specexp.models.layers import (
+    QKVAttention,
+    RMSNorm,
+    RotaryEmbedding,
+    TokenEmbedding,
+    add_projection_,
+    gated_mlp_,
+)
 from specexp.models.linear_ops import CUBLAS, LinearOps
 from specexp.models.metadata import AttentionMetadata, ShortConvMetadata
 from specexp.models.pointwise import EAGER, PointwiseOps
@@ -135,7 +142,7 @@ class Lfm2DecoderLayer(nn.Module):
 class Lfm2Model(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = TokenEmbedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(Lfm2DecoderLayer(config, t) for t in config.layer_types)
         self.embedding_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(config.rope, config.head_dim)

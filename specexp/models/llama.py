@@ -12,7 +12,14 @@ from torch import nn
 
 from specexp.models.causal_lm import CausalLM
 from specexp.models.config import ModelConfig
-from specexp.models.layers import GatedMLP, QKVAttention, RMSNorm, RotaryEmbedding, add_projection_
+from specexp.models.layers import (
+    GatedMLP,
+    QKVAttention,
+    RMSNorm,
+    RotaryEmbedding,
+    TokenEmbedding,
+    add_projection_,
+)
 from specexp.models.metadata import AttentionMetadata
 from specexp.models.segments import forward_plans
 
@@ -69,7 +76,7 @@ class LlamaDecoderLayer(nn.Module):
 class LlamaModel(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = TokenEmbedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(LlamaDecoderLayer(config) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(config.rope, config.head_dim)

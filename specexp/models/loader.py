@@ -145,12 +145,25 @@ def build_model(config: ModelConfig, dtype: torch.dtype, device: torch.device | 
         model = MODEL_CLASSES[config.architecture](config)
     model = model.to(dtype=dtype)
     if torch.device(device).type != "meta":
-        model = model.to_empty(device=device)
-        model.tie_weights()  # to_empty replaces parameters one module at a time: re-share the head
+        _allocate_(model, torch.device(device))
+        model.tie_weights()  # parameters are replaced one module at a time: re-share the head
         for module in model.modules():
             if isinstance(module, RotaryEmbedding):
                 module.reset_inv_freq()  # float32, whatever the model dtype
     return model
+
+
+def _allocate_(model: nn.Module, device: torch.device) -> None:
+    """Give every parameter and buffer of a meta-built `model` uninitialised storage on `device` (same shapes and
+    dtypes), in place. What `nn.Module.to_empty` does, but by `torch.empty`: `to_empty`'s `empty_like` of a meta
+    tensor runs torch's Python reference, whose first call imports torch.fx's symbolic shapes (~0.35 s a process
+    on a CPU)."""
+    for module in model.modules():
+        for name, param in list(module.named_parameters(recurse=False)):
+            storage = torch.empty(param.shape, dtype=param.dtype, device=device)
+            setattr(module, name, nn.Parameter(storage, requires_grad=param.requires_grad))
+        for name, buffer in list(module.named_buffers(recurse=False)):
+            setattr(module, name, torch.empty(buffer.shape, dtype=buffer.dtype, device=device))
 
 
 @torch.no_grad()
