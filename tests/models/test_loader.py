@@ -224,6 +224,22 @@ def test_models_package_imports_only_torch_safetensors_tokenizers():
     assert out.stdout.strip() == "[]"
 
 
+@pytest.mark.parametrize("name", ["tiny-lfm2", "tiny-llama-draft"])
+def test_building_a_model_imports_no_compiler(name):
+    """A run's start-up: building on the meta device, then loading, must not reach torch's Python references
+    (their first use imports torch._dynamo and symbolic shapes, ~1.3 s on a CPU). Weights equal a second load's."""
+    code = (
+        "import sys, torch; from specexp.models import load_model; from specexp.zoo import ZOO_DIR;"
+        f"a = load_model(ZOO_DIR / {name!r}); b = load_model(ZOO_DIR / {name!r});"
+        "same = all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()));"
+        "freq = [m.inv_freq for m in a.modules() if hasattr(m, 'inv_freq')];"
+        "print(same, all(f.dtype == torch.float32 and f.device.type == 'cpu' for f in freq) and len(freq) > 0,"
+        " sorted(m for m in ('torch._dynamo', 'torch.fx.experimental.symbolic_shapes') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "True True []"
+
+
 @pytest.mark.parametrize("case_id", ["llama-gqa-tied-llama3rope", "lfm2-L3-gqa-tied-cacb"])
 def test_whole_forward_is_sync_free(case_cache, case_id):
     """The full model forward runs on the meta device: no `.item()`, no data-dependent shapes."""
