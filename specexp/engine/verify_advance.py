@@ -123,10 +123,10 @@ def advance_verify_rows_triton(step_out: torch.Tensor, num_sampled_col: int, num
         BLOCK=max(triton.next_power_of_2(width), 2), num_warps=1)
 
 
-def advances_in_triton(step_out: torch.Tensor) -> bool:
-    """Whether :func:`advance_verify_rows_on_gpu` runs the one Triton kernel for this engine's `step_out` (CUDA
-    tensors, Triton installed) rather than torch's ops."""
-    return step_out.is_cuda and AVAILABLE
+def advances_in_triton(tensor: torch.Tensor) -> bool:
+    """Whether the `*_on_gpu` advances here run their one Triton kernel on buffers like `tensor` (an engine's
+    `step_out`, a draft's query start locations: CUDA tensors, Triton installed) rather than torch's ops."""
+    return tensor.is_cuda and AVAILABLE
 
 
 def advance_verify_rows_on_gpu(step_out: torch.Tensor, *rest) -> None:
@@ -209,9 +209,9 @@ def advance_prefill_regions_triton(target_qsl: torch.Tensor, target_seq_lens: to
 
 
 def advance_prefill_regions_on_gpu(target_qsl: torch.Tensor, *rest) -> None:
-    """:func:`advance_prefill_regions_triton` for CUDA tensors where Triton is installed; :func:`advance_prefill_regions`
+    """:func:`advance_prefill_regions_triton` where :func:`advances_in_triton`; :func:`advance_prefill_regions`
     (torch) elsewhere."""
-    if target_qsl.is_cuda and AVAILABLE:
+    if advances_in_triton(target_qsl):
         advance_prefill_regions_triton(target_qsl, *rest)
     else:
         advance_prefill_regions(target_qsl, *rest)
