@@ -15,7 +15,8 @@ from specexp.load_metrics import LoadSettings, load_metrics
 from specexp.workloads.prompt import Prompt
 
 # Graph-capture metrics (§4) are None, never 0, where nothing was captured (CPU, or the hf backend).
-GRAPH_METRIC_KEYS = ("graph_capture_bytes", "graph_capture_s", "graph_capture_per_size", "persistent_buffer_bytes")
+GRAPH_METRIC_KEYS = ("graph_capture_bytes", "graph_capture_s", "graph_compile_s", "graph_capture_per_size",
+                     "persistent_buffer_bytes")
 STEP_TIME_KEYS = ("draft_ms", "verify_ms", "sample_ms", "schedule_ms", "step_ms")
 
 

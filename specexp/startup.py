@@ -4,7 +4,8 @@
   tokenization); None where the process's start time cannot be read (non-Linux).
 - ``model_load``: building both models and loading their weights.
 - ``engine_build``: the engine's construction: buffers, compiled ops, CUDA-graph capture (``graph_capture``
-  of it, where graphs are captured).
+  of it, where graphs are captured; ``compile`` of that, each graph's first run before its capture, where kernels
+  compile or load from Triton's and inductor's on-disk caches and are autotuned, or for a CPU its compile).
 - ``warmup``: the warm-up request served before the measured run.
 - ``total``: the sum of the parts that are known.
 """
@@ -45,21 +46,29 @@ class PhaseClock:
         return self.phases_s[name]
 
 
-def startup_record(phases_s: dict[str, float], import_s: float | None,
-                   graph_capture_s: float | None = None) -> dict[str, float | None]:
+PARTS = ("graph_capture", "compile")  # seconds within engine_build, not added to the total
+
+
+def startup_record(phases_s: dict[str, float], import_s: float | None, graph_capture_s: float | None = None,
+                   compile_s: float | None = None) -> dict[str, float | None]:
     """``metrics.startup_s``: the backend's ``phases_s`` (model_load, engine_build, warmup) with ``import``
-    before them, ``graph_capture`` (part of engine_build) and ``total`` (the known parts summed)."""
+    before them, ``graph_capture`` (part of engine_build), ``compile`` (part of graph_capture) and ``total`` (the
+    known phases summed)."""
     record: dict[str, float | None] = {"import": import_s, **phases_s}
     if graph_capture_s is not None:
         record["graph_capture"] = graph_capture_s
-    record["total"] = sum(v for key, v in record.items() if v is not None and key != "graph_capture")
+        if compile_s is not None:
+            record["compile"] = compile_s
+    record["total"] = sum(v for key, v in record.items() if v is not None and key not in PARTS)
     return record
 
 
 def format_startup(startup_s: dict) -> str:
-    """One line: ``import 2.1 s · model_load 0.3 s · engine_build 0.1 s · warmup 0.5 s = 3.0 s``."""
+    """One line: ``import 2.1 s · model_load 0.3 s · engine_build 9.1 s · warmup 0.5 s = 12.0 s (graph capture
+    8.9 s, of it compiling 6.0 s)``."""
     parts = [f"{key} {value:.1f} s" for key, value in startup_s.items()
-             if key not in ("total", "graph_capture") and value is not None]
-    capture = startup_s.get("graph_capture")
-    tail = f" (graph capture {capture:.1f} s)" if capture else ""
+             if key not in ("total", *PARTS) and value is not None]
+    capture, compiling = startup_s.get("graph_capture"), startup_s.get("compile")
+    tail = f" (graph capture {capture:.1f} s" if capture else ""
+    tail += f", of it compiling {compiling:.1f} s)" if capture and compiling is not None else ")" if capture else ""
     return " · ".join(parts) + f" = {startup_s.get('total', 0.0):.1f} s" + tail

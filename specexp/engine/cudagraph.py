@@ -70,8 +70,10 @@ class BatchExecutionDescriptor:
 @dataclass
 class CaptureRecord:
     """Cost of one captured (size, k, bucket): `capture_bytes` (free-memory delta), `reserved_bytes`
-    (allocator reserved delta), `capture_s` (warm-up excluded). A step compiled for a CPU (`compiled_graphs`):
-    `capture_s` is its compile and first run, the bytes 0."""
+    (allocator reserved delta), `capture_s` (warm-up excluded), `first_run_s` (the warm-up run before the capture,
+    synchronised: where kernels compile on first use, or load from Triton's and inductor's on-disk caches, and are
+    autotuned). A step compiled for a CPU (`compiled_graphs`, `compiled` True): `capture_s` is its compile and first
+    compiled run, the bytes 0."""
 
     manager: str
     num_reqs: int
@@ -81,6 +83,18 @@ class CaptureRecord:
     reserved_bytes: int
     capture_s: float
     num_speculative_tokens: int = 0
+    first_run_s: float = 0.0
+    compiled: bool = False
+
+    @property
+    def compile_s(self) -> float:
+        """Seconds this key spent compiling: its first run, and for a step compiled for a CPU its compile."""
+        return record_compile_s(vars(self))
+
+
+def record_compile_s(record: dict) -> float:
+    """:attr:`CaptureRecord.compile_s` of a record as `summary()` lists it (`vars` of one)."""
+    return record.get("first_run_s", 0.0) + (record["capture_s"] if record.get("compiled") else 0.0)
 
 
 def graph_key(desc: BatchExecutionDescriptor) -> tuple[int, int, int]:
@@ -221,17 +235,21 @@ class CudaGraphManager:
         compiling, tape = self.emulated and self.compile_on_cpu, self.random_tape
         if compiling and tape is not None:
             tape.record()
-        fn(desc)  # warm-up: lazy initialisation, autotuning and workspace allocation happen outside capture
-        self.graphs[key] = None if self.emulated else self._record_capture(fn, desc)
+        start = time.perf_counter()
+        fn(desc)  # warm-up: compiling, lazy initialisation, autotuning and workspace allocation happen outside capture
+        if not self.emulated:
+            torch.cuda.synchronize(self.device)
+        first_run_s = time.perf_counter() - start
+        self.graphs[key] = None if self.emulated else self._record_capture(fn, desc, first_run_s)
         if compiling:
             self._draws[key] = tape.recorded() if tape is not None else []
-            self._compiled[key] = self._record_compile(fn, desc, key)
+            self._compiled[key] = self._record_compile(fn, desc, key, first_run_s)
         if progress is not None:
             progress(f"{self.name} size {size} keys {desc.max_seq_len}" + (f" k {k}" if self.per_k else ""))
 
-    def _record_capture(self, fn, desc: BatchExecutionDescriptor) -> torch.cuda.CUDAGraph:
-        """Capture fn(desc) into a CUDA graph in the shared pool, recording its memory and time."""
-        torch.cuda.synchronize(self.device)
+    def _record_capture(self, fn, desc: BatchExecutionDescriptor, first_run_s: float) -> torch.cuda.CUDAGraph:
+        """Capture fn(desc) into a CUDA graph in the shared pool, recording its memory and time (and the seconds of
+        its warm-up run, `first_run_s`)."""
         free_before = free_device_bytes(self.device)
         reserved_before = torch.cuda.memory_reserved(self.device)
         graph = torch.cuda.CUDAGraph()
@@ -244,11 +262,11 @@ class CudaGraphManager:
             self.name, desc.num_reqs, desc.num_tokens, desc.max_seq_len,
             capture_bytes=free_before - free_device_bytes(self.device),
             reserved_bytes=torch.cuda.memory_reserved(self.device) - reserved_before, capture_s=capture_s,
-            num_speculative_tokens=desc.num_speculative_tokens,
+            num_speculative_tokens=desc.num_speculative_tokens, first_run_s=first_run_s,
         ))
         return graph
 
-    def _record_compile(self, fn, desc: BatchExecutionDescriptor, key) -> Callable[[], None]:
+    def _record_compile(self, fn, desc: BatchExecutionDescriptor, key, first_run_s: float) -> Callable[[], None]:
         """Compile fn(desc) for a CPU (`compiled_graphs.compile_step`), recording the compile time as capture_s."""
         start = time.perf_counter()
         try:
@@ -266,6 +284,7 @@ class CudaGraphManager:
         self.records.append(CaptureRecord(
             self.name, desc.num_reqs, desc.num_tokens, desc.max_seq_len, capture_bytes=0, reserved_bytes=0,
             capture_s=time.perf_counter() - start, num_speculative_tokens=desc.num_speculative_tokens,
+            first_run_s=first_run_s, compiled=True,
         ))
         return compiled
 
@@ -303,6 +322,7 @@ class CudaGraphManager:
         return {
             "capture_bytes": sum(r.capture_bytes for r in self.records),
             "capture_s": sum(r.capture_s for r in self.records),
+            "compile_s": sum(r.compile_s for r in self.records),
             "num_replays": self.num_replays,
             "num_eager": self.num_eager,
             "per_k": self.per_k,

@@ -12,8 +12,8 @@ What is per run: the step records and requests (each `generate` returns its own)
 eager-fallback counters (`reset_counters`; `counter_state` / `restore_counters` pause and resume them), the random
 state (`reseed`; `rng_state` / `set_rng_state` pause and resume it) and the capture figures `graph_summary`
 reports: with serve_depths set, only the graphs a static-k engine would have captured (per (manager, size, k)
-records of that k, and every k-independent manager's), their capture bytes and seconds summed from those
-records (the whole capture's free-memory delta, which also holds the warm-ups' allocations, is kept as
+records of that k, and every k-independent manager's), their capture bytes and seconds (each key's first run and
+capture, of which `graph_compile_s` compiling) summed from those records (the whole capture's free-memory delta, which also holds the warm-ups' allocations, is kept as
 `engine_graph_capture_bytes`).
 """
 
@@ -26,6 +26,7 @@ from dataclasses import replace
 import torch
 
 from specexp.engine.config import EngineConfigError
+from specexp.engine.cudagraph import record_compile_s
 from specexp.engine.depth import StaticDepth
 
 
@@ -53,14 +54,18 @@ def depth_graph_summary(summary: dict, k: int) -> dict:
         records = [r for r in manager["per_size"] if not manager["per_k"] or r["num_speculative_tokens"] == k]
         managers[name] = {**manager, "per_size": records,
                           "capture_bytes": sum(r["capture_bytes"] for r in records),
-                          "capture_s": sum(r["capture_s"] for r in records)}
+                          "capture_s": sum(r["capture_s"] for r in records),
+                          "compile_s": sum(record_compile_s(r) for r in records)}
     out = {**summary, "managers": managers, "served_depth": k,
            "engine_graph_capture_bytes": summary["graph_capture_bytes"]}
     # the allocator's share is measured for the whole engine only
     out["engine_graph_capture_reserved_bytes"] = out.pop("graph_capture_reserved_bytes", None)
     if summary["graph_capture_bytes"] is not None:
         out["graph_capture_bytes"] = sum(m["capture_bytes"] for m in managers.values())
-        out["graph_capture_s"] = sum(m["capture_s"] for m in managers.values())
+        # a phase's seconds as a whole engine reports them: its keys' first runs, compiles and captures
+        out["graph_compile_s"] = sum(m["compile_s"] for m in managers.values())
+        out["graph_capture_s"] = sum(r["capture_s"] + r.get("first_run_s", 0.0)
+                                     for m in managers.values() for r in m["per_size"])
     return out
 
 

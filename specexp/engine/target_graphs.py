@@ -85,6 +85,10 @@ class TargetGraphs:
             "graph_capture_reserved_bytes": (torch.cuda.memory_reserved(self.device) - reserved_before
                                              if cuda else None),
             "graph_capture_s": capture_s if cuda or self.compiled_graphs else None,  # a CPU's: compile time
+            # of it, compiling: each key's first run (kernels compiled or loaded from the on-disk caches), a CPU's
+            # compile
+            "graph_compile_s": (sum(r.compile_s for m in self.graph_managers() for r in m.records)
+                                if cuda or self.compiled_graphs else None),
         }
 
     @torch.inference_mode()

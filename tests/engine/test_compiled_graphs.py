@@ -52,7 +52,11 @@ def test_compiled_graphs_give_the_eager_tokens_and_compile_only_at_start_up(pair
     assert [e.done for e in captures] == [0, 1, 2, 3] and {e.activity for e in captures} == {COMPILING}
     managers = [engine.verify_graphs, engine.speculator.prefill_graphs, engine.speculator.decode_graphs]
     assert all(m.compile_on_cpu and len(m.records) == 1 and m.records[0].capture_s > 0 for m in managers)
-    assert engine.graph_summary()["graph_capture_s"] >= sum(m.records[0].capture_s for m in managers)
+    summary = engine.graph_summary()
+    assert summary["graph_capture_s"] >= sum(m.records[0].capture_s for m in managers)
+    # compiling: every key's first (eager) run and its compile, within the capture phase's seconds
+    assert all(m.records[0].compiled and m.records[0].first_run_s > 0 for m in managers)
+    assert sum(m.records[0].capture_s for m in managers) < summary["graph_compile_s"] <= summary["graph_capture_s"]
     compiled_before = _compiled_graph_count()
     out = engine.generate(PROMPTS)
     assert _compiled_graph_count() == compiled_before, "a step compiled after start-up"

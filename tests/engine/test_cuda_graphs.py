@@ -162,6 +162,11 @@ def test_graph_memory_is_recorded_per_size(pairs):
     # graph_capture_bytes is the fall in the device's free memory, which other processes on the GPU move (pytest
     # -n 8 shares one); the allocator's reserved bytes are this process's own
     assert summary["graph_capture_reserved_bytes"] > 0 and summary["graph_capture_s"] > 0
+    # each key's warm-up run (kernels compiled or loaded from the caches) is timed apart from its capture
+    records = [r for m in summary["managers"].values() for r in m["per_size"]]
+    assert all(r["first_run_s"] > 0 and not r["compiled"] for r in records)
+    assert summary["graph_compile_s"] == pytest.approx(sum(r["first_run_s"] for r in records))
+    assert summary["graph_compile_s"] + sum(r["capture_s"] for r in records) <= summary["graph_capture_s"]
     assert isinstance(summary["graph_capture_bytes"], int)
     for name in ("target_verify", "draft_prefill", "draft_decode"):
         sizes = [r["num_reqs"] for r in summary["managers"][name]["per_size"]]

@@ -142,17 +142,24 @@ def test_a_paused_run_resumes_with_its_own_random_state_and_counters(pair_dirs, 
 def test_the_graph_figures_are_those_of_the_served_depth():
     """Per-k managers keep their records of the served k, k-independent ones all theirs; the totals are summed
     from what is kept, the whole capture's figure kept beside them."""
-    def record(k, nbytes, s):
-        return {"num_speculative_tokens": k, "capture_bytes": nbytes, "capture_s": s}
+    def record(k, nbytes, s, first=0.0, compiled=False):
+        return {"num_speculative_tokens": k, "capture_bytes": nbytes, "capture_s": s, "first_run_s": first,
+                "compiled": compiled}
 
     summary = {"graph_capture_bytes": 1000, "graph_capture_s": 9.0, "managers": {
-        "target_verify": {"per_k": True, "per_size": [record(2, 100, 1.0), record(4, 200, 2.0), record(2, 10, 0.5)]},
-        "target_prefill_16": {"per_k": False, "per_size": [record(0, 50, 0.25)]},
+        "target_verify": {"per_k": True, "per_size": [record(2, 100, 1.0, 4.0), record(4, 200, 2.0, 8.0),
+                                                      record(2, 10, 0.5, 0.125)]},
+        "target_prefill_16": {"per_k": False, "per_size": [record(0, 50, 0.25, 0.5)]},
+        "draft_prefill": {"per_k": True, "per_size": [record(2, 0, 16.0, 0.0625, compiled=True)]},
     }}
     cut = depth_graph_summary(summary, 2)
-    assert cut["managers"]["target_verify"]["per_size"] == [record(2, 100, 1.0), record(2, 10, 0.5)]
+    assert cut["managers"]["target_verify"]["per_size"] == [record(2, 100, 1.0, 4.0), record(2, 10, 0.5, 0.125)]
     assert cut["managers"]["target_prefill_16"]["capture_bytes"] == 50
-    assert (cut["graph_capture_bytes"], cut["graph_capture_s"]) == (160, 1.75)
+    # seconds: first runs and captures (a CPU-compiled key's capture is its compile); compiling: the first runs and
+    # the CPU's compile
+    assert (cut["graph_capture_bytes"], cut["graph_capture_s"]) == (160, 1.75 + 4.625 + 16.0625)
+    assert cut["graph_compile_s"] == 4.625 + 16.0625
+    assert cut["managers"]["target_verify"]["compile_s"] == 4.125
     assert cut["engine_graph_capture_bytes"] == 1000 and cut["served_depth"] == 2
 
 

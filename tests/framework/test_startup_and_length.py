@@ -65,6 +65,11 @@ def test_startup_record_sums_the_known_parts():
                       "graph_capture": 0.4, "total": 1.75}
     assert format_startup(record) == ("model_load 1.0 s · engine_build 0.5 s · warmup 0.2 s = 1.8 s"
                                       " (graph capture 0.4 s)")
+    record = startup_record({"model_load": 1.0, "engine_build": 8.0, "warmup": 0.25}, 2.0, graph_capture_s=7.5,
+                            compile_s=6.0)
+    assert record["compile"] == 6.0 and record["total"] == 11.25
+    assert format_startup(record) == ("import 2.0 s · model_load 1.0 s · engine_build 8.0 s · warmup 0.2 s = 11.2 s"
+                                      " (graph capture 7.5 s, of it compiling 6.0 s)")
     clock = PhaseClock()
     assert clock.lap("a") >= 0 and list(clock.phases_s) == ["a"]
 
