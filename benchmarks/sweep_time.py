@@ -4,8 +4,8 @@ Runs `python -m specexp run -m +exp=depth_sweep ...` (the sweep a user runs: k =
 rounds) once per mode and round, alternating `sweep.reuse_engine=true` (jobs that differ only in k share one process
 and engine, `specexp.sweep_groups`) and `=false` (a process, model load and graph capture per job), and times each
 whole command. From every job's result.json it keeps k, status, acceptance length, output tokens/s and
-`metrics.startup_s` (import, model_load, engine_build, warmup; graph_capture within engine_build). Prints a
-table, writes JSON (rewritten after every sweep, so a run cut short keeps what it finished).
+`metrics.startup_s` (import, model_load, engine_build, warmup; graph_capture within engine_build, compile within
+that). Prints a table, writes JSON (rewritten after every sweep, so a run cut short keeps what it finished).
 
     python benchmarks/sweep_time.py --out sweep_time.json [--pair llama_1b_random] [--engine cuda]
         [--ks 0,1,2,3,4,5,6,7,8] [--rate 0.8] [--num-prompts 8] [--output-len 128] [--rounds 1]
@@ -137,6 +137,7 @@ def render(result: dict) -> str:
     for mode, sweeps in by_mode.items():
         ok, phases = jobs_ok_and_phases(sweeps[0])
         lines.append(f"| {mode} | {spread([s['wall_s'] for s in sweeps])} | {ok} | {phases} |")
+    lines += compile_lines(by_mode)
     ratio = "reused" in by_mode and "isolated" in by_mode
     lines += ["", "| k | " + " | ".join(f"{mode} tokens/s, by round" for mode in by_mode)
               + (" | reused / isolated" if ratio else "") + " | acceptance |",
@@ -158,6 +159,20 @@ def render(result: dict) -> str:
                  else f"acceptance differs between sweeps at k = {mismatches}")
     lines += phase_table(by_mode)
     return "\n".join(lines)
+
+
+def compile_lines(by_mode: dict) -> list[str]:
+    """Of each mode's first sweep's engine_build, the graph capture and its compiling summed over the jobs (s), for
+    results whose jobs record `startup_s.compile`; [] otherwise."""
+    lines = []
+    for mode, sweeps in by_mode.items():
+        starts = [j["startup_s"] for j in sweeps[0]["jobs"]]
+        if starts and all("compile" in st for st in starts):
+            capture = sum(st.get("graph_capture") or 0.0 for st in starts)
+            compiling = sum(st["compile"] or 0.0 for st in starts)
+            lines.append(f"{mode}: of engine_build, graph capture {capture:.1f} s summed over jobs, of it compiling "
+                         f"{compiling:.1f} s (each graph's first run)")
+    return ["", *lines] if lines else []
 
 
 def phase_table(by_mode: dict) -> list[str]:

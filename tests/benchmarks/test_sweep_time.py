@@ -74,3 +74,13 @@ def test_phase_table_joins_the_modes_and_is_left_out_for_results_without_phases(
                                               "|---|---|---|---|---|\n"
                                               "| 1 | 2.000 / 1.500 | 1.000 / 1.000 | 1.000 / 0.500 | - / - |")
 
+
+
+def test_compiling_is_given_for_results_whose_jobs_record_it():
+    result = {"modes": ["reused", "isolated"], "acceptance_mismatches": [],
+              "sweeps": [_sweep("reused", None), _sweep("isolated", None)]}
+    assert "compiling" not in sweep_time.render(result)  # results written before start-up recorded it
+    result["sweeps"][1]["jobs"][0]["startup_s"] = {"engine_build": 9.0, "graph_capture": 8.0, "compile": 6.5}
+    lines = sweep_time.render(result).splitlines()
+    assert "isolated: of engine_build, graph capture 8.0 s summed over jobs, of it compiling 6.5 s" in lines[5]
+    assert not any(line.startswith("reused: of engine_build") for line in lines)
