@@ -151,9 +151,11 @@ class NativeServer(BackendServer):
                                bool(self.spec.workload.options.get("one_at_a_time", False)))
         run_progress.finish()
         result = to_run_result(served, waves, self.k, tokenizer, self.device, LoadSettings.of(self.spec))
-        # a later point of a reused engine: built, compiled and captured by an earlier one
-        captured_s = result.metrics.get("graph_capture_s") if not self.reused_by else 0.0
-        compiled_s = result.metrics.get("graph_compile_s") if not self.reused_by else 0.0
+        # the engine's whole capture phase (a reused engine's first point built every depth's graphs); a later
+        # point of a reused engine: built, compiled and captured by an earlier one
+        whole = self.engine.graph_capture or {}
+        captured_s = whole.get("graph_capture_s") if not self.reused_by else 0.0
+        compiled_s = whole.get("graph_compile_s") if not self.reused_by else 0.0
         result.metrics["startup_s"] = startup_record(self.clock.phases_s, self.import_s, captured_s, compiled_s)
         result.env["kernels_launched_early"] = self.engine.cfg.launches_early()  # engine.programmatic_launch
         if self.engine.cfg.linear_kernel == "triton_skinny":  # where its tiles came from
