@@ -5,7 +5,8 @@ rounds) once per mode and round, alternating `sweep.reuse_engine=true` (jobs tha
 and engine, `specexp.sweep_groups`) and `=false` (a process, model load and graph capture per job), and times each
 whole command. From every job's result.json it keeps k, status, acceptance length, output tokens/s and
 `metrics.startup_s` (import, model_load, engine_build, warmup; graph_capture within engine_build, compile within
-that). Prints a table, writes JSON (rewritten after every sweep, so a run cut short keeps what it finished).
+that), its median step phases and, on a GPU, the SM clock, temperature and power read as each measured pass ended.
+Prints a table, writes JSON (rewritten after every sweep, so a run cut short keeps what it finished).
 
     python benchmarks/sweep_time.py --out sweep_time.json [--pair llama_1b_random] [--engine cuda]
         [--ks 0,1,2,3,4,5,6,7,8] [--rate 0.8] [--num-prompts 8] [--output-len 128] [--rounds 1]
@@ -39,6 +40,7 @@ from pathlib import Path
 
 STARTUP_PHASES = ("import", "model_load", "engine_build", "warmup")
 PHASES = ("step", "verify", "draft", "schedule")  # a step's phases (`metrics.<phase>_ms`)
+GPU_READINGS = ("sm_clock_mhz", "temperature_c", "power_w")  # `specexp.measure.machine.gpu_state`'s
 
 
 def sweep_command(args, mode: str) -> list[str]:
@@ -69,7 +71,15 @@ def job_record(result_path: Path) -> dict:
         "gpu": env.get("gpu"), "git_sha": env.get("git_sha"),
         # the job's median step and phases (ms, its record's: the mean over its passes): where a reused point differs
         "phase_ms_p50": {phase: (metrics.get(f"{phase}_ms") or {}).get("p50") for phase in PHASES},
+        # the GPU as each measured pass ended (SM clock, temperature): does a busy GPU slow later points?
+        "gpu_after_passes": [gpu_reading(r) for r in record.get("repeats") or []],
     }
+
+
+def gpu_reading(repeat: dict) -> dict:
+    """SM clock (MHz), temperature (°C) and power (W) read as one measured pass ended (None where unread)."""
+    gpu = ((repeat.get("machine") or {}).get("after") or {}).get("gpu") or {}
+    return {key: gpu.get(key) for key in GPU_READINGS}
 
 
 def run_sweep(args, mode: str, runs_dir: Path) -> dict:
@@ -158,7 +168,29 @@ def render(result: dict) -> str:
     lines.append("acceptance identical in every mode at every k" if not mismatches
                  else f"acceptance differs between sweeps at k = {mismatches}")
     lines += phase_table(by_mode)
+    lines += gpu_table(by_mode)
     return "\n".join(lines)
+
+
+def gpu_table(by_mode: dict) -> list[str]:
+    """Per k, the mean SM clock, temperature and power as the job's measured passes ended, in each mode (joined
+    by " / " in the modes' order); [] where no job read them (a CPU, or results written before jobs kept them)."""
+    jobs = [j for sweeps in by_mode.values() for s in sweeps for j in s["jobs"]]
+    if not any(r.get("sm_clock_mhz") is not None for j in jobs for r in j.get("gpu_after_passes") or []):
+        return []
+    lines = ["", f"The GPU as each job's measured passes ended, mean over them ({' / '.join(by_mode)}):", "",
+             "| k | SM clock MHz | temperature °C | power W |", "|---|---|---|---|"]
+    for k in sorted({j["k"] for j in jobs}):
+        cells = []
+        for key in GPU_READINGS:
+            means = []
+            for sweeps in by_mode.values():
+                values = [r[key] for s in sweeps for j in s["jobs"] if j["k"] == k
+                          for r in j.get("gpu_after_passes") or [] if r.get(key) is not None]
+                means.append(f"{statistics.mean(values):.0f}" if values else "-")
+            cells.append(" / ".join(means))
+        lines.append(f"| {k} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def compile_lines(by_mode: dict) -> list[str]:

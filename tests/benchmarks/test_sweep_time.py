@@ -84,3 +84,18 @@ def test_compiling_is_given_for_results_whose_jobs_record_it():
     lines = sweep_time.render(result).splitlines()
     assert "isolated: of engine_build, graph capture 8.0 s summed over jobs, of it compiling 6.5 s" in lines[5]
     assert not any(line.startswith("reused: of engine_build") for line in lines)
+
+
+def test_the_gpu_as_passes_ended_is_tabled_per_k_and_mode():
+    result = {"modes": ["reused", "isolated"], "acceptance_mismatches": [],
+              "sweeps": [_sweep("reused", "NVIDIA H100"), _sweep("isolated", "NVIDIA H100")]}
+    assert "SM clock" not in sweep_time.render(result)  # results written before jobs kept the readings
+    for sweep, clocks in zip(result["sweeps"], ((1755, 1745), (1980, None))):
+        sweep["jobs"][0]["gpu_after_passes"] = [{"sm_clock_mhz": c, "temperature_c": 60, "power_w": 300.0}
+                                                for c in clocks]
+    assert sweep_time.render(result).endswith("| k | SM clock MHz | temperature °C | power W |\n|---|---|---|---|\n"
+                                              "| 1 | 1750 / 1980 | 60 / 60 | 300 / 300 |")
+    repeat = {"machine": {"after": {"gpu": {"sm_clock_mhz": 1500, "temperature_c": 70, "power_w": 410.5,
+                                            "source": "nvidia-smi"}}}}
+    assert sweep_time.gpu_reading(repeat) == {"sm_clock_mhz": 1500, "temperature_c": 70, "power_w": 410.5}
+    assert sweep_time.gpu_reading({"machine": {"after": {"time": "t"}}}) == dict.fromkeys(sweep_time.GPU_READINGS)
