@@ -13,8 +13,8 @@ eager-fallback counters (`reset_counters`; `counter_state` / `restore_counters` 
 state (`reseed`; `rng_state` / `set_rng_state` pause and resume it) and the capture figures `graph_summary`
 reports: with serve_depths set, only the graphs a static-k engine would have captured (per (manager, size, k)
 records of that k, and every k-independent manager's), their capture bytes and seconds (each key's first run and
-capture, of which `graph_compile_s` compiling) summed from those records (the whole capture's free-memory delta, which also holds the warm-ups' allocations, is kept as
-`engine_graph_capture_bytes`).
+capture, of which `graph_compile_s` compiling) summed from those records (the whole capture's free-memory delta,
+which also holds the warm-ups' allocations, is kept as `engine_graph_capture_bytes`).
 """
 
 from __future__ import annotations
