@@ -176,21 +176,35 @@ def gpu_table(by_mode: dict) -> list[str]:
     """Per k, the mean SM clock, temperature and power as the job's measured passes ended, in each mode (joined
     by " / " in the modes' order); [] where no job read them (a CPU, or results written before jobs kept them)."""
     jobs = [j for sweeps in by_mode.values() for s in sweeps for j in s["jobs"]]
-    if not any(r.get("sm_clock_mhz") is not None for j in jobs for r in j.get("gpu_after_passes") or []):
+    if not any(gpu_values(j, "sm_clock_mhz") for j in jobs):
         return []
     lines = ["", f"The GPU as each job's measured passes ended, mean over them ({' / '.join(by_mode)}):", "",
              "| k | SM clock MHz | temperature °C | power W |", "|---|---|---|---|"]
     for k in sorted({j["k"] for j in jobs}):
-        cells = []
-        for key in GPU_READINGS:
-            means = []
-            for sweeps in by_mode.values():
-                values = [r[key] for s in sweeps for j in s["jobs"] if j["k"] == k
-                          for r in j.get("gpu_after_passes") or [] if r.get(key) is not None]
-                means.append(f"{statistics.mean(values):.0f}" if values else "-")
-            cells.append(" / ".join(means))
+        cells = [mode_means(by_mode, k, lambda j, key=key: gpu_values(j, key), ".0f") for key in GPU_READINGS]
         lines.append(f"| {k} | " + " | ".join(cells) + " |")
     return lines
+
+
+def gpu_values(job: dict, key: str) -> list[float]:
+    """A job's readings of `key` (one of GPU_READINGS) as its passes ended, those read."""
+    return [r[key] for r in job.get("gpu_after_passes") or [] if r.get(key) is not None]
+
+
+def phase_values(job: dict, phase: str) -> list[float]:
+    """A job's median ms of `phase`, as a list: [] where it was not kept."""
+    ms = (job.get("phase_ms_p50") or {}).get(phase)
+    return [] if ms is None else [ms]
+
+
+def mode_means(by_mode: dict, k: int, values, fmt: str) -> str:
+    """The mean of `values(job)` over every job at k, per mode, formatted with `fmt` and joined by " / " in the
+    modes' order ("-" for a mode with none)."""
+    means = []
+    for sweeps in by_mode.values():
+        found = [v for s in sweeps for j in s["jobs"] if j["k"] == k for v in values(j)]
+        means.append(format(statistics.mean(found), fmt) if found else "-")
+    return " / ".join(means)
 
 
 def compile_lines(by_mode: dict) -> list[str]:
@@ -216,14 +230,7 @@ def phase_table(by_mode: dict) -> list[str]:
     lines = ["", f"Median ms of a step's phases ({' / '.join(by_mode)}):", "",
              "| k | " + " | ".join(f"{phase} ms" for phase in PHASES) + " |", "|---|" + "---|" * len(PHASES)]
     for k in sorted({j["k"] for j in jobs}):
-        cells = []
-        for phase in PHASES:
-            means = []
-            for sweeps in by_mode.values():
-                values = [j["phase_ms_p50"][phase] for s in sweeps for j in s["jobs"]
-                          if j["k"] == k and (j.get("phase_ms_p50") or {}).get(phase) is not None]
-                means.append(f"{statistics.mean(values):.3f}" if values else "-")
-            cells.append(" / ".join(means))
+        cells = [mode_means(by_mode, k, lambda j, phase=phase: phase_values(j, phase), ".3f") for phase in PHASES]
         lines.append(f"| {k} | " + " | ".join(cells) + " |")
     return lines
 
