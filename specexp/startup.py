@@ -69,6 +69,8 @@ def format_startup(startup_s: dict) -> str:
     parts = [f"{key} {value:.1f} s" for key, value in startup_s.items()
              if key not in ("total", *PARTS) and value is not None]
     capture, compiling = startup_s.get("graph_capture"), startup_s.get("compile")
-    tail = f" (graph capture {capture:.1f} s" if capture else ""
-    tail += f", of it compiling {compiling:.1f} s)" if capture and compiling is not None else ")" if capture else ""
+    tail = ""
+    if capture:
+        of_it = f", of it compiling {compiling:.1f} s" if compiling is not None else ""
+        tail = f" (graph capture {capture:.1f} s{of_it})"
     return " · ".join(parts) + f" = {startup_s.get('total', 0.0):.1f} s" + tail
