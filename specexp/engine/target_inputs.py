@@ -13,7 +13,6 @@ kernel advances the last step's inputs on the device from what it accepted (`spe
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -81,17 +80,20 @@ class TargetStepInputs:
         """Advance the buffers from the last step to this one on the device (`verify_advance`): on a GPU replayed
         from one small graph per (rows, tokens, drafting) (`launch_graphs`: the launch sits on the host's critical
         path; everything else it reads is a persistent buffer or fixed for the engine)."""
-        buffers = self.buffers
-        k = self.k
         if self._advance_launches is None:
             self._advance_launches = LaunchGraphs(advances_in_triton(self.step_out))  # one kernel, no allocation
-        self._advance_launches.run((batch.num_reqs, batch.num_tokens, self.drafting), functools.partial(
-            advance_verify_rows_on_gpu,
-            self.step_out, k + 1, batch.num_reqs, batch.num_tokens, buffers.query_start_loc,
-            buffers.token_req_indices, buffers.seq_lens, buffers.positions, buffers.slot_mapping, buffers.input_ids,
-            buffers.block_table, self.row_inputs[:, k + 1], self.speculator.draft_tokens if self.drafting else None,
-            self.cfg.block_size,
-            self.conv_builder.spec_graph_buffers.num_accepted_tokens if self.conv_states else None))
+        drafting = self.drafting
+
+        def launch() -> None:  # its arguments gathered only when it launches (eagerly, or to be captured)
+            buffers, k = self.buffers, self.k
+            advance_verify_rows_on_gpu(
+                self.step_out, k + 1, batch.num_reqs, batch.num_tokens, buffers.query_start_loc,
+                buffers.token_req_indices, buffers.seq_lens, buffers.positions, buffers.slot_mapping,
+                buffers.input_ids, buffers.block_table, self.row_inputs[:, k + 1],
+                self.speculator.draft_tokens if drafting else None, self.cfg.block_size,
+                self.conv_builder.spec_graph_buffers.num_accepted_tokens if self.conv_states else None)
+
+        self._advance_launches.run((batch.num_reqs, batch.num_tokens, drafting), launch)
 
     def _prepare_target_inputs(self, batch: ScheduledBatch, desc: BatchExecutionDescriptor,
                                buffers: InputBuffers | None = None, row_offset: int = 0, token_offset: int = 0,
