@@ -190,6 +190,7 @@ SCHEMA: dict[str, dict[str, Any]] = {
         "skinny_early_launch": Key("str", choices=("both", "target", "draft", "none")),
         "plain_decode_lookahead": Key("bool"),
         "steady_inputs_on_device": Key("bool"),
+        "launch_graphs": Key("bool"),
         "draft_prefill_region": Key("str", choices=("auto", "full", "last_two")),
         "tensor_parallel_size": Key("int", minimum=1, note="GPUs the target is split over; > 1: backend vllm"),
     },

@@ -42,7 +42,7 @@ def engine_configs(spec):
            for name in ("compile_pointwise", "linear_kernel", "silu_in_down_gemv", "silu_in_gate_up",
                         "fold_norm_weights", "attention_kernel", "conv_kernel", "argmax_kernel", "sampler_kernel",
                         "draft_step_kernel", "programmatic_launch", "gemv_early_launch", "skinny_early_launch",
-                        "plain_decode_lookahead", "steady_inputs_on_device", "cudagraph_shared_pool",
+                        "plain_decode_lookahead", "steady_inputs_on_device", "launch_graphs", "cudagraph_shared_pool",
                         "cudagraph_mixed", "draft_prefill_region")},
     )
     speculator = SpeculatorConfig(

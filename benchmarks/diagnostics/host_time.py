@@ -6,7 +6,7 @@ while the device waits. Per k this script:
   1. runs `--rounds` timed generates per engine, every engine once per round in alternating order. Without
      `--no-twin`, k = 0 gets a second, identical engine ("0b"): two engines that cannot differ, so any gap between
      them is the host's run-to-run noise; with `--eager-launches`, each k also gets an engine ("ke") whose steady
-     advance kernel is launched from Python instead of replayed from its small graph (`launch_graphs`);
+     advance kernel is launched from Python instead of replayed from its small graph (`engine.launch_graphs`);
   2. times one more generate with the engine's host-side pieces wrapped (wall clock, median µs per call):
      target step inputs (staged from the host, or advanced on the device), conv metadata builds, rejection
      sampler, draft prefill / decode inputs, commit.
@@ -32,7 +32,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ (gpu
 
 from gpu_cudagraphs import CUDA_KERNELS, RANDOM_PAIRS, ZOO, make_engine, timed_generate
 
-from specexp.engine.launch_graphs import LaunchGraphs
 from specexp.models import load_model
 
 
@@ -139,10 +138,9 @@ def main() -> None:
     engines = {}
     for name in names:
         k = int(name.rstrip("be"))
+        kernels = {**CUDA_KERNELS, "launch_graphs": not name.endswith("e")}
         engines[name] = make_engine(target, draft if k else None, k, 1, graphs=True, rejection="synthetic",
-                                    rate=args.rate, kernels=CUDA_KERNELS)
-        if name.endswith("e"):
-            engines[name]._advance_launches = LaunchGraphs(enabled=False)
+                                    rate=args.rate, kernels=kernels)
         engines[name].generate(prompts[:1], max_new_tokens=8)
     result = {"machine": {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__},
               "pair": args.pair, "rate": args.rate, "runs": {n: [] for n in names}, "host_us": {}}

@@ -120,6 +120,10 @@ class EngineConfig:
     no prompt row) is staged by one kernel on the device from what the last step accepted
     (`specexp.engine.verify_advance`) instead of from the host after the read-back: the host's staging, which the
     device waits for when the draft is shorter, leaves the path between the read-back and the next verify.
+    launch_graphs: on a GPU, replay that advance kernel's launch from one small CUDA graph per (rows, tokens,
+    drafting) (`specexp.engine.launch_graphs`): a launch from Python costs the host tens of µs on the path from
+    the read-back to the next verify, a replay a few. false: launched from Python every step (the baseline
+    `benchmarks/diagnostics/host_time.py --eager-launches` compares against).
     draft_prefill_region: "auto" | "full" | "last_two": the draft's prefill after a verify of v drafts, over each
     row's v + 2 slots from t_last ("full": the verified inputs kept, the new token, padding) or over the last two
     (the last accepted input and the new token, `specexp.engine.draft_catch_up`): an attention-only draft's cache
@@ -156,6 +160,7 @@ class EngineConfig:
     skinny_early_launch: str = "both"
     plain_decode_lookahead: bool = True
     steady_inputs_on_device: bool = True
+    launch_graphs: bool = True
     draft_prefill_region: str = "auto"
     seed: int = 0
 
@@ -185,7 +190,7 @@ class EngineConfig:
             raise EngineConfigError(f"engine.cudagraph_mixed={self.cudagraph_mixed!r}: valid are "
                                     + ", ".join(repr(m) for m in MIXED_STEP_MODES))
         for name in ("compile_pointwise", "plain_decode_lookahead", "fold_norm_weights", "cudagraph_shared_pool",
-                     "silu_in_down_gemv", "steady_inputs_on_device"):
+                     "silu_in_down_gemv", "steady_inputs_on_device", "launch_graphs"):
             if not isinstance(getattr(self, name), bool):
                 raise EngineConfigError(f"engine.{name}={getattr(self, name)!r}: must be true or false")
         if self.draft_prefill_region not in DRAFT_PREFILL_REGIONS:

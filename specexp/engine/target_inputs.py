@@ -79,9 +79,10 @@ class TargetStepInputs:
     def _advance_steady_rows(self, batch: ScheduledBatch) -> None:
         """Advance the buffers from the last step to this one on the device (`verify_advance`): on a GPU replayed
         from one small graph per (rows, tokens, drafting) (`launch_graphs`: the launch sits on the host's critical
-        path; everything else it reads is a persistent buffer or fixed for the engine)."""
+        path; everything else it reads is a persistent buffer or fixed for the engine; `engine.launch_graphs`)."""
         if self._advance_launches is None:
-            self._advance_launches = LaunchGraphs(advances_in_triton(self.step_out))  # one kernel, no allocation
+            # one kernel, no allocation
+            self._advance_launches = LaunchGraphs(self.cfg.launch_graphs and advances_in_triton(self.step_out))
         drafting = self.drafting
 
         def launch() -> None:  # its arguments gathered only when it launches (eagerly, or to be captured)

@@ -28,7 +28,7 @@ def models(pair_dirs):
 
 
 def _engine(models, pair, k, steady, *, max_num_seqs=3, budget=None, temperature=0.0, max_new=12, eos=(2,),
-            lookahead=True, spec=None, region="auto"):
+            lookahead=True, spec=None, region="auto", launch_graphs=True):
     """An engine replaying full graphs (emulated on a CPU; captured on a GPU, with the Triton kernels) on the
     models' device."""
     target, draft = models[pair]
@@ -39,7 +39,7 @@ def _engine(models, pair, k, steady, *, max_num_seqs=3, budget=None, temperature
         EngineConfig(device=device, max_num_seqs=max_num_seqs, max_model_len=64, block_size=4,
                      max_num_batched_tokens=budget, cudagraph_mode="full", cudagraph_capture_sizes=(1, 2, 4),
                      steady_inputs_on_device=steady, plain_decode_lookahead=lookahead, draft_prefill_region=region,
-                     **kernels),
+                     launch_graphs=launch_graphs, **kernels),
         SpeculatorConfig(num_speculative_tokens=k, cudagraph_mode="full", **(spec or {})),
         SamplingConfig(temperature=temperature, max_new_tokens=max_new, ignore_eos=False),
         eos_token_ids=list(eos), emulate_graphs_on_cpu=device == "cpu",
@@ -206,3 +206,18 @@ def test_advanced_steps_equal_host_staging_on_gpu(pair_dirs, k):
         for max_num_seqs in (1, 3):  # EOS stops (few steady steps, maybe none), then none (steady runs)
             _check(models, pair, k, prompts, max_num_seqs=max_num_seqs, max_new=16, eos=(2, 19), expect_advanced=False)
             _check(models, pair, k, prompts, max_num_seqs=max_num_seqs, max_new=16, eos=())
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_launch_graphs_off_launches_the_advance_from_python(pair_dirs):
+    """`engine.launch_graphs`: on, the steady advance is replayed from small graphs; off, launched from Python
+    every step (none captured); the same outputs."""
+    prompts = random_prompts([5, 11, 9], seed=4)
+    models = {"llama+llama": tuple(load_model(path, device="cuda") for path in pair_dirs["llama+llama"])}
+    outputs = {}
+    for on in (True, False):
+        engine = _engine(models, "llama+llama", 2, True, max_new=16, eos=(), launch_graphs=on)
+        outputs[on] = _outputs(engine.generate(prompts))
+        assert (engine._advance_launches.num_graphs > 0) == on
+    assert outputs[True] == outputs[False]
