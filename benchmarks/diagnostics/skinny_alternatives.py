@@ -1,4 +1,4 @@
-"""Two alternatives to the skinny kernel for a verify's products of 2-16 tokens, timed against it (GPU; torch +
+"""Three alternatives to the skinny kernel for a verify's products of 2-16 tokens, timed against it (GPU; torch +
 triton only).
 
 A batch-1 verify of k + 1 tokens streams every weight once, as a decode step does, but costs 1.08-1.10 plain steps
@@ -13,7 +13,11 @@ fraction of the device's copy bandwidth, for:
     the norm and residual and stores (same values on every run; no second kernel). More programs for the narrow
     products (N = 2048 gives 128 tiles of 16 rows on 132 SMs);
   * `--section row_gemv`: a multi-row GEMV on the CUDA cores: the one-row GEMV's tiling with one fp32 accumulator
-    per token, each weight chunk loaded once for every row (optionally one chunk ahead).
+    per token, each weight chunk loaded once for every row (optionally one chunk ahead);
+  * `--section row_grid`: the one-row GEMV's program, one per (token, tile of output rows), the tokens of a tile
+    launched next to each other: each token's products are summed as a plain decode step sums them, the weight
+    tile is read by M programs at about the same time (one from memory, the rest from L2 if it holds), and a
+    narrow product gets M times the programs to keep loads in flight.
 
 Each candidate configuration is checked against F.linear in fp32 (2% of the largest output) before it is timed;
 rows name the best. Shapes: the Llama-3.2-1B target's q/k/v, o, down, gate/up and LM head, and the Llama-100M
@@ -21,6 +25,7 @@ draft's, each with the engine's fusions (a folded pre-norm on q/k/v, gate/up and
 
     python benchmarks/diagnostics/skinny_alternatives.py --section split_k --out skinny_split_k.json
     python benchmarks/diagnostics/skinny_alternatives.py --section row_gemv --tokens 2,3,5,9 --out skinny_row_gemv.json
+    python benchmarks/diagnostics/skinny_alternatives.py --section row_grid --out skinny_row_grid.json
 
     python benchmarks/diagnostics/skinny_alternatives.py --table skinny_split_k.json   # any machine
 
@@ -53,7 +58,12 @@ SPLIT_TILES = [(16, 512, 4, 2), (16, 512, 4, 4), (16, 256, 4, 3), (32, 512, 4, 3
 SPLITS = (1, 2, 4, 8)
 ROW_GEMV_CONFIGS = [(n, k, w, ahead) for n in (1, 2, 4, 8) for k in (128, 256, 512, 1024) for w in (4, 8)
                     for ahead in (False, True)]
-MAX_ACCUMULATOR_REGISTERS = 128  # row_gemv configurations whose fp32 accumulators need more per thread are skipped
+# row_grid: (BLOCK_N, BLOCK_K, num_warps, one ahead), around the one-row GEMV's tiles (triton_gemv's BLOCK_N,
+# NORM_BLOCK_N, HEAD_CONFIG)
+ROW_GRID_CONFIGS = [(n, k, 4, ahead) for n in (2, 4, 8, 16) for k in (256, 512, 1024) for ahead in (False, True)]
+ROW_GRID_CONFIGS += [(16, 256, 8, False), (16, 256, 8, True)]
+SECTIONS = ("split_k", "row_gemv", "row_grid")
+MAX_ACCUMULATOR_REGISTERS = 128  # row_gemv / row_grid configurations whose fp32 accumulators need more per thread are skipped
 EPS = 1e-5
 
 
@@ -143,6 +153,42 @@ if AVAILABLE:
         tl.store(y_ptr + out, y.to(y_ptr.dtype.element_ty), mask=ok)
 
 
+    @triton.jit
+    def _row_grid_kernel(x_ptr, w_ptr, res_ptr, y_ptr, N, K, stride_x, stride_w, stride_y, eps,
+                         HAS_RESIDUAL: tl.constexpr, NORM: tl.constexpr, BLOCK_N: tl.constexpr,
+                         BLOCK_K: tl.constexpr, AHEAD: tl.constexpr):
+        token = tl.program_id(0)  # the fastest grid axis: a tile's tokens run side by side
+        rows = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        cols = tl.arange(0, BLOCK_K)
+        row_ok = rows < N
+        w_rows = w_ptr + rows[:, None] * stride_w
+        x_row = x_ptr + token * stride_x
+        acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+        squares = tl.zeros([BLOCK_K], dtype=tl.float32)
+        if AHEAD:
+            w_next = tl.load(w_rows + cols[None, :], mask=row_ok[:, None] & (cols < K)[None, :], other=0.0)
+        for k0 in range(0, K, BLOCK_K):
+            k = k0 + cols
+            k_ok = k < K
+            if AHEAD:  # each weight chunk loaded one chunk ahead
+                w = w_next
+                ahead = k + BLOCK_K
+                w_next = tl.load(w_rows + ahead[None, :], mask=row_ok[:, None] & (ahead < K)[None, :], other=0.0)
+            else:
+                w = tl.load(w_rows + k[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            x = tl.load(x_row + k, mask=k_ok, other=0.0).to(tl.float32)
+            if NORM:
+                squares += x * x
+            acc += w.to(tl.float32) * x[None, :]
+        y = tl.sum(acc, axis=1)
+        if NORM:
+            y = y / tl.sqrt(tl.sum(squares, axis=0) / K + eps)
+        out = token * stride_y + rows
+        if HAS_RESIDUAL:
+            y += tl.load(res_ptr + out, mask=row_ok, other=0.0).to(tl.float32)
+        tl.store(y_ptr + out, y.to(y_ptr.dtype.element_ty), mask=row_ok)
+
+
 @dataclass
 class SplitKWorkspace:
     """The split-K kernel's scratch, allocated once: fp32 partial sums [max_split, 16, max_n], fp32 sums of squares
@@ -189,6 +235,20 @@ def row_gemv(x: torch.Tensor, w: torch.Tensor, config: tuple[int, int, int, bool
     return out
 
 
+def row_grid(x: torch.Tensor, w: torch.Tensor, config: tuple[int, int, int, bool],
+             residual: torch.Tensor | None = None, norm: bool = False) -> torch.Tensor:
+    """As :func:`split_k`, on the one-row GEMV's program launched per (token, tile); config (BLOCK_N, BLOCK_K,
+    num_warps, one chunk ahead)."""
+    block_n, block_k, warps, ahead = config
+    m, k = x.shape
+    n = w.shape[0]
+    out = residual if residual is not None else torch.empty(m, n, device=x.device, dtype=x.dtype)
+    _row_grid_kernel[(m, triton.cdiv(n, block_n))](
+        x, w, out, out, n, k, x.stride(0), w.stride(0), out.stride(0), EPS, HAS_RESIDUAL=residual is not None,
+        NORM=norm, BLOCK_N=block_n, BLOCK_K=block_k, AHEAD=ahead, num_warps=warps)
+    return out
+
+
 def reference(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor | None, norm: bool) -> torch.Tensor:
     """fp32 [M, N]: the product each kernel computes, from F.linear."""
     y = torch.nn.functional.linear(x.float(), w.float())
@@ -201,6 +261,8 @@ def candidates(section: str, num_tokens: int, k: int) -> list[tuple]:
     """The configurations tried for a product of `num_tokens` rows and K = k."""
     if section == "split_k":
         return [(*tile, split) for split in SPLITS for tile in SPLIT_TILES if k // tile[1] >= split]
+    if section == "row_grid":
+        return [c for c in ROW_GRID_CONFIGS if c[0] * c[1] // (32 * c[2]) <= MAX_ACCUMULATOR_REGISTERS]
     tokens = triton.next_power_of_2(num_tokens)
     return [c for c in ROW_GEMV_CONFIGS if tokens * c[0] * c[1] // (32 * c[2]) <= MAX_ACCUMULATOR_REGISTERS]
 
@@ -224,7 +286,7 @@ def bench_shape(section: str, num_tokens: int, shape: tuple, work: SplitKWorkspa
 
     row = {"M": num_tokens, "N": n, "K": k, "count": count, "default_cfg": triton_gemv.skinny_config(n, k),
            "skinny_ms": graph_ms(engine_chain(num_tokens)), "gemv_m1_ms": graph_ms(engine_chain(1))}
-    run = split_k if section == "split_k" else row_gemv
+    run = {"split_k": split_k, "row_gemv": row_gemv, "row_grid": row_grid}[section]
     extra = {"work": work} if section == "split_k" else {}
     timings = {}
     for config in candidates(section, num_tokens, k):
@@ -258,7 +320,7 @@ def render_table(result: dict, tokens: list[int] | None = None) -> str:
     """A markdown table of one result: per (tokens, shape) the one-row GEMV's, the skinny kernel's and the best
     alternative's ms per chain replay, each with its fraction of the copy bandwidth (rows of `tokens` only, if
     given)."""
-    section = "split_k" if any("split_k_ms" in r for r in result["rows"]) else "row_gemv"
+    section = next(s for s in SECTIONS if any(f"{s}_ms" in r for r in result["rows"]))
     lines = [f"| M | weight [N, K] x count | one-row GEMV ms | skinny ms | best {section} ms (config) |",
              "|---|---|---|---|---|"]
     for r in result["rows"]:
@@ -277,7 +339,7 @@ def render_table(result: dict, tokens: list[int] | None = None) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--section", choices=["split_k", "row_gemv"])
+    parser.add_argument("--section", choices=SECTIONS)
     parser.add_argument("--tokens", default=None, help="comma-separated rows of x (2..16; default 2,5,9); with "
                         "--table, the rows shown")
     parser.add_argument("--out", default=None, help="JSON file (default skinny_{section}.json)")
@@ -297,7 +359,7 @@ def main() -> None:
         print("\n\n".join(render_table(json.loads(Path(p).read_text()), shown) for p in args.table))
         return
     if args.section is None:
-        parser.error("--section split_k|row_gemv is required to measure (or --table FILE... to print)")
+        parser.error("--section split_k|row_gemv|row_grid is required to measure (or --table FILE... to print)")
     if not torch.cuda.is_available() or not AVAILABLE:
         sys.exit("skinny_alternatives.py needs a CUDA GPU and triton")
     from gpu_cudagraphs import copy_bandwidth_bytes_per_s

@@ -1,4 +1,4 @@
-"""benchmarks/diagnostics/skinny_alternatives.py: its two kernels against F.linear under Triton's interpreter, the
+"""benchmarks/diagnostics/skinny_alternatives.py: its three kernels against F.linear under Triton's interpreter, the
 configurations it tries, and its argument checks (the timing itself needs a GPU)."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from specexp.models import triton_support
 
 
 def check_kernels() -> None:
-    """Both kernels equal F.linear in fp32 (within 1e-5 of the largest output) at 2 or 5 rows, with a residual or
+    """Every kernel equals F.linear in fp32 (within 1e-5 of the largest output) at 2 or 5 rows, with a residual or
     a folded norm, K a multiple of the chunk and not; split K over 1, 2 and 4 programs leaves every count at zero."""
     gen = torch.Generator().manual_seed(0)
     work = skinny_alternatives.SplitKWorkspace.allocate("cpu", max_n=512, max_tiles=64)
@@ -33,6 +33,8 @@ def check_kernels() -> None:
         expected = skinny_alternatives.reference(x, w, residual, norm)
         runs = [(skinny_alternatives.split_k, {"work": work}, (16, 64, 4, 2, split)) for split in (1, 2, 4)]
         runs += [(skinny_alternatives.row_gemv, {}, (block_n, 64, 4, ahead)) for block_n in (1, 4)
+                 for ahead in (False, True)]
+        runs += [(skinny_alternatives.row_grid, {}, (block_n, 64, 4, ahead)) for block_n in (8, 32)
                  for ahead in (False, True)]
         for run, extra, config in runs:
             got = run(x, w, config=config, residual=None if residual is None else residual.clone(), norm=norm,
@@ -63,6 +65,8 @@ def test_candidates_fit_the_product():
         padded = 1 << (tokens - 1).bit_length()  # the kernel's BLOCK_M
         per_thread = [padded * block_n * block_k // (32 * warps) for block_n, block_k, warps, _ in tried]
         assert tried and max(per_thread) <= skinny_alternatives.MAX_ACCUMULATOR_REGISTERS
+    grid = skinny_alternatives.candidates("row_grid", 5, 2048)  # one token's accumulator a program
+    assert grid and max(n * k // (32 * w) for n, k, w, _ in grid) <= skinny_alternatives.MAX_ACCUMULATOR_REGISTERS
 
 
 @pytest.mark.parametrize(("args", "message"), [(["--tokens", "1,5"], "each must be 2..16"),
@@ -84,3 +88,6 @@ def test_the_table_shows_each_row_and_the_tokens_asked_for():
     assert lines[2] == ("| 2 | [2048, 2048] x 16 | 0.1000 (100%) | 0.2000 (50%) | 0.1500 (67%) (16, 512, 4, 2, 2) |")
     assert lines[3].endswith("| none ran |")
     assert len(skinny_alternatives.render_table(result, tokens=[5]).splitlines()) == 3
+    grid_row = {**row, "row_grid_ms": {"(8, 256, 4, True)": 0.08}, "best": "(8, 256, 4, True)"}
+    del grid_row["split_k_ms"]
+    assert "best row_grid ms" in skinny_alternatives.render_table({"copy_bw": copy_bw, "rows": [grid_row]})
