@@ -49,7 +49,7 @@ def host_pieces(engine) -> list[tuple[object, str, str]]:
     pieces = [(engine, "step", "step"), (engine.scheduler, "schedule", "schedule"),
               (engine, "_prepare_target_inputs", "target_inputs"),
               (engine, "_advance_steady_rows", "target_advance"), (engine.verify_graphs, "replay", "verify_replay"),
-              (engine, "rejection", "rejection_sampler"), (engine, "_start_read_back", "start_read_back"),
+              (engine, "rejection", "rejection_sampler"), (engine.read_back, "start", "start_read_back"),
               (engine, "_commit", "commit"), (engine, "_commit_provisional", "commit_provisional"),
               (engine, "_commit_read_back", "commit_read_back"), (engine, "finish_timing", "finish_timing")]
     if engine.conv_states:

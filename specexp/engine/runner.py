@@ -55,6 +55,7 @@ from specexp.engine.mixed_steps import TargetMixedSteps
 from specexp.engine.model_kernels import use_engine_kernels
 from specexp.engine.output import EngineOutput, StepRecord
 from specexp.engine.progress import ProgressCallback, RunReporter
+from specexp.engine.read_back import StepReadBack
 from specexp.engine.rejection_sampler import RejectionSampler
 from specexp.engine.request import Request
 from specexp.engine.reuse import EngineReuse, check_serve_depths, with_depths
@@ -229,13 +230,8 @@ class NativeEngine(TargetGraphs, TargetStepInputs, TargetMixedSteps, TargetMixed
                     engine.max_num_seqs + 1, self.k, target.config.vocab_size, device=self.device
                 )
         self.timer = PhaseTimer(self.device)
-        # The steps' read-backs land here (page-locked on a GPU, so the copy is asynchronous): sampled tokens [k+1]
-        # and their count per row. Two buffers and events, used by alternate steps: with plain_decode_lookahead a
-        # step's read-back is queued before the last one is consumed.
-        self.host_out = [torch.zeros(engine.max_num_seqs, self.k + 3, dtype=torch.int64, pin_memory=self.pin_memory)
-                         for _ in range(2)]
-        self.readback_done = [torch.cuda.Event() for _ in range(2)] if self.device.type == "cuda" else None
-        self._read_back_slot = 0
+        # Each step's read-back of `step_out` (emitted tokens [K+1], their count, the drafts verified, per row).
+        self.read_back = StepReadBack(engine.max_num_seqs, self.k + 3, self.device, self.pin_memory)
         # draft_off: a run at static depth 0 on an engine with a draft, served as a K = 0 engine would
         # (`EngineReuse.use_static_depth`).
         self.draft_off = False
@@ -417,7 +413,7 @@ class NativeEngine(TargetGraphs, TargetStepInputs, TargetMixedSteps, TargetMixed
             logits = self._verify(batch, prep)
             timer.mark("sample")
             self._sample(logits, num_reqs)
-        host, done = self._start_read_back(num_reqs)
+        host, done = self.read_back.start(self.step_out[:num_reqs])
         timer.mark("draft")
         if self.drafting:
             step_k = batch.num_speculative_tokens
@@ -443,20 +439,6 @@ class NativeEngine(TargetGraphs, TargetStepInputs, TargetMixedSteps, TargetMixed
         self._pending = (record, timer.stamps())
         self.steps.append(record)
         return finished
-
-    def _start_read_back(self, num_reqs: int) -> tuple[torch.Tensor, torch.cuda.Event | None]:
-        """Queue the step's one device-to-host copy: `step_out[:num_reqs]`, int64[R, K+3], the emitted tokens
-        [K+1], their count and the drafts verified per row. On a GPU the copy lands in page-locked memory (one of two buffers, used
-        by alternate steps) once the returned event has fired; on CPU it is done on return (event None)."""
-        out = self.step_out[:num_reqs]
-        if self.readback_done is None:
-            return out.clone(), None
-        self._read_back_slot ^= 1
-        host = self.host_out[self._read_back_slot][:num_reqs]
-        host.copy_(out, non_blocking=True)
-        done = self.readback_done[self._read_back_slot]
-        done.record()
-        return host, done
 
     def _verify(self, batch: ScheduledBatch, prep: dict) -> torch.Tensor:
         """Target forward over the step; logits fp32[R, v+1, V] at the rows' scoring positions (v: the most
