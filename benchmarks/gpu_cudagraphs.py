@@ -56,7 +56,7 @@ from leviathan import add_theory
 from specexp.engine.config import EARLY_LAUNCH_ROLES, EngineConfig, SamplingConfig, SpeculatorConfig
 from specexp.engine.cudagraph import FULL, BatchExecutionDescriptor
 from specexp.engine.runner import NativeEngine
-from specexp.models import load_model, skinny_configs, triton_attention
+from specexp.models import load_model, skinny_configs, triton_attention, triton_gemv
 
 ZOO = Path(__file__).resolve().parents[1] / "specexp" / "zoo"
 RANDOM_PAIRS = {
@@ -478,6 +478,9 @@ def main() -> None:
     parser.add_argument("--shared-graph-pool", action=argparse.BooleanOptionalAction, default=True,
                         help="engine.cudagraph_shared_pool: every graph, target and draft, in one memory pool "
                              "(--no-shared-graph-pool: a pool per manager)")
+    parser.add_argument("--row-grid-max-tokens", type=int, default=None,
+                        help="triton_gemv.ROW_GRID_MAX_TOKENS: products of 2 up to this many rows (narrow ones) on the "
+                             "GEMV kernel a program per row; 1 = every product of 2+ rows on the skinny kernel")
     args = parser.parse_args()
     sections = tuple(args.sections.split(","))
     try:
@@ -506,7 +509,11 @@ def main() -> None:
         parser.error(f"--attention-splits={args.attention_splits}: must be >= 1")
     if args.attention_min_split_keys is not None and args.attention_min_split_keys < 0:
         parser.error(f"--attention-min-split-keys={args.attention_min_split_keys}: must be >= 0")
+    if args.row_grid_max_tokens is not None and not 1 <= args.row_grid_max_tokens <= triton_gemv.MAX_TOKENS:
+        parser.error(f"--row-grid-max-tokens={args.row_grid_max_tokens}: must be in [1, {triton_gemv.MAX_TOKENS}]")
     assert torch.cuda.is_available(), "needs a CUDA GPU"
+    if args.row_grid_max_tokens is not None:
+        triton_gemv.ROW_GRID_MAX_TOKENS = args.row_grid_max_tokens
     if args.attention_splits is not None:
         triton_attention.MAX_SPLITS = args.attention_splits
     if args.attention_min_split_keys is not None:
@@ -528,6 +535,7 @@ def main() -> None:
               "skinny_tiles": skinny_configs.table_in_use(torch.device("cuda")),
               "attention_max_splits": triton_attention.MAX_SPLITS,
               "attention_min_split_keys": triton_attention.MIN_SPLIT_KEYS,
+              "row_grid_max_tokens": triton_gemv.ROW_GRID_MAX_TOKENS,
               "end_to_end_grid": e2e}
     result["copy_bandwidth_bytes_per_s"] = copy_bandwidth_bytes_per_s()
     print(f"copy bandwidth {result['copy_bandwidth_bytes_per_s'] / 1e12:.2f} TB/s", flush=True)

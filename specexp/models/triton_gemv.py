@@ -85,6 +85,19 @@ HEAD_CONFIG = (16, 256, 8)
 # Rows per program of the gated GEMV (the SiLU product computed in the down projection): each program recomputes
 # silu(gate) * up from [gate, up] for its rows, which more rows amortise (as NORM_BLOCK_N; not tuned on a GPU).
 GATED_BLOCK_N = 8
+# Products of 2..ROW_GRID_MAX_TOKENS rows of x, with outputs up to ROW_GRID_MAX_N wide and inputs up to ROW_GRID_MAX_K,
+# run on the GEMV kernel, one program per (row, tile of ROW_GRID_CONFIG's BLOCK_N outputs), not on the skinny
+# kernel: a tile's rows run side by side (one reads the weight tile from memory, the other from L2), and a narrow
+# product gets a program per row to keep loads in flight. Chains of each product alone at 2 rows, in stream order,
+# on an H100 (2026-12-07, `benchmarks/diagnostics/skinny_alternatives.py --section row_grid`, this tile): the
+# Llama-3.2-1B target's q/k/v 0.113 ms against the skinny kernel's 0.133 (one row on the GEMV: 0.108), its o 0.097
+# against 0.108; the Llama-100M draft's q/k/v 0.025 against 0.043, o 0.024 against 0.032, down 0.028 against
+# 0.042, gate/up 0.053 against 0.052. The target's down (K = 8192: 0.254 against 0.240), its gate/up and LM head
+# (wider) lost, as did every target product at 5 rows.
+ROW_GRID_MAX_TOKENS = 2
+ROW_GRID_MAX_N = 4096
+ROW_GRID_MAX_K = 4096
+ROW_GRID_CONFIG = (8, 512, 4)
 # Rows of x the skinny kernel takes (a verify of k + 1 <= 16 tokens, a draft prefill region of k + 2); more go to
 # torch's GEMMs.
 MAX_TOKENS = 16
@@ -139,11 +152,16 @@ if AVAILABLE:
 
 
     @triton.jit
-    def _gemv_kernel(x_ptr, norm_w_ptr, w_ptr, bias_ptr, res_ptr, y_ptr, N, K, stride_w, eps,
+    def _gemv_kernel(x_ptr, norm_w_ptr, w_ptr, bias_ptr, res_ptr, y_ptr, M, N, K, stride_x, stride_w, stride_y, eps,
                      HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, NORM: tl.constexpr,
                      SCALE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                      GATED: tl.constexpr = False, PREFETCH_W: tl.constexpr = False, GDC: tl.constexpr = False):
-        rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        # One program per (row of x, tile of BLOCK_N outputs), a tile's M rows side by side in launch order.
+        token = tl.program_id(0) % M
+        x_ptr += token * stride_x
+        res_ptr += token * stride_y
+        y_ptr += token * stride_y
+        rows = (tl.program_id(0) // M) * BLOCK_N + tl.arange(0, BLOCK_N)
         cols = tl.arange(0, BLOCK_K)
         row_ok = rows < N
         w_rows = w_ptr + rows[:, None] * stride_w
@@ -283,16 +301,18 @@ def _pdl_flags(pdl: bool, device: torch.device) -> dict:
 def _launch_gemv(x: torch.Tensor, norm_weight: torch.Tensor | None, weight: torch.Tensor, bias: torch.Tensor | None,
                  residual: torch.Tensor | None, out: torch.Tensor, eps: float, config: tuple[int, ...],
                  *, normalize: bool = False, gated: bool = False, pdl: bool = False) -> torch.Tensor:
-    """The GEMV kernel over weight [N, K] for one row of x into out [1, N] (the residual's storage when given);
-    x is [1, K], or [1, 2K] (gate then up) when `gated`. config: (BLOCK_N, BLOCK_K, num_warps[, num_stages]).
-    Returns out."""
+    """The GEMV kernel over weight [N, K] for each row of x into out [M, N] (the residual's storage when given):
+    one program per (row, tile of outputs), each row's sums as a one-row product's. x is [M, K] (rows contiguous),
+    or [1, 2K] (gate then up) when `gated`. config: (BLOCK_N, BLOCK_K, num_warps[, num_stages]). Returns out."""
     n, k = weight.shape
+    m = x.shape[0]
     block_n, block_k, warps, *stages = config
     options = {"num_warps": warps} | ({"num_stages": stages[0]} if stages else {})
     placeholder = x  # any pointer of x's type, for the operands a flag switches off
-    _gemv_kernel[(triton.cdiv(n, block_n),)](
+    _gemv_kernel[(m * triton.cdiv(n, block_n),)](
         x, norm_weight if norm_weight is not None else placeholder, weight,
-        bias if bias is not None else placeholder, out, out, n, k, weight.stride(0), eps,
+        bias if bias is not None else placeholder, out, out, m, n, k, x.stride(0), weight.stride(0), out.stride(0),
+        eps,
         HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None, NORM=normalize,
         SCALE=norm_weight is not None, BLOCK_N=block_n, BLOCK_K=block_k, GATED=gated, **options,
         **_pdl_flags(pdl, x.device))
@@ -372,7 +392,9 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     `norm_weight` [K] (and `eps`), or with `rms_only` (no norm_weight) rms_norm(x) alone: a norm whose weight is
     folded into `weight` (:mod:`specexp.models.norm_folding`), which spares the kernels the scaling of x.
 
-    M = 1 runs the GEMV kernel, M >= 2 the skinny kernel. With `residual` ([M, N], contiguous) the sum is added to
+    M = 1 runs the GEMV kernel; M >= 2 the skinny kernel, except products of up to ROW_GRID_MAX_TOKENS rows, N <=
+    ROW_GRID_MAX_N and K <= ROW_GRID_MAX_K (without a `config`), which run the GEMV kernel a program per row and tile.
+    Either way a row's values do not depend on the other rows. With `residual` ([M, N], contiguous) the sum is added to
     it in place and residual is returned: one rounding of (residual + product + bias), as `residual.addmm_` rounds.
     config: (BLOCK_N, BLOCK_K, num_warps[, num_stages]), for tuning (None: for M = 1, BLOCK_N rows per program,
     NORM_BLOCK_N with a norm, min(MAX_BLOCK_K, K rounded up to a power of 2) and NUM_WARPS; for M >= 2, the
@@ -402,6 +424,9 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         config = config or (NORM_BLOCK_N if normalize else BLOCK_N, min(MAX_BLOCK_K, triton.next_power_of_2(k)),
                             NUM_WARPS)
         return _launch_gemv(x, norm_weight, weight, bias, residual, out, eps, config, normalize=normalize,
+                            pdl=pdl)
+    if config is None and m <= ROW_GRID_MAX_TOKENS and n <= ROW_GRID_MAX_N and k <= ROW_GRID_MAX_K:
+        return _launch_gemv(x, norm_weight, weight, bias, residual, out, eps, ROW_GRID_CONFIG, normalize=normalize,
                             pdl=pdl)
     block_n, block_k, warps, *stages = (config or skinny_configs.tuned_config(x.device, n, k, x.element_size())
                                         or skinny_config(n, k, x.element_size()))

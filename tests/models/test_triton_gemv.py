@@ -105,6 +105,56 @@ def check_head_tile(device: str) -> None:
             assert err < 1e-4, f"K={k} N={n} {sorted(scale)}: error {err:.2e}"
 
 
+def check_row_grid(device: str) -> None:
+    """Products of 2..ROW_GRID_MAX_TOKENS rows within ROW_GRID_MAX_N x ROW_GRID_MAX_K run a GEMV program per row: a
+    row's values do not depend on the other rows (bit for bit: the row beside itself gives the same), with bias,
+    residual, fused norm or not, fp32 logits; wider outputs, longer inputs, more rows or a given config go to the
+    skinny kernel. (The values against a float64 reference: `check_products`.)"""
+    gen = torch.Generator().manual_seed(5)
+    rows = triton_gemv.ROW_GRID_MAX_TOKENS
+    for dtype in (torch.bfloat16, torch.float32):
+        for k, n in ((64, 37), (1000, 70), (300, triton_gemv.ROW_GRID_MAX_N)):
+            x = (torch.randn(rows, k, generator=gen) * torch.logspace(-1, 1, rows).unsqueeze(1)).to(dtype).to(device)
+            w = (torch.randn(n, k, generator=gen) / k**0.5).to(dtype).to(device)
+            bias, residual = torch.randn(n, generator=gen), torch.randn(rows, n, generator=gen)
+            bias, residual = bias.to(dtype).to(device), residual.to(dtype).to(device)
+            norm_weight = (torch.rand(k, generator=gen) + 0.5).to(dtype).to(device)
+            for case in ({}, {"bias": bias}, {"eps": 1e-5, "rms_only": True}, {"eps": 1e-5, "norm_weight": norm_weight},
+                         {"out_dtype": torch.float32}):
+                for with_residual in (False,) if "out_dtype" in case else (False, True):
+                    whole = triton_gemv.gemv(x, w, residual=residual.clone() if with_residual else None, **case)
+                    for r in range(rows):
+                        twin = [r] * rows
+                        alone = triton_gemv.gemv(x[twin], w, residual=residual[twin].clone() if with_residual else None,
+                                                 **case)
+                        label = f"{dtype} K={k} N={n} {sorted(case)} residual={with_residual} row {r}"
+                        assert torch.equal(whole[r].expand_as(alone), alone), label
+    launches = []
+    launch = triton_gemv._launch_gemv
+    triton_gemv._launch_gemv = lambda *args, **kwargs: launches.append(args[0].shape[0]) or launch(*args, **kwargs)
+    try:
+        wide = torch.randn(triton_gemv.ROW_GRID_MAX_N + 1, 64, generator=gen).to(device)
+        x = torch.randn(rows + 1, triton_gemv.ROW_GRID_MAX_K + 1, generator=gen).to(device)
+        triton_gemv.gemv(x[:rows, :64], wide)  # wider: skinny
+        triton_gemv.gemv(x[:rows], wide[:8, :1].expand(8, x.shape[1]).contiguous())  # longer: skinny
+        triton_gemv.gemv(x[:, :64], wide[:64])  # more rows: skinny
+        triton_gemv.gemv(x[:rows, :64], wide[:64], config=(16, 64, 4, 2))  # a tuned tile: skinny
+        assert launches == [], launches
+        triton_gemv.gemv(x[:rows, :64], wide[:64])
+        assert launches == [rows], launches
+    finally:
+        triton_gemv._launch_gemv = launch
+
+
+def test_row_grid_rows_are_independent_in_triton_interpreter():
+    run_in_triton_interpreter("test_triton_gemv", "check_row_grid")
+
+
+@on_triton_gpu
+def test_row_grid_rows_are_independent_on_gpu():
+    check_row_grid("cuda")
+
+
 def test_lm_head_tile_in_triton_interpreter():
     run_in_triton_interpreter("test_triton_gemv", "check_head_tile")
 
@@ -158,7 +208,7 @@ def test_every_launch_fits_a_hopper_block(dtype, norm):
     k = 2500  # past one 1024-wide chunk: the widest BLOCK_K each kernel takes
     gemv_block_n = triton_gemv.NORM_BLOCK_N if norm != "none" else triton_gemv.BLOCK_N
     shared = {"gemv": hopper_shared_bytes(
-        triton_gemv._gemv_kernel, {**pointers, "N": "i32", "K": "i32", "stride_w": "i32", "eps": "fp32"},
+        triton_gemv._gemv_kernel, {**pointers, "M": "i32", "N": "i32", "K": "i32", "stride_x": "i32", "stride_w": "i32", "stride_y": "i32", "eps": "fp32"},
         {**flags, "BLOCK_N": gemv_block_n, "BLOCK_K": triton_gemv.MAX_BLOCK_K}, triton_gemv.NUM_WARPS)}
     sizes = {"N": "i32", "K": "i32", "stride_x": "i32", "stride_w": "i32", "stride_y": "i32", "eps": "fp32"}
     for bound, _ in triton_gemv.SKINNY_CONFIGS_BY_N:
@@ -168,13 +218,13 @@ def test_every_launch_fits_a_hopper_block(dtype, norm):
             {**flags, "IEEE": dtype == "fp32", "BLOCK_M": triton_gemv.TOKEN_TILE, "BLOCK_N": block_n,
              "BLOCK_K": block_k}, warps, stages)
     shared["gemv, fp32 logits"] = hopper_shared_bytes(
-        triton_gemv._gemv_kernel, {**pointers, "y_ptr": "*fp32", "N": "i32", "K": "i32", "stride_w": "i32",
+        triton_gemv._gemv_kernel, {**pointers, "y_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32", "stride_x": "i32", "stride_w": "i32", "stride_y": "i32",
                                    "eps": "fp32"},
         {**flags, "HAS_RESIDUAL": False, "BLOCK_N": gemv_block_n, "BLOCK_K": triton_gemv.MAX_BLOCK_K},
         triton_gemv.NUM_WARPS)
     head_n, head_k, head_warps = triton_gemv.head_config(k)
     shared["LM head"] = hopper_shared_bytes(
-        triton_gemv._gemv_kernel, {**pointers, "y_ptr": "*fp32", "N": "i32", "K": "i32", "stride_w": "i32",
+        triton_gemv._gemv_kernel, {**pointers, "y_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32", "stride_x": "i32", "stride_w": "i32", "stride_y": "i32",
                                    "eps": "fp32"},
         {**flags, "HAS_RESIDUAL": False, "BLOCK_N": head_n, "BLOCK_K": head_k}, head_warps)
     too_big = {name: size for name, size in shared.items() if size > HOPPER_SHARED_BYTES}

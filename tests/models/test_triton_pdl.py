@@ -135,7 +135,7 @@ def test_engines_emit_the_same_tokens_on_gpu():
 
 
 def _gemv_ptx(dtype: str, gdc: bool):
-    signature = {**{name: f"*{dtype}" for name in POINTERS}, "N": "i32", "K": "i32", "stride_w": "i32",
+    signature = {**{name: f"*{dtype}" for name in POINTERS}, "M": "i32", "N": "i32", "K": "i32", "stride_x": "i32", "stride_w": "i32", "stride_y": "i32",
                  "eps": "fp32"}
     flags = {"HAS_BIAS": True, "HAS_RESIDUAL": True, "NORM": True, "SCALE": False,
              "BLOCK_N": triton_gemv.NORM_BLOCK_N, "BLOCK_K": triton_gemv.MAX_BLOCK_K, "GATED": False,
