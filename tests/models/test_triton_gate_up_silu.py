@@ -49,7 +49,9 @@ def check_gate_up_silu(device: str, dtypes=(torch.float32, torch.bfloat16)) -> N
 
 
 def test_gate_up_silu_matches_the_unfused_kernels_in_triton_interpreter():
-    run_in_triton_interpreter("test_triton_gate_up_silu", "check_gate_up_silu")
+    # fp32 and fp16 only: Triton's interpreter gets bf16 tensor-core products (tl.dot) wrong (values ~1e18 where
+    # the product is ~1; fp16 and fp32 are right), so a bf16 check there compares two wrong skinny products.
+    run_in_triton_interpreter("test_triton_gate_up_silu", "check_gate_up_silu", "(torch.float32, torch.float16)")
 
 
 @on_triton_gpu
