@@ -93,8 +93,11 @@ GATED_BLOCK_N = 8
 # Llama-3.2-1B target's q/k/v 0.113 ms against the skinny kernel's 0.133 (one row on the GEMV: 0.108), its o 0.097
 # against 0.108; the Llama-100M draft's q/k/v 0.025 against 0.043, o 0.024 against 0.032, down 0.028 against
 # 0.042, gate/up 0.053 against 0.052. The target's down (K = 8192: 0.254 against 0.240), its gate/up and LM head
-# (wider) lost, as did every target product at 5 rows.
-ROW_GRID_MAX_TOKENS = 2
+# (wider) lost, as did every target product at 5 rows. Off (1) until it is measured inside the engine, where the
+# draft's products launch early (a GEMV kernel with a second accumulator for two rows, which also beat the skinny
+# kernel in such chains, bought nothing end to end there); `benchmarks/gpu_cudagraphs.py --row-grid-max-tokens 2`
+# turns it on.
+ROW_GRID_MAX_TOKENS = 1
 ROW_GRID_MAX_N = 4096
 ROW_GRID_MAX_K = 4096
 ROW_GRID_CONFIG = (8, 512, 4)
