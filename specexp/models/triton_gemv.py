@@ -53,7 +53,9 @@ rows it beat this skinny kernel in chains of products alone on an H100 (2026-12-
 `experiments/2026-12-06-skinny-alternatives-h100/`), but inside the engine (this GEMV kernel with a second
 accumulator, for two rows and outputs up to 8192 wide) it bought nothing measurable end to end: the draft's
 two-slot prefill and its later steps took 0.79 ms a k = 4 step either way, 1.52 at k = 8 (Llama-1B-shaped pair,
-synthetic 0.8, step medians; `experiments/2026-12-07-draft-catch-up-h100/`), so it was removed again.
+synthetic 0.8, step medians; `experiments/2026-12-07-draft-catch-up-h100/`), so it was removed again. The GEMV
+kernel itself can take a few rows, a program per (row, tile), which beat the skinny kernel at two rows on narrow
+products (`ROW_GRID_MAX_TOKENS`, off by default, `experiments/2026-12-07-row-grid-h100/`).
 
 Importable without Triton (`AVAILABLE` is then False); the kernel itself needs a CUDA device, or Triton's
 interpreter (`TRITON_INTERPRET=1`) for CPU tensors.
@@ -89,7 +91,7 @@ GATED_BLOCK_N = 8
 # run on the GEMV kernel, one program per (row, tile of ROW_GRID_CONFIG's BLOCK_N outputs), not on the skinny
 # kernel: a tile's rows run side by side (one reads the weight tile from memory, the other from L2), and a narrow
 # product gets a program per row to keep loads in flight. Chains of each product alone at 2 rows, in stream order,
-# on an H100 (2026-12-07, `benchmarks/diagnostics/skinny_alternatives.py --section row_grid`, this tile): the
+# on an H100 (2026-12-07, `experiments/2026-12-07-row-grid-h100/`, this tile): the
 # Llama-3.2-1B target's q/k/v 0.113 ms against the skinny kernel's 0.133 (one row on the GEMV: 0.108), its o 0.097
 # against 0.108; the Llama-100M draft's q/k/v 0.025 against 0.043, o 0.024 against 0.032, down 0.028 against
 # 0.042, gate/up 0.053 against 0.052. The target's down (K = 8192: 0.254 against 0.240), its gate/up and LM head
