@@ -14,10 +14,10 @@ fraction of the device's copy bandwidth, for:
     products (N = 2048 gives 128 tiles of 16 rows on 132 SMs);
   * `--section row_gemv`: a multi-row GEMV on the CUDA cores: the one-row GEMV's tiling with one fp32 accumulator
     per token, each weight chunk loaded once for every row (optionally one chunk ahead);
-  * `--section row_grid`: the one-row GEMV's program, one per (token, tile of output rows), the tokens of a tile
-    launched next to each other: each token's products are summed as a plain decode step sums them, the weight
-    tile is read by M programs at about the same time (one from memory, the rest from L2 if it holds), and a
-    narrow product gets M times the programs to keep loads in flight.
+  * `--section row_grid`: the engine's GEMV kernel, one program per (token, tile of output rows), the tokens of a
+    tile launched next to each other (`triton_gemv.ROW_GRID_MAX_TOKENS`): the weight tile is read by M programs at
+    about the same time (one from memory, the rest from L2 if it holds), and a narrow product gets M times the
+    programs to keep loads in flight.
 
 Each candidate configuration is checked against F.linear in fp32 (2% of the largest output) before it is timed;
 rows name the best. Shapes: the Llama-3.2-1B target's q/k/v, o, down, gate/up and LM head, and the Llama-100M
@@ -153,42 +153,6 @@ if AVAILABLE:
         tl.store(y_ptr + out, y.to(y_ptr.dtype.element_ty), mask=ok)
 
 
-    @triton.jit
-    def _row_grid_kernel(x_ptr, w_ptr, res_ptr, y_ptr, N, K, stride_x, stride_w, stride_y, eps,
-                         HAS_RESIDUAL: tl.constexpr, NORM: tl.constexpr, BLOCK_N: tl.constexpr,
-                         BLOCK_K: tl.constexpr, AHEAD: tl.constexpr):
-        token = tl.program_id(0)  # the fastest grid axis: a tile's tokens run side by side
-        rows = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-        cols = tl.arange(0, BLOCK_K)
-        row_ok = rows < N
-        w_rows = w_ptr + rows[:, None] * stride_w
-        x_row = x_ptr + token * stride_x
-        acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-        squares = tl.zeros([BLOCK_K], dtype=tl.float32)
-        if AHEAD:
-            w_next = tl.load(w_rows + cols[None, :], mask=row_ok[:, None] & (cols < K)[None, :], other=0.0)
-        for k0 in range(0, K, BLOCK_K):
-            k = k0 + cols
-            k_ok = k < K
-            if AHEAD:  # each weight chunk loaded one chunk ahead
-                w = w_next
-                ahead = k + BLOCK_K
-                w_next = tl.load(w_rows + ahead[None, :], mask=row_ok[:, None] & (ahead < K)[None, :], other=0.0)
-            else:
-                w = tl.load(w_rows + k[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-            x = tl.load(x_row + k, mask=k_ok, other=0.0).to(tl.float32)
-            if NORM:
-                squares += x * x
-            acc += w.to(tl.float32) * x[None, :]
-        y = tl.sum(acc, axis=1)
-        if NORM:
-            y = y / tl.sqrt(tl.sum(squares, axis=0) / K + eps)
-        out = token * stride_y + rows
-        if HAS_RESIDUAL:
-            y += tl.load(res_ptr + out, mask=row_ok, other=0.0).to(tl.float32)
-        tl.store(y_ptr + out, y.to(y_ptr.dtype.element_ty), mask=row_ok)
-
-
 @dataclass
 class SplitKWorkspace:
     """The split-K kernel's scratch, allocated once: fp32 partial sums [max_split, 16, max_n], fp32 sums of squares
@@ -237,15 +201,17 @@ def row_gemv(x: torch.Tensor, w: torch.Tensor, config: tuple[int, int, int, bool
 
 def row_grid(x: torch.Tensor, w: torch.Tensor, config: tuple[int, int, int, bool],
              residual: torch.Tensor | None = None, norm: bool = False) -> torch.Tensor:
-    """As :func:`split_k`, on the one-row GEMV's program launched per (token, tile); config (BLOCK_N, BLOCK_K,
-    num_warps, one chunk ahead)."""
+    """As :func:`split_k`, on the engine's GEMV kernel launched a program per (row, tile), as `triton_gemv.gemv` runs
+    products of up to ROW_GRID_MAX_TOKENS rows, in stream order; config (BLOCK_N, BLOCK_K, num_warps, each weight
+    chunk loaded one ahead)."""
     block_n, block_k, warps, ahead = config
     m, k = x.shape
     n = w.shape[0]
     out = residual if residual is not None else torch.empty(m, n, device=x.device, dtype=x.dtype)
-    _row_grid_kernel[(m, triton.cdiv(n, block_n))](
-        x, w, out, out, n, k, x.stride(0), w.stride(0), out.stride(0), EPS, HAS_RESIDUAL=residual is not None,
-        NORM=norm, BLOCK_N=block_n, BLOCK_K=block_k, AHEAD=ahead, num_warps=warps)
+    triton_gemv._gemv_kernel[(m * triton.cdiv(n, block_n),)](
+        x, x, w, x, out, out, m, n, k, x.stride(0), w.stride(0), out.stride(0), EPS, HAS_BIAS=False,
+        HAS_RESIDUAL=residual is not None, NORM=norm, SCALE=False, BLOCK_N=block_n, BLOCK_K=block_k,
+        PREFETCH_W=ahead, num_warps=warps)
     return out
 
 
