@@ -307,8 +307,9 @@ def _launch_gemv(x: torch.Tensor, norm_weight: torch.Tensor | None, weight: torc
                  residual: torch.Tensor | None, out: torch.Tensor, eps: float, config: tuple[int, ...],
                  *, normalize: bool = False, gated: bool = False, pdl: bool = False) -> torch.Tensor:
     """The GEMV kernel over weight [N, K] for each row of x into out [M, N] (the residual's storage when given):
-    one program per (row, tile of outputs), each row's sums as a one-row product's. x is [M, K] (rows contiguous),
-    or [1, 2K] (gate then up) when `gated`. config: (BLOCK_N, BLOCK_K, num_warps[, num_stages]). Returns out."""
+    one program per (row, tile of outputs), a row's sums those of a one-row launch of the same config. x is [M, K]
+    (rows contiguous), or [1, 2K] (gate then up) when `gated`. config: (BLOCK_N, BLOCK_K, num_warps[, num_stages]).
+    Returns out."""
     n, k = weight.shape
     m = x.shape[0]
     block_n, block_k, warps, *stages = config

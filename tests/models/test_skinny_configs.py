@@ -9,7 +9,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from triton_interpreter import HOPPER_SHARED_BYTES, hopper_shared_bytes, run_in_triton_interpreter
+from triton_interpreter import (
+    HOPPER_SHARED_BYTES,
+    PRODUCT_SIZES,
+    hopper_shared_bytes,
+    run_in_triton_interpreter,
+)
 
 from specexp.models import skinny_configs, triton_gemv
 
@@ -134,8 +139,6 @@ def test_shipped_tiles_fit_a_hopper_block(path):
     assert data["device"] and skinny_configs.table_path(data["device"]) == path
     table = skinny_configs.parse_table(data, str(path))
     pointers = {name: "*bf16" for name in ("x_ptr", "norm_w_ptr", "w_ptr", "bias_ptr", "res_ptr", "y_ptr")}
-    sizes = {"M": "i32", "N": "i32", "K": "i32", "stride_x": "i32", "stride_w": "i32", "stride_y": "i32",
-             "eps": "fp32"}
     gate_up_sizes = {"M": "i32", "I": "i32", "K": "i32", "stride_x": "i32", "stride_w": "i32", "stride_y": "i32",
                      "eps": "fp32"}
     for kernel, (block_n, block_k, warps, stages) in {(key[0], c) for key, c in table.items()}:
@@ -144,7 +147,7 @@ def test_shipped_tiles_fit_a_hopper_block(path):
             launches = [(triton_gemv._skinny_gate_up_kernel,
                          {"x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", **gate_up_sizes}, {"NORM": True})]
         else:
-            launches = [(triton_gemv._skinny_kernel, {**pointers, **sizes},
+            launches = [(triton_gemv._skinny_kernel, {**pointers, **PRODUCT_SIZES},
                          {"HAS_BIAS": False, "HAS_RESIDUAL": not norm, "NORM": norm, "SCALE": False})
                         for norm in (False, True)]
         for fn, signature, flags in launches:

@@ -8,6 +8,7 @@ import pytest
 import torch
 from triton_interpreter import (
     HOPPER_SHARED_BYTES,
+    PRODUCT_SIZES,
     hopper_shared_bytes,
     on_triton_gpu,
     run_in_triton_interpreter,
@@ -116,7 +117,7 @@ def test_gated_launch_fits_a_hopper_block(dtype):
         pytest.skip("triton is not installed")
     pointers = {name: f"*{dtype}" for name in ("x_ptr", "norm_w_ptr", "w_ptr", "bias_ptr", "res_ptr", "y_ptr")}
     shared = hopper_shared_bytes(
-        triton_gemv._gemv_kernel, {**pointers, "M": "i32", "N": "i32", "K": "i32", "stride_x": "i32", "stride_w": "i32", "stride_y": "i32", "eps": "fp32"},
+        triton_gemv._gemv_kernel, {**pointers, **PRODUCT_SIZES},
         {"HAS_BIAS": True, "HAS_RESIDUAL": True, "NORM": False, "SCALE": False,
          "BLOCK_N": triton_gemv.GATED_BLOCK_N, "BLOCK_K": triton_gemv.MAX_BLOCK_K, "GATED": True},
         triton_gemv.NUM_WARPS)

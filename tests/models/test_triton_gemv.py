@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from triton_interpreter import (
     HOPPER_SHARED_BYTES,
+    PRODUCT_SIZES,
     hopper_shared_bytes,
     on_triton_gpu,
     run_in_triton_interpreter,
@@ -33,6 +34,22 @@ FUSIONS = ("none", "norm", "rms")
 TOKENS = (1, 2, 3, 5, 9, 16)
 
 
+def float64_product(x: torch.Tensor, w: torch.Tensor, fusion: str = "none", norm_weight: torch.Tensor | None = None,
+                    bias: torch.Tensor | None = None, residual: torch.Tensor | None = None) -> torch.Tensor:
+    """What `triton_gemv.gemv` computes, in float64 on the CPU: a @ w^T (+ bias) (+ residual), a = x, or rms_norm(x)
+    (eps 1e-5) with fusion "rms", times norm_weight with "norm"."""
+    a = x.double().cpu()
+    if fusion != "none":
+        a = a * torch.rsqrt(a.pow(2).mean(-1, keepdim=True) + 1e-5)
+    if fusion == "norm":
+        a = a * norm_weight.double().cpu()
+    out = a @ w.double().cpu().T
+    for term in (bias, residual):
+        if term is not None:
+            out = out + term.double().cpu()
+    return out
+
+
 def check_products(device: str, dtypes, fusions=FUSIONS, tokens=TOKENS) -> None:
     """Every SHAPES x dtypes x fusions x tokens product of triton_gemv.gemv, with and without bias and residual,
     vs a float64 reference."""
@@ -48,13 +65,8 @@ def check_products(device: str, dtypes, fusions=FUSIONS, tokens=TOKENS) -> None:
             bias, residual = torch.randn(n, generator=gen), torch.randn(m, n, generator=gen)
             norm_weight = torch.rand(k, generator=gen) + 0.5
             x, w, bias, residual, norm_weight = (t.to(dtype) for t in (x, w, bias, residual, norm_weight))
-            a = x.double()
-            if fusion != "none":
-                a = a * torch.rsqrt(a.pow(2).mean(-1, keepdim=True) + 1e-5)
-            if fusion == "norm":
-                a = a * norm_weight.double()
-            expected = a @ w.double().T + (bias.double() if with_bias else 0)
-            expected = expected + (residual.double() if with_residual else 0)
+            expected = float64_product(x, w, fusion, norm_weight, bias if with_bias else None,
+                                       residual if with_residual else None)
             res = residual.to(device).clone() if with_residual else None
             norm = {"none": {}, "norm": {"norm_weight": norm_weight.to(device), "eps": 1e-5},
                     "rms": {"eps": 1e-5, "rms_only": True}}[fusion]
@@ -112,7 +124,8 @@ def check_row_grid(device: str) -> None:
     longer inputs, more rows or a given config go to the skinny kernel."""
     gen = torch.Generator().manual_seed(5)
     rows = 2
-    triton_gemv.ROW_GRID_MAX_TOKENS = rows  # this process only (a subprocess in the interpreter; the GPU test resets it)
+    # this process only (a subprocess in the interpreter; the GPU test restores it)
+    triton_gemv.ROW_GRID_MAX_TOKENS = rows
     for dtype in (torch.bfloat16, torch.float32):
         for k, n in ((64, 37), (1000, 70), (300, triton_gemv.ROW_GRID_MAX_N)):
             x = (torch.randn(rows, k, generator=gen) * torch.logspace(-1, 1, rows).unsqueeze(1)).to(dtype).to(device)
@@ -120,28 +133,30 @@ def check_row_grid(device: str) -> None:
             bias, residual = torch.randn(n, generator=gen), torch.randn(rows, n, generator=gen)
             bias, residual = bias.to(dtype).to(device), residual.to(dtype).to(device)
             norm_weight = (torch.rand(k, generator=gen) + 0.5).to(dtype).to(device)
-            for case in ({}, {"bias": bias}, {"eps": 1e-5, "rms_only": True}, {"eps": 1e-5, "norm_weight": norm_weight},
-                         {"out_dtype": torch.float32}):
+            fused = {"rms": {"eps": 1e-5, "rms_only": True}, "norm": {"eps": 1e-5, "norm_weight": norm_weight}}
+            for fusion, case in (("none", {}), ("none", {"bias": bias}), ("rms", fused["rms"]),
+                                 ("norm", fused["norm"]), ("none", {"out_dtype": torch.float32})):
                 for with_residual in (False,) if "out_dtype" in case else (False, True):
                     whole = triton_gemv.gemv(x, w, residual=residual.clone() if with_residual else None, **case)
-                    a = x.double().cpu()
-                    if "eps" in case:
-                        a = a * torch.rsqrt(a.pow(2).mean(-1, keepdim=True) + 1e-5)
-                    if "norm_weight" in case:
-                        a = a * norm_weight.double().cpu()
-                    want = a @ w.double().cpu().T + (bias.double().cpu() if "bias" in case else 0)
-                    want = want + (residual.double().cpu() if with_residual else 0)
+                    want = float64_product(x, w, fusion, norm_weight, case.get("bias"),
+                                           residual if with_residual else None)
                     err = (whole.double().cpu() - want).abs().max().item() / (want.abs().max().item() + 1)
-                    assert err < {torch.float32: 1e-4, torch.bfloat16: 3e-2}[dtype], f"{dtype} {sorted(case)}: {err:.2e}"
+                    tol = {torch.float32: 1e-4, torch.bfloat16: 3e-2}[dtype]
+                    assert err < tol, f"{dtype} {sorted(case)}: {err:.2e}"
                     for r in range(rows):
                         twin = [r] * rows
                         alone = triton_gemv.gemv(x[twin], w, residual=residual[twin].clone() if with_residual else None,
                                                  **case)
                         label = f"{dtype} K={k} N={n} {sorted(case)} residual={with_residual} row {r}"
                         assert torch.equal(whole[r].expand_as(alone), alone), label
-    launches = []
+    launches = []  # the rows of each GEMV-kernel launch
     launch = triton_gemv._launch_gemv
-    triton_gemv._launch_gemv = lambda *args, **kwargs: launches.append(args[0].shape[0]) or launch(*args, **kwargs)
+
+    def counted_launch(x, *args, **kwargs):
+        launches.append(x.shape[0])
+        return launch(x, *args, **kwargs)
+
+    triton_gemv._launch_gemv = counted_launch
     try:
         wide = torch.randn(triton_gemv.ROW_GRID_MAX_N + 1, 64, generator=gen).to(device)
         x = torch.randn(rows + 1, triton_gemv.ROW_GRID_MAX_K + 1, generator=gen).to(device)
@@ -219,24 +234,21 @@ def test_every_launch_fits_a_hopper_block(dtype, norm):
     k = 2500  # past one 1024-wide chunk: the widest BLOCK_K each kernel takes
     gemv_block_n = triton_gemv.NORM_BLOCK_N if norm != "none" else triton_gemv.BLOCK_N
     shared = {"gemv": hopper_shared_bytes(
-        triton_gemv._gemv_kernel, {**pointers, "M": "i32", "N": "i32", "K": "i32", "stride_x": "i32", "stride_w": "i32", "stride_y": "i32", "eps": "fp32"},
+        triton_gemv._gemv_kernel, {**pointers, **PRODUCT_SIZES},
         {**flags, "BLOCK_N": gemv_block_n, "BLOCK_K": triton_gemv.MAX_BLOCK_K}, triton_gemv.NUM_WARPS)}
-    sizes = {"N": "i32", "K": "i32", "stride_x": "i32", "stride_w": "i32", "stride_y": "i32", "eps": "fp32"}
     for bound, _ in triton_gemv.SKINNY_CONFIGS_BY_N:
         block_n, block_k, warps, stages = skinny_config(bound or 8192, k, element_bytes)
         shared[f"skinny N<={bound}"] = hopper_shared_bytes(
-            triton_gemv._skinny_kernel, {**pointers, "M": "i32", **sizes},
+            triton_gemv._skinny_kernel, {**pointers, **PRODUCT_SIZES},
             {**flags, "IEEE": dtype == "fp32", "BLOCK_M": triton_gemv.TOKEN_TILE, "BLOCK_N": block_n,
              "BLOCK_K": block_k}, warps, stages)
     shared["gemv, fp32 logits"] = hopper_shared_bytes(
-        triton_gemv._gemv_kernel, {**pointers, "y_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32", "stride_x": "i32", "stride_w": "i32", "stride_y": "i32",
-                                   "eps": "fp32"},
+        triton_gemv._gemv_kernel, {**pointers, "y_ptr": "*fp32", **PRODUCT_SIZES},
         {**flags, "HAS_RESIDUAL": False, "BLOCK_N": gemv_block_n, "BLOCK_K": triton_gemv.MAX_BLOCK_K},
         triton_gemv.NUM_WARPS)
     head_n, head_k, head_warps = triton_gemv.head_config(k)
     shared["LM head"] = hopper_shared_bytes(
-        triton_gemv._gemv_kernel, {**pointers, "y_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32", "stride_x": "i32", "stride_w": "i32", "stride_y": "i32",
-                                   "eps": "fp32"},
+        triton_gemv._gemv_kernel, {**pointers, "y_ptr": "*fp32", **PRODUCT_SIZES},
         {**flags, "HAS_RESIDUAL": False, "BLOCK_N": head_n, "BLOCK_K": head_k}, head_warps)
     too_big = {name: size for name, size in shared.items() if size > HOPPER_SHARED_BYTES}
     assert not too_big, f"{dtype}, norm={norm}: shared memory over {HOPPER_SHARED_BYTES} bytes: {too_big}"

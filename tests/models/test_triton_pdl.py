@@ -10,6 +10,7 @@ import pytest
 import torch
 from triton_interpreter import (
     HOPPER_SHARED_BYTES,
+    PRODUCT_SIZES,
     compile_for_hopper,
     on_triton_gpu,
     run_in_triton_interpreter,
@@ -135,8 +136,7 @@ def test_engines_emit_the_same_tokens_on_gpu():
 
 
 def _gemv_ptx(dtype: str, gdc: bool):
-    signature = {**{name: f"*{dtype}" for name in POINTERS}, "M": "i32", "N": "i32", "K": "i32", "stride_x": "i32", "stride_w": "i32", "stride_y": "i32",
-                 "eps": "fp32"}
+    signature = {**{name: f"*{dtype}" for name in POINTERS}, **PRODUCT_SIZES}
     flags = {"HAS_BIAS": True, "HAS_RESIDUAL": True, "NORM": True, "SCALE": False,
              "BLOCK_N": triton_gemv.NORM_BLOCK_N, "BLOCK_K": triton_gemv.MAX_BLOCK_K, "GATED": False,
              "PREFETCH_W": True, "GDC": gdc}
@@ -165,8 +165,7 @@ def test_the_gemv_loads_weights_before_it_waits(dtype):
 def test_the_skinny_kernel_waits_first():
     if not triton_support.HAS_GRID_DEPENDENCY_CONTROL:
         pytest.skip("needs a Triton with grid dependency control")
-    signature = {**{name: "*bf16" for name in POINTERS}, "M": "i32", "N": "i32", "K": "i32", "stride_x": "i32",
-                 "stride_w": "i32", "stride_y": "i32", "eps": "fp32"}
+    signature = {**{name: "*bf16" for name in POINTERS}, **PRODUCT_SIZES}
     block_n, block_k, warps, stages = triton_gemv.skinny_config(2048, 2048)
     flags = {"HAS_BIAS": False, "HAS_RESIDUAL": True, "NORM": True, "SCALE": False, "IEEE": False,
              "BLOCK_M": triton_gemv.TOKEN_TILE, "BLOCK_N": block_n, "BLOCK_K": block_k}

@@ -67,6 +67,10 @@ def tiny_hybrid_pair(device: str, prompt_lengths: tuple[int, ...], draft: str = 
 
 # Shared memory one block may use on a Hopper GPU (H100 / H200: 227 KiB), as Triton's launch checks it.
 HOPPER_SHARED_BYTES = 232448
+# The scalar arguments of triton_gemv's GEMV and skinny kernels, after their six pointers, as a signature for
+# compiling them without a GPU (`hopper_shared_bytes`, `compile_for_hopper`).
+PRODUCT_SIZES = {"M": "i32", "N": "i32", "K": "i32", "stride_x": "i32", "stride_w": "i32", "stride_y": "i32",
+                 "eps": "fp32"}
 
 
 def compile_for_hopper(kernel, signature: dict[str, str], constexprs: dict[str, object], num_warps: int,
