@@ -102,7 +102,10 @@ def test_graph_memory_and_time_are_recorded_per_manager_size_and_k(pairs):
     target, draft = load_model(target_dir, device="cuda"), load_model(draft_dir, device="cuda")
     engine = _engine(target, draft, EVERY_K, graphs=True)
     managers = engine.graph_summary()["managers"]
-    expected = {"target_verify": engine.graph_keys.verify, "draft_prefill": engine.graph_keys.verify,
+    verify_keys = engine.graph_keys.verify
+    # the draft's prefill of two-slot regions (a draft without conv state): one graph a size, whatever k
+    assert engine.speculator.last_two_regions
+    expected = {"target_verify": verify_keys, "draft_prefill": {(size, 0) for size, _ in verify_keys},
                 "draft_decode": engine.graph_keys.decode}
     for name, keys in expected.items():
         records = managers[name]["per_size"]

@@ -212,12 +212,13 @@ def test_advanced_steps_equal_host_staging_on_gpu(pair_dirs, k):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_launch_graphs_off_launches_the_advance_from_python(pair_dirs):
     """`engine.launch_graphs`: on, the steady advance is replayed from small graphs; off, launched from Python
-    every step (none captured); the same outputs."""
+    every step (none captured); the same outputs. One row at a time, so that every decode step replays a graph
+    (three rows at once would outgrow this engine's graphs, which hold at most two, and run eagerly, never steady)."""
     prompts = random_prompts([5, 11, 9], seed=4)
     models = {"llama+llama": tuple(load_model(path, device="cuda") for path in pair_dirs["llama+llama"])}
     outputs = {}
     for on in (True, False):
-        engine = _engine(models, "llama+llama", 2, True, max_new=16, eos=(), launch_graphs=on)
+        engine = _engine(models, "llama+llama", 2, True, max_num_seqs=1, max_new=16, eos=(), launch_graphs=on)
         outputs[on] = _outputs(engine.generate(prompts))
         assert (engine._advance_launches.num_graphs > 0) == on
     assert outputs[True] == outputs[False]
