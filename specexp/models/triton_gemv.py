@@ -55,7 +55,8 @@ accumulator, for two rows and outputs up to 8192 wide) it bought nothing measura
 two-slot prefill and its later steps took 0.79 ms a k = 4 step either way, 1.52 at k = 8 (Llama-1B-shaped pair,
 synthetic 0.8, step medians; `experiments/2026-12-07-draft-catch-up-h100/`), so it was removed again. The GEMV
 kernel itself can take a few rows, a program per (row, tile), which beat the skinny kernel at two rows on narrow
-products (`ROW_GRID_MAX_TOKENS`, off by default, `experiments/2026-12-07-row-grid-h100/`).
+products in such chains (`experiments/2026-12-07-row-grid-h100/`) but made the engine's k = 1 verify longer
+(`ROW_GRID_MAX_TOKENS`, off by default, `experiments/2026-12-08-in-engine-checks-h100/`).
 
 Importable without Triton (`AVAILABLE` is then False); the kernel itself needs a CUDA device, or Triton's
 interpreter (`TRITON_INTERPRET=1`) for CPU tensors.
@@ -95,10 +96,10 @@ GATED_BLOCK_N = 8
 # Llama-3.2-1B target's q/k/v 0.113 ms against the skinny kernel's 0.133 (one row on the GEMV: 0.108), its o 0.097
 # against 0.108; the Llama-100M draft's q/k/v 0.025 against 0.043, o 0.024 against 0.032, down 0.028 against
 # 0.042, gate/up 0.053 against 0.052. The target's down (K = 8192: 0.254 against 0.240), its gate/up and LM head
-# (wider) lost, as did every target product at 5 rows. Off (1) until it is measured inside the engine, where the
-# draft's products launch early (a GEMV kernel with a second accumulator for two rows, which also beat the skinny
-# kernel in such chains, bought nothing end to end there); `benchmarks/gpu_cudagraphs.py --row-grid-max-tokens 2`
-# turns it on.
+# (wider) lost, as did every target product at 5 rows. Inside the engine (the same H100 kind, 2026-12-08,
+# `experiments/2026-12-08-in-engine-checks-h100/`, Llama-1B-shaped pair, two pairs of runs) it lost: at 2 the k = 1
+# verify took 0.06-0.07 ms longer and the draft's two-slot prefill, whose products launch early, gained nothing. So
+# it is off (1); `benchmarks/gpu_cudagraphs.py --row-grid-max-tokens 2` turns it on for such an A/B.
 ROW_GRID_MAX_TOKENS = 1
 ROW_GRID_MAX_N = 4096
 ROW_GRID_MAX_K = 4096
