@@ -36,7 +36,8 @@ class EngineConfig:
     block_size: tokens per KV-cache block. num_kv_blocks: None = enough for max_num_seqs full requests.
     cudagraph_mode: "none" | "full". On a CPU, "full" compiles each step graph's function with torch.compile at
     start-up and calls it where a GPU replays the graph (`specexp.engine.compiled_graphs`; needs a C++ compiler).
-    cudagraph_capture_sizes: row counts to capture (None = 1, 2, 4, ... max_num_seqs).
+    cudagraph_capture_sizes: row counts to capture, one above max_num_seqs counted as max_num_seqs (None = 1, 2,
+    4, ... max_num_seqs).
     cudagraph_seq_len_buckets: key lengths (tokens) each size is captured at; a step replays the smallest
     bucket holding its longest row (None = 256, 512, ... and the longest a request can reach).
     cudagraph_prefill_tokens: token counts of one-request prompt prefills to capture as target graphs, e.g.

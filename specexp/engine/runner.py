@@ -154,10 +154,11 @@ class NativeEngine(TargetGraphs, TargetStepInputs, TargetMixedSteps, TargetMixed
         self.compiled_graphs = self.use_graphs and self.device.type != "cuda" and not emulate_graphs_on_cpu
         self.random = step_random_source(self.generator, self.compiled_graphs, engine.max_num_seqs, self.k,
                                          target.config.vocab_size, not sampling.greedy, self.device)
-        self.capture_sizes = sorted(
-            s for s in (engine.cudagraph_capture_sizes or default_capture_sizes(engine.max_num_seqs))
-            if s <= engine.max_num_seqs
-        ) or [engine.max_num_seqs]
+        # A size above max_num_seqs becomes max_num_seqs: no batch is larger, and one between the largest size
+        # below it and max_num_seqs pads to it rather than running eagerly.
+        self.capture_sizes = sorted({
+            min(s, engine.max_num_seqs)
+            for s in (engine.cudagraph_capture_sizes or default_capture_sizes(engine.max_num_seqs))})
         # Key-length buckets: every bucket above the longest reachable row is that longest row.
         max_graph_seq_len = self.max_blocks_per_req * engine.block_size
         self.seq_len_buckets = sorted({

@@ -206,6 +206,30 @@ def test_padded_graph_execution_matches_eager(pair_dirs, prompts, pair, k):
     assert len(replayed_buckets) >= 2, f"only buckets {replayed_buckets} were replayed"
 
 
+def test_capture_sizes_above_max_num_seqs_count_as_it(pair_dirs, prompts):
+    """Capture sizes 1, 2, 4 with max_num_seqs = 3 capture 1, 2 and 3 rows: a step of three rows replays a graph
+    (cutting 4 would leave it eager), and the tokens are the eager engine's."""
+    target, draft = (load_model(d) for d in pair_dirs["llama+llama"])
+
+    def run(mode, sizes):
+        engine = NativeEngine(
+            target, draft,
+            EngineConfig(max_num_seqs=3, max_model_len=64, block_size=4, cudagraph_mode=mode,
+                         cudagraph_capture_sizes=sizes),
+            SpeculatorConfig(num_speculative_tokens=2, cudagraph_mode=mode),
+            SamplingConfig(max_new_tokens=MAX_NEW, ignore_eos=True), emulate_graphs_on_cpu=True,
+        )
+        return engine, engine.generate(prompts[:3])
+
+    _, eager = run("none", None)
+    for sizes, expected in (((1, 2, 4), [1, 2, 3]), ((4, 8), [3]), ((2,), [2])):
+        engine, out = run("full", sizes)
+        assert engine.capture_sizes == expected, sizes
+        assert [r.output_token_ids for r in out.requests] == [r.output_token_ids for r in eager.requests]
+        three_rows = sum(n for (rows, _, _), n in engine.verify_graphs.replays_per_graph.items() if rows == 3)
+        assert (three_rows > 0) == (3 in expected), (sizes, engine.verify_graphs.replays_per_graph)
+
+
 @pytest.mark.parametrize("pair", ["lfm2+lfm2", "llama+llama"])
 @pytest.mark.parametrize("k", [2, 5])
 def test_requests_ending_mid_speculation_still_replay_graphs(pair_dirs, prompts, pair, k):
